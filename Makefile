@@ -1,0 +1,93 @@
+# ngx_hermes: build, run and test against Debian's nginx.
+#
+#   make run        build, then start a gateway on 127.0.0.1:8088 (foreground)
+#   make test       build, then run the whole suite under prove
+#   make test-asan  the suite again with the module built with AddressSanitizer
+#   make bench      side-by-side benchmark against jupyter-server (bench/)
+
+SHELL      := /bin/bash
+TOP        := $(CURDIR)
+NGX_SRC    := /usr/share/nginx/src
+PORT       ?= 8088
+
+# Everything a fresh Debian 12 machine needs for build, run and test.
+PKGS       := nginx nginx-dev libssh-dev libyajl-dev libsodium-dev \
+              libcmocka-dev python3 openssh-server openssh-client \
+              curl perl gcc make libclang-rt-14-dev
+
+SRCS       := config ngx_hermes_module.c $(wildcard src/*.c src/*.h)
+REMOTE_PY  := src/remote/kernel_runner.py src/remote/hermes_tools.py
+GEN        := build/gen/ngx_hermes_remote.c
+
+MODULE      = build/ngx_http_hermes_module.so
+ASAN_MODULE = build-asan/ngx_http_hermes_module.so
+
+.PHONY: all deps module asan run test test-asan unit bench clean
+
+all: module
+
+deps: .deps-ok
+.deps-ok:
+	@missing=""; for p in $(PKGS); do \
+	    dpkg-query -W -f='$${Status}' $$p 2>/dev/null | grep -q 'ok installed' \
+	        || missing="$$missing $$p"; \
+	done; \
+	if [ -n "$$missing" ]; then \
+	    echo "installing Debian packages:$$missing"; \
+	    export DEBIAN_FRONTEND=noninteractive; \
+	    apt-get update -qq && apt-get install -y -qq $$missing >/dev/null; \
+	fi
+	@touch $@
+
+$(GEN): $(REMOTE_PY) src/remote/embed.sh
+	@mkdir -p $(@D)
+	src/remote/embed.sh $@ $(REMOTE_PY)
+
+# configure DIR "EXTRA_CFLAGS": Debian's own flags (threads on) plus ours.
+define configure
+	rm -rf $(1)/src $(1)/nginx && mkdir -p $(1)/src && cp -a $(NGX_SRC)/. $(1)/src/
+	cd $(1)/src && . ./conf_flags && ./configure \
+	    --with-cc-opt="$$(dpkg-buildflags --get CFLAGS) -fPIC $$(dpkg-buildflags --get CPPFLAGS) $(2)" \
+	    --with-ld-opt="$$(dpkg-buildflags --get LDFLAGS) -fPIC $(3)" \
+	    "$${NGX_CONF_FLAGS[@]}" \
+	    --add-dynamic-module=$(TOP) --builddir=$(TOP)/$(1)/nginx >$(TOP)/$(1)/configure.log 2>&1 \
+	    || { tail -20 $(TOP)/$(1)/configure.log; exit 1; }
+endef
+
+build/nginx/Makefile: config .deps-ok
+	$(call configure,build,,)
+
+build-asan/nginx/Makefile: config .deps-ok
+	$(call configure,build-asan,-fsanitize=address -fno-omit-frame-pointer -O1,-fsanitize=address)
+
+$(MODULE): build/nginx/Makefile $(SRCS) $(GEN)
+	$(MAKE) -s -f $(TOP)/build/nginx/Makefile -C build/src modules
+	cp build/nginx/ngx_http_hermes_module.so $@
+
+$(ASAN_MODULE): build-asan/nginx/Makefile $(SRCS) $(GEN)
+	$(MAKE) -s -f $(TOP)/build-asan/nginx/Makefile -C build-asan/src modules
+	cp build-asan/nginx/ngx_http_hermes_module.so $@
+
+module: deps $(MODULE)
+asan: deps $(ASAN_MODULE)
+
+run: module
+	@conf/run.sh $(PORT)
+
+test: module
+	prove -I t/lib t/
+
+test-asan: asan
+	HERMES_MODULE=$(TOP)/$(ASAN_MODULE) \
+	HERMES_NGINX_PRELOAD=$$(gcc -print-file-name=libasan.so) \
+	ASAN_OPTIONS=detect_leaks=1:abort_on_error=0:log_path=$(TOP)/build-asan/asan \
+	LSAN_OPTIONS=suppressions=$(TOP)/t/lsan.supp:print_suppressions=0 \
+	    prove -I t/lib t/
+	@if ls build-asan/asan.* >/dev/null 2>&1; then \
+	    echo "AddressSanitizer reports:"; cat build-asan/asan.*; exit 1; fi
+
+bench: module
+	bench/run.sh
+
+clean:
+	rm -rf build build-asan run .deps-ok

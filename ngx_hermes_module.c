@@ -1,0 +1,613 @@
+
+/*
+ * ngx_hermes: an nginx module that runs Python cells for AI agents on
+ * persistent kernels.  This file wires the parts together: the module,
+ * its directives and their configuration.
+ */
+
+
+#include "ngx_hermes.h"
+
+#include <sodium.h>
+
+
+static ngx_int_t ngx_http_hermes_init_module(ngx_cycle_t *cycle);
+static ngx_int_t ngx_http_hermes_init_process(ngx_cycle_t *cycle);
+static void ngx_http_hermes_exit_process(ngx_cycle_t *cycle);
+static void *ngx_http_hermes_create_main_conf(ngx_conf_t *cf);
+static void *ngx_http_hermes_create_loc_conf(ngx_conf_t *cf);
+static char *ngx_http_hermes_merge_loc_conf(ngx_conf_t *cf, void *parent,
+    void *child);
+static char *ngx_http_hermes_zone(ngx_conf_t *cf, ngx_command_t *cmd,
+    void *conf);
+static char *ngx_http_hermes_backend(ngx_conf_t *cf, ngx_command_t *cmd,
+    void *conf);
+static char *ngx_http_hermes_execute(ngx_conf_t *cf, ngx_command_t *cmd,
+    void *conf);
+static ngx_http_hermes_backend_conf_t *ngx_http_hermes_backend_local(
+    ngx_conf_t *cf, ngx_str_t *root);
+
+
+static ngx_conf_num_bounds_t  ngx_http_hermes_queue_bounds = {
+    ngx_conf_check_num_bounds, 0, 1024
+};
+
+
+static ngx_command_t  ngx_http_hermes_commands[] = {
+
+    { ngx_string("hermes_zone"),
+      NGX_HTTP_MAIN_CONF|NGX_CONF_1MORE,
+      ngx_http_hermes_zone,
+      NGX_HTTP_MAIN_CONF_OFFSET,
+      0,
+      NULL },
+
+    { ngx_string("hermes_backend"),
+      NGX_HTTP_MAIN_CONF|NGX_HTTP_SRV_CONF|NGX_HTTP_LOC_CONF|NGX_CONF_1MORE,
+      ngx_http_hermes_backend,
+      NGX_HTTP_LOC_CONF_OFFSET,
+      0,
+      NULL },
+
+    { ngx_string("hermes_execute"),
+      NGX_HTTP_LOC_CONF|NGX_CONF_NOARGS|NGX_CONF_TAKE1,
+      ngx_http_hermes_execute,
+      NGX_HTTP_LOC_CONF_OFFSET,
+      0,
+      NULL },
+
+    { ngx_string("hermes_owner"),
+      NGX_HTTP_MAIN_CONF|NGX_HTTP_SRV_CONF|NGX_HTTP_LOC_CONF|NGX_CONF_TAKE1,
+      ngx_http_set_complex_value_slot,
+      NGX_HTTP_LOC_CONF_OFFSET,
+      offsetof(ngx_http_hermes_loc_conf_t, owner),
+      NULL },
+
+    { ngx_string("hermes_cell_timeout"),
+      NGX_HTTP_MAIN_CONF|NGX_HTTP_SRV_CONF|NGX_HTTP_LOC_CONF|NGX_CONF_TAKE1,
+      ngx_conf_set_msec_slot,
+      NGX_HTTP_LOC_CONF_OFFSET,
+      offsetof(ngx_http_hermes_loc_conf_t, cell_timeout),
+      NULL },
+
+    { ngx_string("hermes_max_output"),
+      NGX_HTTP_MAIN_CONF|NGX_HTTP_SRV_CONF|NGX_HTTP_LOC_CONF|NGX_CONF_TAKE1,
+      ngx_conf_set_size_slot,
+      NGX_HTTP_LOC_CONF_OFFSET,
+      offsetof(ngx_http_hermes_loc_conf_t, max_output),
+      NULL },
+
+    { ngx_string("hermes_max_stream"),
+      NGX_HTTP_MAIN_CONF|NGX_HTTP_SRV_CONF|NGX_HTTP_LOC_CONF|NGX_CONF_TAKE1,
+      ngx_conf_set_size_slot,
+      NGX_HTTP_LOC_CONF_OFFSET,
+      offsetof(ngx_http_hermes_loc_conf_t, max_stream),
+      NULL },
+
+    { ngx_string("hermes_max_code"),
+      NGX_HTTP_MAIN_CONF|NGX_HTTP_SRV_CONF|NGX_HTTP_LOC_CONF|NGX_CONF_TAKE1,
+      ngx_conf_set_size_slot,
+      NGX_HTTP_LOC_CONF_OFFSET,
+      offsetof(ngx_http_hermes_loc_conf_t, max_code),
+      NULL },
+
+    { ngx_string("hermes_queue"),
+      NGX_HTTP_MAIN_CONF|NGX_HTTP_SRV_CONF|NGX_HTTP_LOC_CONF|NGX_CONF_TAKE1,
+      ngx_conf_set_num_slot,
+      NGX_HTTP_LOC_CONF_OFFSET,
+      offsetof(ngx_http_hermes_loc_conf_t, queue),
+      &ngx_http_hermes_queue_bounds },
+
+    { ngx_string("hermes_thread_pool"),
+      NGX_HTTP_MAIN_CONF|NGX_HTTP_SRV_CONF|NGX_HTTP_LOC_CONF|NGX_CONF_TAKE1,
+      ngx_conf_set_str_slot,
+      NGX_HTTP_LOC_CONF_OFFSET,
+      offsetof(ngx_http_hermes_loc_conf_t, thread_pool_name),
+      NULL },
+
+      ngx_null_command
+};
+
+
+static ngx_http_module_t  ngx_http_hermes_module_ctx = {
+    NULL,                                  /* preconfiguration */
+    NULL,                                  /* postconfiguration */
+
+    ngx_http_hermes_create_main_conf,      /* create main configuration */
+    NULL,                                  /* init main configuration */
+
+    NULL,                                  /* create server configuration */
+    NULL,                                  /* merge server configuration */
+
+    ngx_http_hermes_create_loc_conf,       /* create location configuration */
+    ngx_http_hermes_merge_loc_conf         /* merge location configuration */
+};
+
+
+ngx_module_t  ngx_http_hermes_module = {
+    NGX_MODULE_V1,
+    &ngx_http_hermes_module_ctx,           /* module context */
+    ngx_http_hermes_commands,              /* module directives */
+    NGX_HTTP_MODULE,                       /* module type */
+    NULL,                                  /* init master */
+    ngx_http_hermes_init_module,           /* init module */
+    ngx_http_hermes_init_process,          /* init process */
+    NULL,                                  /* init thread */
+    NULL,                                  /* exit thread */
+    ngx_http_hermes_exit_process,          /* exit process */
+    NULL,                                  /* exit master */
+    NGX_MODULE_V1_PADDING
+};
+
+
+static ngx_int_t
+ngx_http_hermes_init_module(ngx_cycle_t *cycle)
+{
+    if (sodium_init() < 0) {
+        ngx_log_error(NGX_LOG_EMERG, cycle->log, 0,
+                      "hermes: sodium_init() failed");
+        return NGX_ERROR;
+    }
+
+    return NGX_OK;
+}
+
+
+static ngx_int_t
+ngx_http_hermes_init_process(ngx_cycle_t *cycle)
+{
+    ngx_http_hermes_main_conf_t  *hmcf;
+
+    if (ngx_process != NGX_PROCESS_WORKER
+        && ngx_process != NGX_PROCESS_SINGLE)
+    {
+        return NGX_OK;
+    }
+
+    hmcf = ngx_http_cycle_get_module_main_conf(cycle, ngx_http_hermes_module);
+
+    if (hmcf == NULL || hmcf->zones.nelts == 0) {
+        return NGX_OK;
+    }
+
+    return ngx_http_hermes_cell_init_process(cycle);
+}
+
+
+static void
+ngx_http_hermes_exit_process(ngx_cycle_t *cycle)
+{
+    ngx_http_hermes_cell_exit_process(cycle);
+}
+
+
+static void *
+ngx_http_hermes_create_main_conf(ngx_conf_t *cf)
+{
+    ngx_http_hermes_main_conf_t  *hmcf;
+
+    hmcf = ngx_pcalloc(cf->pool, sizeof(ngx_http_hermes_main_conf_t));
+    if (hmcf == NULL) {
+        return NULL;
+    }
+
+    if (ngx_array_init(&hmcf->zones, cf->pool, 2, sizeof(ngx_shm_zone_t *))
+        != NGX_OK)
+    {
+        return NULL;
+    }
+
+    return hmcf;
+}
+
+
+static void *
+ngx_http_hermes_create_loc_conf(ngx_conf_t *cf)
+{
+    ngx_http_hermes_loc_conf_t  *conf;
+
+    conf = ngx_pcalloc(cf->pool, sizeof(ngx_http_hermes_loc_conf_t));
+    if (conf == NULL) {
+        return NULL;
+    }
+
+    /*
+     * set by ngx_pcalloc():
+     *
+     *     conf->handler = NGX_HTTP_HERMES_HANDLER_NONE;
+     *     conf->zone_name = { 0, NULL };
+     *     conf->shm_zone = NULL;
+     *     conf->backend = NULL;
+     *     conf->owner = NULL;
+     *     conf->thread_pool_name = { 0, NULL };
+     *     conf->thread_pool = NULL;
+     */
+
+    conf->cell_timeout = NGX_CONF_UNSET_MSEC;
+    conf->max_output = NGX_CONF_UNSET_SIZE;
+    conf->max_stream = NGX_CONF_UNSET_SIZE;
+    conf->max_code = NGX_CONF_UNSET_SIZE;
+    conf->queue = NGX_CONF_UNSET_UINT;
+
+    return conf;
+}
+
+
+static char *
+ngx_http_hermes_merge_loc_conf(ngx_conf_t *cf, void *parent, void *child)
+{
+    ngx_http_hermes_loc_conf_t *prev = parent;
+    ngx_http_hermes_loc_conf_t *conf = child;
+
+    ngx_str_t                     root;
+    ngx_uint_t                    i;
+    ngx_shm_zone_t              **zones;
+    ngx_http_hermes_main_conf_t  *hmcf;
+
+    ngx_conf_merge_msec_value(conf->cell_timeout, prev->cell_timeout, 300000);
+    ngx_conf_merge_size_value(conf->max_output, prev->max_output, 50000);
+    ngx_conf_merge_size_value(conf->max_stream, prev->max_stream,
+                              5 * 1024 * 1024);
+    ngx_conf_merge_size_value(conf->max_code, prev->max_code, 1024 * 1024);
+    ngx_conf_merge_uint_value(conf->queue, prev->queue, 8);
+    ngx_conf_merge_str_value(conf->thread_pool_name, prev->thread_pool_name,
+                             "default");
+
+    if (conf->owner == NULL) {
+        conf->owner = prev->owner;
+    }
+
+    if (conf->backend == NULL) {
+        conf->backend = prev->backend;
+    }
+
+    if (conf->backend == NULL) {
+        ngx_str_set(&root, "/tmp");
+
+        conf->backend = ngx_http_hermes_backend_local(cf, &root);
+        if (conf->backend == NULL) {
+            return NGX_CONF_ERROR;
+        }
+    }
+
+    if (conf->cell_timeout < 1000) {
+        ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                           "\"hermes_cell_timeout\" must be at least 1s");
+        return NGX_CONF_ERROR;
+    }
+
+    if (conf->max_output < 100) {
+        ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                           "\"hermes_max_output\" must be at least 100");
+        return NGX_CONF_ERROR;
+    }
+
+    if (conf->handler == NGX_HTTP_HERMES_HANDLER_NONE) {
+        return NGX_CONF_OK;
+    }
+
+    /* a content handler: find its zone and thread pool */
+
+    hmcf = ngx_http_conf_get_module_main_conf(cf, ngx_http_hermes_module);
+    zones = hmcf->zones.elts;
+
+    if (conf->zone_name.len == 0) {
+        if (hmcf->zones.nelts != 1) {
+            ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                               hmcf->zones.nelts
+                               ? "\"hermes_execute\" needs zone=NAME: "
+                                 "there are several hermes_zone"
+                               : "\"hermes_execute\" needs a hermes_zone "
+                                 "in the http block");
+            return NGX_CONF_ERROR;
+        }
+
+        conf->shm_zone = zones[0];
+
+    } else {
+        for (i = 0; i < hmcf->zones.nelts; i++) {
+            if (zones[i]->shm.name.len == conf->zone_name.len
+                && ngx_strncmp(zones[i]->shm.name.data, conf->zone_name.data,
+                               conf->zone_name.len) == 0)
+            {
+                conf->shm_zone = zones[i];
+                break;
+            }
+        }
+
+        if (conf->shm_zone == NULL) {
+            ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                               "unknown hermes_zone \"%V\"", &conf->zone_name);
+            return NGX_CONF_ERROR;
+        }
+    }
+
+    conf->thread_pool = ngx_thread_pool_add(cf, &conf->thread_pool_name);
+    if (conf->thread_pool == NULL) {
+        return NGX_CONF_ERROR;
+    }
+
+    return NGX_CONF_OK;
+}
+
+
+/* hermes_zone NAME:SIZE [max_kernels=N] [idle_timeout=TIME] [sweep=TIME] */
+
+static char *
+ngx_http_hermes_zone(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
+{
+    ngx_http_hermes_main_conf_t *hmcf = conf;
+
+    u_char                  *p;
+    ssize_t                  size;
+    ngx_int_t                n;
+    ngx_str_t               *value, name, s;
+    ngx_uint_t               i;
+    ngx_msec_t               sweep;
+    ngx_shm_zone_t          *shm_zone, **z;
+    ngx_http_hermes_zone_t  *zone;
+
+    value = cf->args->elts;
+
+    zone = ngx_pcalloc(cf->pool, sizeof(ngx_http_hermes_zone_t));
+    if (zone == NULL) {
+        return NGX_CONF_ERROR;
+    }
+
+    zone->max_kernels = 64;
+    zone->idle_timeout = 30 * 60 * 1000;
+    sweep = NGX_CONF_UNSET_MSEC;
+
+    p = (u_char *) ngx_strchr(value[1].data, ':');
+
+    if (p == NULL || p == value[1].data) {
+        ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                           "invalid hermes_zone \"%V\": NAME:SIZE expected",
+                           &value[1]);
+        return NGX_CONF_ERROR;
+    }
+
+    name.data = value[1].data;
+    name.len = p - value[1].data;
+
+    s.data = p + 1;
+    s.len = value[1].data + value[1].len - s.data;
+
+    size = ngx_parse_size(&s);
+
+    if (size == NGX_ERROR) {
+        ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                           "invalid hermes_zone size \"%V\"", &s);
+        return NGX_CONF_ERROR;
+    }
+
+    if (size < (ssize_t) (8 * ngx_pagesize)) {
+        ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                           "hermes_zone \"%V\" is too small: at least %uzk",
+                           &name, 8 * ngx_pagesize / 1024);
+        return NGX_CONF_ERROR;
+    }
+
+    for (i = 2; i < cf->args->nelts; i++) {
+
+        if (ngx_strncmp(value[i].data, "max_kernels=", 12) == 0) {
+            n = ngx_atoi(value[i].data + 12, value[i].len - 12);
+
+            if (n == NGX_ERROR || n < 1) {
+                ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                                   "invalid hermes_zone max_kernels \"%V\": "
+                                   "a number of at least 1 expected",
+                                   &value[i]);
+                return NGX_CONF_ERROR;
+            }
+
+            zone->max_kernels = n;
+            continue;
+        }
+
+        if (ngx_strncmp(value[i].data, "idle_timeout=", 13) == 0) {
+            s.data = value[i].data + 13;
+            s.len = value[i].len - 13;
+
+            zone->idle_timeout = ngx_parse_time(&s, 0);
+
+            if (zone->idle_timeout == (ngx_msec_t) NGX_ERROR
+                || zone->idle_timeout < 1000)
+            {
+                ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                                   "invalid hermes_zone idle_timeout \"%V\": "
+                                   "a time of at least 1s expected",
+                                   &value[i]);
+                return NGX_CONF_ERROR;
+            }
+
+            continue;
+        }
+
+        if (ngx_strncmp(value[i].data, "sweep=", 6) == 0) {
+            s.data = value[i].data + 6;
+            s.len = value[i].len - 6;
+
+            sweep = ngx_parse_time(&s, 0);
+
+            if (sweep == (ngx_msec_t) NGX_ERROR || sweep < 100) {
+                ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                                   "invalid hermes_zone sweep \"%V\": "
+                                   "a time of at least 100ms expected",
+                                   &value[i]);
+                return NGX_CONF_ERROR;
+            }
+
+            continue;
+        }
+
+        ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                           "invalid hermes_zone parameter \"%V\"", &value[i]);
+        return NGX_CONF_ERROR;
+    }
+
+    zone->sweep = (sweep != NGX_CONF_UNSET_MSEC)
+                  ? sweep : ngx_min(zone->idle_timeout / 10, 10000);
+
+    shm_zone = ngx_shared_memory_add(cf, &name, size, &ngx_http_hermes_module);
+    if (shm_zone == NULL) {
+        return NGX_CONF_ERROR;
+    }
+
+    if (shm_zone->data) {
+        ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                           "duplicate hermes_zone \"%V\"", &name);
+        return NGX_CONF_ERROR;
+    }
+
+    zone->shm_zone = shm_zone;
+
+    shm_zone->init = ngx_http_hermes_registry_init_zone;
+    shm_zone->data = zone;
+
+    z = ngx_array_push(&hmcf->zones);
+    if (z == NULL) {
+        return NGX_CONF_ERROR;
+    }
+
+    *z = shm_zone;
+
+    return NGX_CONF_OK;
+}
+
+
+/* hermes_backend local [root=PATH] */
+
+static char *
+ngx_http_hermes_backend(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
+{
+    ngx_http_hermes_loc_conf_t *hlcf = conf;
+
+    ngx_str_t   *value, root;
+    ngx_uint_t   i;
+
+    if (hlcf->backend) {
+        return "is duplicate";
+    }
+
+    value = cf->args->elts;
+
+    if (ngx_strcmp(value[1].data, "local") != 0) {
+        ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                           "unknown hermes_backend \"%V\": \"local\" expected",
+                           &value[1]);
+        return NGX_CONF_ERROR;
+    }
+
+    ngx_str_set(&root, "/tmp");
+
+    for (i = 2; i < cf->args->nelts; i++) {
+
+        if (ngx_strncmp(value[i].data, "root=", 5) == 0) {
+            root.data = value[i].data + 5;
+            root.len = value[i].len - 5;
+            continue;
+        }
+
+        ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                           "invalid hermes_backend parameter \"%V\"",
+                           &value[i]);
+        return NGX_CONF_ERROR;
+    }
+
+    hlcf->backend = ngx_http_hermes_backend_local(cf, &root);
+    if (hlcf->backend == NULL) {
+        return NGX_CONF_ERROR;
+    }
+
+    return NGX_CONF_OK;
+}
+
+
+static ngx_http_hermes_backend_conf_t *
+ngx_http_hermes_backend_local(ngx_conf_t *cf, ngx_str_t *root)
+{
+    u_char                          *p, hash[NGX_HTTP_HERMES_BACKEND_TAG_LEN / 2];
+    ngx_http_hermes_backend_conf_t  *bcf;
+
+    while (root->len > 1 && root->data[root->len - 1] == '/') {
+        root->len--;
+    }
+
+    if (root->len == 0 || root->data[0] != '/') {
+        ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                           "hermes_backend root \"%V\" must be an absolute "
+                           "path", root);
+        return NULL;
+    }
+
+    /* root goes into single-quoted shell words and fixed-size buffers */
+
+    for (p = root->data; p < root->data + root->len; p++) {
+        if (*p == '\'' || *p < 0x20 || *p == 0x7f) {
+            ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                               "hermes_backend root \"%V\" has a quote or a "
+                               "control character", root);
+            return NULL;
+        }
+    }
+
+    if (root->len > NGX_HTTP_HERMES_DIR_MAX - 128) {
+        ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                           "hermes_backend root \"%V\" is too long", root);
+        return NULL;
+    }
+
+    bcf = ngx_pcalloc(cf->pool, sizeof(ngx_http_hermes_backend_conf_t));
+    if (bcf == NULL) {
+        return NULL;
+    }
+
+    bcf->type = NGX_HTTP_HERMES_BACKEND_LOCAL;
+    bcf->root = *root;
+
+    crypto_generichash(hash, sizeof(hash), root->data, root->len,
+                       (const u_char *) "local", 5);
+    ngx_hex_dump(bcf->tag, hash, sizeof(hash));
+
+    return bcf;
+}
+
+
+/* hermes_execute [zone=NAME] */
+
+static char *
+ngx_http_hermes_execute(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
+{
+    ngx_http_hermes_loc_conf_t *hlcf = conf;
+
+    ngx_str_t                 *value;
+    ngx_http_core_loc_conf_t  *clcf;
+
+    if (hlcf->handler != NGX_HTTP_HERMES_HANDLER_NONE) {
+        return "is duplicate";
+    }
+
+    value = cf->args->elts;
+
+    if (cf->args->nelts == 2) {
+        if (ngx_strncmp(value[1].data, "zone=", 5) != 0
+            || value[1].len == 5)
+        {
+            ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                               "invalid parameter \"%V\": zone=NAME expected",
+                               &value[1]);
+            return NGX_CONF_ERROR;
+        }
+
+        hlcf->zone_name.data = value[1].data + 5;
+        hlcf->zone_name.len = value[1].len - 5;
+    }
+
+    hlcf->handler = NGX_HTTP_HERMES_HANDLER_EXECUTE;
+
+    clcf = ngx_http_conf_get_module_loc_conf(cf, ngx_http_core_module);
+    clcf->handler = ngx_http_hermes_execute_handler;
+
+    return NGX_CONF_OK;
+}

@@ -1,0 +1,336 @@
+
+/*
+ * ngx_hermes: shared types of the module's parts.
+ */
+
+
+#ifndef _NGX_HERMES_H_INCLUDED_
+#define _NGX_HERMES_H_INCLUDED_
+
+
+#include <ngx_config.h>
+#include <ngx_core.h>
+#include <ngx_http.h>
+
+#if !(NGX_THREADS)
+#error "ngx_hermes needs nginx built --with-threads: use Debian conf_flags"
+#endif
+
+#include <ngx_thread_pool.h>
+
+
+#define NGX_HTTP_HERMES_ID_LEN          32      /* hex of 16 random bytes */
+#define NGX_HTTP_HERMES_TOKEN_LEN       32      /* raw random bytes */
+#define NGX_HTTP_HERMES_SESSION_MAX     128
+#define NGX_HTTP_HERMES_OWNER_MAX       128
+#define NGX_HTTP_HERMES_BACKEND_TAG_LEN 16      /* hex of an 8-byte hash */
+#define NGX_HTTP_HERMES_DIR_MAX         256
+#define NGX_HTTP_HERMES_HOST_MAX        64
+
+
+/* embedded kernel host files, generated from the .py files in src/remote */
+
+typedef struct {
+    ngx_str_t                     name;
+    const u_char                 *data;
+    size_t                        len;
+} ngx_http_hermes_remote_file_t;
+
+extern ngx_http_hermes_remote_file_t  ngx_http_hermes_remote_files[];
+
+
+/* configuration */
+
+typedef enum {
+    NGX_HTTP_HERMES_BACKEND_LOCAL = 1
+} ngx_http_hermes_backend_type_e;
+
+
+typedef struct {
+    ngx_uint_t                    type;
+    ngx_str_t                     root;
+    /* identifies the backend in registry keys: a hash of its arguments */
+    u_char                        tag[NGX_HTTP_HERMES_BACKEND_TAG_LEN];
+} ngx_http_hermes_backend_conf_t;
+
+
+typedef struct ngx_http_hermes_sh_s  ngx_http_hermes_sh_t;
+
+typedef struct {
+    ngx_http_hermes_sh_t         *sh;
+    ngx_slab_pool_t              *shpool;
+    ngx_shm_zone_t               *shm_zone;
+    ngx_uint_t                    max_kernels;
+    ngx_msec_t                    idle_timeout;
+    ngx_msec_t                    sweep;
+} ngx_http_hermes_zone_t;
+
+
+typedef struct {
+    ngx_array_t                   zones;        /* ngx_shm_zone_t * */
+} ngx_http_hermes_main_conf_t;
+
+
+typedef enum {
+    NGX_HTTP_HERMES_HANDLER_NONE = 0,
+    NGX_HTTP_HERMES_HANDLER_EXECUTE
+} ngx_http_hermes_handler_e;
+
+
+typedef struct {
+    ngx_uint_t                    handler;
+    ngx_str_t                     zone_name;
+    ngx_shm_zone_t               *shm_zone;
+
+    ngx_http_hermes_backend_conf_t *backend;
+    ngx_http_complex_value_t     *owner;
+
+    ngx_msec_t                    cell_timeout;
+    size_t                        max_output;
+    size_t                        max_stream;
+    size_t                        max_code;
+    ngx_uint_t                    queue;
+
+    ngx_str_t                     thread_pool_name;
+    ngx_thread_pool_t            *thread_pool;
+} ngx_http_hermes_loc_conf_t;
+
+
+/* the registry */
+
+typedef enum {
+    NGX_HTTP_HERMES_STATE_SPAWNING = 0,
+    NGX_HTTP_HERMES_STATE_IDLE,
+    NGX_HTTP_HERMES_STATE_RUNNING,
+    NGX_HTTP_HERMES_STATE_LOST          /* tombstone: "state_lost" for next */
+} ngx_http_hermes_state_e;
+
+
+typedef enum {
+    NGX_HTTP_HERMES_CELL_SUCCESS = 0,
+    NGX_HTTP_HERMES_CELL_ERROR,
+    NGX_HTTP_HERMES_CELL_TIMEOUT,
+    NGX_HTTP_HERMES_CELL_INTERRUPTED,
+    NGX_HTTP_HERMES_CELL_NSTATUS
+} ngx_http_hermes_cell_status_e;
+
+
+struct ngx_http_hermes_sh_s {
+    ngx_rbtree_t                  rbtree;
+    ngx_rbtree_node_t             sentinel;
+    ngx_queue_t                   lru;          /* most recent at head */
+    ngx_uint_t                    kernels;      /* live entries */
+
+    ngx_atomic_uint_t             spawned_total;
+    ngx_atomic_uint_t             spawn_failures_total;
+    ngx_atomic_uint_t             killed_timeout_total;
+    ngx_atomic_uint_t             cells_total[NGX_HTTP_HERMES_CELL_NSTATUS];
+};
+
+
+/*
+ * One kernel.  The node's key is a crc32 of the registry key
+ * "owner \0 backend-tag \0 session"; the key and the kernel's directory
+ * follow the struct in data[].
+ */
+typedef struct {
+    ngx_rbtree_node_t             node;
+    ngx_queue_t                   queue;
+
+    u_char                        kernel_id[NGX_HTTP_HERMES_ID_LEN];
+    u_char                        token[NGX_HTTP_HERMES_TOKEN_LEN];
+
+    ngx_pid_t                     pid;          /* kernel process group */
+    ngx_pid_t                     holder;       /* worker running a cell */
+
+    uint64_t                      created;      /* ms since the epoch */
+    uint64_t                      last_used;
+    uint64_t                      turn_at;      /* when "serving" moved */
+
+    uint32_t                      execution_count;
+    uint32_t                      cell_seq;     /* last cell id shipped */
+
+    /* arrival order: a request takes ticket_next++, runs at its turn */
+    uint32_t                      ticket_next;
+    uint32_t                      ticket_serving;
+
+    uint32_t                      gen;          /* tells a reused key */
+
+    uint8_t                       state;
+    uint8_t                       backend_type;
+    unsigned                      claimed:1;    /* serving ticket runs */
+    unsigned                      had_kernel:1; /* a lost one: state_lost */
+
+    uint16_t                      key_len;
+    uint16_t                      owner_len;
+    uint16_t                      dir_len;
+    uint16_t                      host_len;
+
+    u_char                        data[1];      /* key, dir, host */
+} ngx_http_hermes_node_t;
+
+
+/* what a request learns from, and keeps of, its kernel's entry */
+
+typedef struct {
+    ngx_str_t                     key;
+    ngx_str_t                     owner;
+    ngx_str_t                     session;
+
+    u_char                        kernel_id[NGX_HTTP_HERMES_ID_LEN];
+    u_char                        token[NGX_HTTP_HERMES_TOKEN_LEN];
+    u_char                        dir[NGX_HTTP_HERMES_DIR_MAX];
+    size_t                        dir_len;
+    ngx_pid_t                     pid;
+
+    uint32_t                      gen;
+    uint32_t                      ticket;
+    uint32_t                      cell_id;
+    uint32_t                      execution_count;
+
+    unsigned                      spawn:1;      /* this request spawns */
+    unsigned                      reused:1;
+    unsigned                      state_lost:1;
+} ngx_http_hermes_kernel_ref_t;
+
+
+typedef enum {
+    NGX_HTTP_HERMES_RELEASE_DONE = 0,   /* cell finished, kernel idle */
+    NGX_HTTP_HERMES_RELEASE_LOST,       /* kernel killed or died: state lost */
+    NGX_HTTP_HERMES_RELEASE_GONE        /* ended by itself, or never started */
+} ngx_http_hermes_release_e;
+
+
+typedef enum {
+    NGX_HTTP_HERMES_ACQ_RUN = 0,        /* our turn: run the cell */
+    NGX_HTTP_HERMES_ACQ_SPAWN,          /* new entry: spawn, then run */
+    NGX_HTTP_HERMES_ACQ_WAIT,           /* queued behind another cell */
+    NGX_HTTP_HERMES_ACQ_QUEUE_FULL,
+    NGX_HTTP_HERMES_ACQ_NOMEM,
+    NGX_HTTP_HERMES_ACQ_GONE            /* entry vanished while queued */
+} ngx_http_hermes_acq_e;
+
+
+ngx_int_t ngx_http_hermes_registry_init_zone(ngx_shm_zone_t *shm_zone,
+    void *data);
+ngx_int_t ngx_http_hermes_registry_acquire(ngx_http_hermes_zone_t *zone,
+    ngx_http_hermes_kernel_ref_t *ref, ngx_str_t *root, ngx_uint_t queue);
+ngx_int_t ngx_http_hermes_registry_poll(ngx_http_hermes_zone_t *zone,
+    ngx_http_hermes_kernel_ref_t *ref, ngx_str_t *root);
+ngx_int_t ngx_http_hermes_registry_renew(ngx_http_hermes_zone_t *zone,
+    ngx_http_hermes_kernel_ref_t *ref, ngx_str_t *root);
+ngx_int_t ngx_http_hermes_registry_spawned(ngx_http_hermes_zone_t *zone,
+    ngx_http_hermes_kernel_ref_t *ref);
+void ngx_http_hermes_registry_release(ngx_http_hermes_zone_t *zone,
+    ngx_http_hermes_kernel_ref_t *ref, ngx_uint_t how,
+    ngx_uint_t execution_count);
+
+#define ngx_http_hermes_count(zone, counter)                                  \
+    (void) ngx_atomic_fetch_add(&(zone)->sh->counter, 1)
+
+#define ngx_http_hermes_now_ms()                                              \
+    ((uint64_t) (ngx_timeofday())->sec * 1000 + (ngx_timeofday())->msec)
+
+
+/* the local backend: commands, files and liveness on the nginx host */
+
+typedef struct {
+    const char                   *cmd;
+    const u_char                 *in;           /* payload on stdin */
+    size_t                        in_len;
+    u_char                       *out;          /* captured stdout */
+    size_t                        out_size;
+    size_t                        out_len;
+    ngx_msec_t                    timeout;
+    int                           status;       /* exit code, -1: failed */
+    ngx_err_t                     err;
+} ngx_http_hermes_cmd_t;
+
+
+ngx_int_t ngx_http_hermes_local_exec(ngx_http_hermes_cmd_t *cmd);
+ngx_int_t ngx_http_hermes_local_write_file(u_char *dir, const char *name,
+    u_char *data, size_t len, ngx_log_t *log);
+ngx_int_t ngx_http_hermes_local_wake(u_char *dir, ngx_log_t *log);
+ngx_int_t ngx_http_hermes_local_wait_ready(u_char *dir, ngx_pid_t pid,
+    ngx_msec_t timeout);
+
+
+/* kernel lifecycle: spawn and kill, in the thread pool */
+
+typedef struct ngx_http_hermes_spawn_s  ngx_http_hermes_spawn_t;
+
+typedef void (*ngx_http_hermes_spawn_done_pt)(void *data, ngx_int_t rc,
+    ngx_pid_t pid, const char *err);
+
+ngx_int_t ngx_http_hermes_kernel_spawn(ngx_http_hermes_loc_conf_t *hlcf,
+    ngx_http_hermes_zone_t *zone, ngx_http_hermes_kernel_ref_t *ref,
+    ngx_pool_t *pool, ngx_http_hermes_spawn_done_pt done, void *data,
+    ngx_log_t *log);
+ngx_int_t ngx_http_hermes_kernel_kill(ngx_thread_pool_t *tp, u_char *dir,
+    size_t dir_len, ngx_pid_t pid, ngx_log_t *log);
+
+
+/* JSON: requests in, results and errors out (yajl) */
+
+typedef struct {
+    ngx_str_t                     session;
+    ngx_str_t                     code;
+    ngx_msec_t                    timeout;      /* 0: the location's cap */
+    ngx_str_t                     tool_call_id; /* OpenAI-style call */
+    unsigned                      reset:1;
+    unsigned                      tool_call:1;
+    unsigned                      json_answer:1; /* Accept: application/json */
+} ngx_http_hermes_request_t;
+
+
+typedef struct {
+    ngx_uint_t                    status;       /* ngx_http_hermes_cell_status_e */
+    ngx_str_t                     output;
+    ngx_str_t                     error;
+    ngx_uint_t                    execution_count;
+    ngx_uint_t                    stdout_bytes_total;
+    ngx_uint_t                    tool_calls_made;
+    ngx_msec_t                    duration;
+    unsigned                      stdout_truncated:1;
+    unsigned                      stream_truncated:1;
+    unsigned                      state_reset:1;
+    unsigned                      ended:1;
+} ngx_http_hermes_result_t;
+
+
+ngx_int_t ngx_http_hermes_json_parse_request(ngx_pool_t *pool, u_char *body,
+    size_t len, ngx_http_hermes_request_t *req, size_t max_code,
+    ngx_str_t *err_code, ngx_str_t *err_msg, ngx_uint_t *http_status);
+ngx_int_t ngx_http_hermes_json_parse_result(ngx_pool_t *pool, u_char *data,
+    size_t len, ngx_http_hermes_result_t *res);
+ngx_buf_t *ngx_http_hermes_json_result(ngx_pool_t *pool,
+    ngx_http_hermes_result_t *res, ngx_http_hermes_kernel_ref_t *ref,
+    ngx_http_hermes_request_t *req, ngx_uint_t as_event,
+    ngx_uint_t as_tool_message);
+ngx_buf_t *ngx_http_hermes_json_error(ngx_pool_t *pool, ngx_str_t *code,
+    ngx_str_t *message);
+ngx_buf_t *ngx_http_hermes_json_cell_request(ngx_pool_t *pool, uint32_t id,
+    ngx_http_hermes_request_t *req, size_t max_output, size_t max_stream);
+
+extern ngx_str_t  ngx_http_hermes_cell_status_names[];
+
+
+/* a cell's run: ship, stream, finish; outlives its request */
+
+ngx_int_t ngx_http_hermes_cell_start(ngx_http_request_t *r,
+    ngx_http_hermes_request_t *req, ngx_str_t *owner);
+ngx_int_t ngx_http_hermes_cell_init_process(ngx_cycle_t *cycle);
+void ngx_http_hermes_cell_exit_process(ngx_cycle_t *cycle);
+
+
+/* HTTP handlers */
+
+ngx_int_t ngx_http_hermes_execute_handler(ngx_http_request_t *r);
+ngx_int_t ngx_http_hermes_send_error(ngx_http_request_t *r,
+    ngx_uint_t status, char *code, char *message);
+
+
+extern ngx_module_t  ngx_http_hermes_module;
+
+
+#endif /* _NGX_HERMES_H_INCLUDED_ */

@@ -1,0 +1,376 @@
+
+/*
+ * ngx_hermes: the local backend, kernels on the nginx host.
+ *
+ * Commands run under /bin/sh with their payload on stdin (never on the
+ * command line).  They block, so they run only in the thread pool.  Cell
+ * files and the wake-up byte are quick local writes done in the event loop.
+ */
+
+
+#include "ngx_hermes.h"
+
+#include <spawn.h>
+#include <poll.h>
+#include <sys/wait.h>
+
+
+/* a clean environment: nothing of the worker's reaches the kernel host */
+
+static char *ngx_http_hermes_local_env[] = {
+    "PATH=/usr/local/bin:/usr/bin:/bin",
+    "LANG=C.UTF-8",
+    NULL
+};
+
+
+static int  ngx_http_hermes_local_default_signals[] = {
+    SIGPIPE, SIGCHLD, SIGHUP, SIGINT, SIGQUIT, SIGTERM, SIGUSR1, SIGUSR2,
+    SIGWINCH, SIGALRM, SIGIO, SIGSYS, 0
+};
+
+
+ngx_int_t
+ngx_http_hermes_local_exec(ngx_http_hermes_cmd_t *cmd)
+{
+    int                          in[2], out[2], status, n, i;
+    char                        *argv[4];
+    pid_t                        pid;
+    size_t                       sent;
+    ssize_t                      k;
+    sigset_t                     mask;
+    ngx_msec_t                   left;
+    struct pollfd                pfd[2];
+    struct timespec              ts, deadline;
+    posix_spawnattr_t            attr;
+    posix_spawn_file_actions_t   fa;
+
+    cmd->status = -1;
+    cmd->out_len = 0;
+    cmd->err = 0;
+
+    if (pipe2(in, O_CLOEXEC) == -1) {
+        cmd->err = ngx_errno;
+        return NGX_ERROR;
+    }
+
+    if (pipe2(out, O_CLOEXEC) == -1) {
+        cmd->err = ngx_errno;
+        close(in[0]);
+        close(in[1]);
+        return NGX_ERROR;
+    }
+
+    posix_spawn_file_actions_init(&fa);
+    posix_spawn_file_actions_adddup2(&fa, in[0], 0);
+    posix_spawn_file_actions_adddup2(&fa, out[1], 1);
+    posix_spawn_file_actions_adddup2(&fa, out[1], 2);
+    /* the worker's sockets and files must not leak into kernels */
+    posix_spawn_file_actions_addclosefrom_np(&fa, 3);
+
+    /*
+     * Threads of the pool block every signal, and nginx ignores some:
+     * a kernel starts with an empty mask and default dispositions.
+     */
+
+    posix_spawnattr_init(&attr);
+    sigemptyset(&mask);
+    posix_spawnattr_setsigmask(&attr, &mask);
+    for (i = 0; ngx_http_hermes_local_default_signals[i]; i++) {
+        sigaddset(&mask, ngx_http_hermes_local_default_signals[i]);
+    }
+    posix_spawnattr_setsigdefault(&attr, &mask);
+    posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETSIGMASK
+                                    | POSIX_SPAWN_SETSIGDEF);
+
+    argv[0] = "sh";
+    argv[1] = "-c";
+    argv[2] = (char *) cmd->cmd;
+    argv[3] = NULL;
+
+    n = posix_spawn(&pid, "/bin/sh", &fa, &attr, argv,
+                    ngx_http_hermes_local_env);
+
+    posix_spawn_file_actions_destroy(&fa);
+    posix_spawnattr_destroy(&attr);
+
+    close(in[0]);
+    close(out[1]);
+
+    if (n != 0) {
+        cmd->err = n;
+        close(in[1]);
+        close(out[0]);
+        return NGX_ERROR;
+    }
+
+    (void) fcntl(in[1], F_SETFL, O_NONBLOCK);
+
+    clock_gettime(CLOCK_MONOTONIC, &deadline);
+    deadline.tv_sec += cmd->timeout / 1000;
+    deadline.tv_nsec += (cmd->timeout % 1000) * 1000000;
+    if (deadline.tv_nsec >= 1000000000) {
+        deadline.tv_sec++;
+        deadline.tv_nsec -= 1000000000;
+    }
+
+    sent = 0;
+
+    if (cmd->in_len == 0) {
+        close(in[1]);
+        in[1] = -1;
+    }
+
+    for ( ;; ) {
+        pfd[0].fd = out[0];
+        pfd[0].events = POLLIN;
+        pfd[1].fd = in[1];
+        pfd[1].events = POLLOUT;
+
+        clock_gettime(CLOCK_MONOTONIC, &ts);
+        if (ts.tv_sec > deadline.tv_sec
+            || (ts.tv_sec == deadline.tv_sec && ts.tv_nsec >= deadline.tv_nsec))
+        {
+            cmd->err = NGX_ETIMEDOUT;
+            break;
+        }
+
+        left = (deadline.tv_sec - ts.tv_sec) * 1000
+               + (deadline.tv_nsec - ts.tv_nsec) / 1000000 + 1;
+
+        n = poll(pfd, in[1] == -1 ? 1 : 2, (int) left);
+
+        if (n == -1) {
+            if (ngx_errno == NGX_EINTR) {
+                continue;
+            }
+
+            cmd->err = ngx_errno;
+            break;
+        }
+
+        if (in[1] != -1 && (pfd[1].revents & (POLLOUT|POLLERR|POLLHUP))) {
+            k = write(in[1], cmd->in + sent, cmd->in_len - sent);
+
+            if (k > 0) {
+                sent += k;
+            }
+
+            if ((k == -1 && ngx_errno != NGX_EAGAIN) || sent == cmd->in_len) {
+                close(in[1]);
+                in[1] = -1;
+            }
+        }
+
+        if (pfd[0].revents & (POLLIN|POLLERR|POLLHUP)) {
+            if (cmd->out_len < cmd->out_size) {
+                k = read(out[0], cmd->out + cmd->out_len,
+                         cmd->out_size - cmd->out_len);
+
+            } else {
+                u_char  discard[512];
+
+                k = read(out[0], discard, sizeof(discard));
+                if (k > 0) {
+                    continue;
+                }
+            }
+
+            if (k == 0) {
+                break;
+            }
+
+            if (k > 0) {
+                cmd->out_len += k;
+
+            } else if (ngx_errno != NGX_EINTR && ngx_errno != NGX_EAGAIN) {
+                cmd->err = ngx_errno;
+                break;
+            }
+        }
+    }
+
+    if (in[1] != -1) {
+        close(in[1]);
+    }
+
+    close(out[0]);
+
+    if (cmd->err) {
+        /* the shell is ours: a stuck command must not pin the thread */
+        kill(pid, SIGKILL);
+    }
+
+    while (waitpid(pid, &status, 0) == -1) {
+        if (ngx_errno != NGX_EINTR) {
+            return NGX_ERROR;
+        }
+    }
+
+    if (cmd->err) {
+        return NGX_ERROR;
+    }
+
+    if (sent != cmd->in_len) {
+        cmd->err = NGX_EPIPE;
+        return NGX_ERROR;
+    }
+
+    cmd->status = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+
+    return NGX_OK;
+}
+
+
+/* NAME.tmp, 0600, then renamed into place: readers never see half a file */
+
+ngx_int_t
+ngx_http_hermes_local_write_file(u_char *dir, const char *name, u_char *data,
+    size_t len, ngx_log_t *log)
+{
+    u_char    path[NGX_HTTP_HERMES_DIR_MAX + 64];
+    u_char    tmp[NGX_HTTP_HERMES_DIR_MAX + 64];
+    ssize_t   n;
+    ngx_fd_t  fd;
+
+    ngx_snprintf(path, sizeof(path), "%s/%s%Z", dir, name);
+    ngx_snprintf(tmp, sizeof(tmp), "%s/%s.tmp%Z", dir, name);
+
+    fd = open((char *) tmp, O_WRONLY|O_CREAT|O_TRUNC|O_CLOEXEC|O_NOFOLLOW,
+              0600);
+    if (fd == -1) {
+        ngx_log_error(NGX_LOG_ERR, log, ngx_errno,
+                      "hermes: open(\"%s\") failed", tmp);
+        return NGX_ERROR;
+    }
+
+    while (len) {
+        n = write(fd, data, len);
+
+        if (n == -1) {
+            if (ngx_errno == NGX_EINTR) {
+                continue;
+            }
+
+            ngx_log_error(NGX_LOG_ERR, log, ngx_errno,
+                          "hermes: write(\"%s\") failed", tmp);
+            close(fd);
+            (void) unlink((char *) tmp);
+            return NGX_ERROR;
+        }
+
+        data += n;
+        len -= n;
+    }
+
+    close(fd);
+
+    if (rename((char *) tmp, (char *) path) == -1) {
+        ngx_log_error(NGX_LOG_ERR, log, ngx_errno,
+                      "hermes: rename(\"%s\") failed", tmp);
+        (void) unlink((char *) tmp);
+        return NGX_ERROR;
+    }
+
+    return NGX_OK;
+}
+
+
+/*
+ * One byte into the kernel's FIFO says "look at cells/".  The runner keeps
+ * the FIFO open for reading, so ENXIO here means the kernel is gone:
+ * NGX_DECLINED.
+ */
+
+ngx_int_t
+ngx_http_hermes_local_wake(u_char *dir, ngx_log_t *log)
+{
+    u_char    path[NGX_HTTP_HERMES_DIR_MAX + 16];
+    ngx_fd_t  fd;
+
+    ngx_snprintf(path, sizeof(path), "%s/wake%Z", dir);
+
+    fd = open((char *) path, O_WRONLY|O_NONBLOCK|O_CLOEXEC);
+    if (fd == -1) {
+        if (ngx_errno == ENXIO || ngx_errno == NGX_ENOENT) {
+            return NGX_DECLINED;
+        }
+
+        ngx_log_error(NGX_LOG_ERR, log, ngx_errno,
+                      "hermes: open(\"%s\") failed", path);
+        return NGX_ERROR;
+    }
+
+    /* a full FIFO already holds a wake-up: EAGAIN is fine */
+    if (write(fd, "", 1) == -1 && ngx_errno != NGX_EAGAIN) {
+        ngx_log_error(NGX_LOG_ERR, log, ngx_errno,
+                      "hermes: write(\"%s\") failed", path);
+        close(fd);
+        return NGX_ERROR;
+    }
+
+    close(fd);
+
+    return NGX_OK;
+}
+
+
+/* thread pool: wait for the runner's "ready" file naming pid */
+
+ngx_int_t
+ngx_http_hermes_local_wait_ready(u_char *dir, ngx_pid_t pid,
+    ngx_msec_t timeout)
+{
+    u_char           path[NGX_HTTP_HERMES_DIR_MAX + 16], buf[64], *p, *q;
+    ssize_t          n;
+    ngx_fd_t         fd;
+    ngx_int_t        got;
+    ngx_msec_t       waited, delay;
+    struct timespec  ts;
+
+    ngx_snprintf(path, sizeof(path), "%s/ready%Z", dir);
+
+    delay = 1;
+
+    for (waited = 0; waited < timeout; waited += delay) {
+
+        if (kill(pid, 0) == -1 && ngx_errno == ESRCH) {
+            return NGX_ERROR;
+        }
+
+        fd = open((char *) path, O_RDONLY|O_CLOEXEC|O_NOFOLLOW);
+
+        if (fd != -1) {
+            n = read(fd, buf, sizeof(buf) - 1);
+            close(fd);
+
+            if (n > 0) {
+                buf[n] = '\0';
+                p = (u_char *) ngx_strstr(buf, "\"pid\":");
+
+                if (p) {
+                    p += sizeof("\"pid\":") - 1;
+                    while (*p == ' ') {
+                        p++;
+                    }
+
+                    for (q = p; *q >= '0' && *q <= '9'; q++) { /* void */ }
+
+                    got = ngx_atoi(p, q - p);
+
+                    return (got == pid) ? NGX_OK : NGX_ERROR;
+                }
+            }
+        }
+
+        ts.tv_sec = 0;
+        ts.tv_nsec = delay * 1000000;
+        (void) nanosleep(&ts, NULL);
+
+        if (delay < 8) {
+            delay *= 2;
+        }
+    }
+
+    return NGX_ERROR;
+}

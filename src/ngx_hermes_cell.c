@@ -1,0 +1,1207 @@
+
+/*
+ * ngx_hermes: one cell's run on its kernel.
+ *
+ * A cell takes its turn on the kernel (spawning it when there is none),
+ * ships cells/cell_req_N.json, wakes the runner through its FIFO, then
+ * streams cells/cell_out_N and answers with cells/cell_res_N.json.  An
+ * inotify watch on cells/ says when to look and a pidfd says when the
+ * kernel died; the files stay the truth.
+ *
+ * The cell lives in its own pool: a client that goes away detaches the
+ * request, and the cell still runs to its end, so the kernel stays usable.
+ */
+
+
+#include "ngx_hermes.h"
+
+#include <sys/inotify.h>
+#include <sys/syscall.h>
+
+
+#define NGX_HTTP_HERMES_OUT_CHUNK      (128 * 1024)
+#define NGX_HTTP_HERMES_WAIT_MAX       50
+#define NGX_HTTP_HERMES_INOTIFY_MASK                                          \
+    (IN_MODIFY|IN_MOVED_TO|IN_DELETE_SELF|IN_ONLYDIR)
+
+
+typedef struct {
+    ngx_pool_t                     *pool;
+    ngx_log_t                      *log;
+    ngx_http_request_t             *r;          /* NULL: the client is gone */
+    ngx_http_cleanup_t             *cln;
+
+    ngx_http_hermes_loc_conf_t     *hlcf;
+    ngx_http_hermes_zone_t         *zone;
+    ngx_http_hermes_request_t       req;
+    ngx_http_hermes_kernel_ref_t    ref;
+    ngx_http_hermes_result_t        res;
+
+    ngx_event_t                     wait;       /* polling for our turn */
+    ngx_msec_t                      wait_delay;
+    ngx_event_t                     timer;      /* the cell's timeout */
+    ngx_msec_t                      timeout;
+    ngx_msec_t                      started;
+
+    int                             wd;
+    ngx_fd_t                        out_fd;
+    off_t                           out_off;
+    ngx_connection_t               *pidfd;
+
+    ngx_chain_t                    *free;
+    ngx_chain_t                    *busy;
+
+    ngx_queue_t                     queue;      /* the worker's live cells */
+
+    unsigned                        header_sent:1;
+    unsigned                        shipped:1;
+    unsigned                        res_ready:1;
+} ngx_http_hermes_cell_t;
+
+
+static ngx_int_t ngx_http_hermes_cell_acquired(ngx_http_hermes_cell_t *cell,
+    ngx_int_t rc);
+static void ngx_http_hermes_cell_wait_handler(ngx_event_t *ev);
+static void ngx_http_hermes_cell_spawned(void *data, ngx_int_t rc,
+    ngx_pid_t pid, const char *err);
+static ngx_int_t ngx_http_hermes_cell_spawn(ngx_http_hermes_cell_t *cell);
+static void ngx_http_hermes_cell_run(ngx_http_hermes_cell_t *cell);
+static void ngx_http_hermes_cell_pump(ngx_http_hermes_cell_t *cell);
+static ngx_int_t ngx_http_hermes_cell_read_out(ngx_http_hermes_cell_t *cell,
+    ngx_uint_t all);
+static void ngx_http_hermes_cell_finish(ngx_http_hermes_cell_t *cell);
+static void ngx_http_hermes_cell_fail(ngx_http_hermes_cell_t *cell,
+    ngx_uint_t status, char *message);
+static void ngx_http_hermes_cell_answer(ngx_http_hermes_cell_t *cell);
+static void ngx_http_hermes_cell_timeout_handler(ngx_event_t *ev);
+static void ngx_http_hermes_cell_died_handler(ngx_event_t *ev);
+static void ngx_http_hermes_cell_kill(ngx_http_hermes_cell_t *cell);
+static void ngx_http_hermes_cell_error(ngx_http_hermes_cell_t *cell,
+    ngx_uint_t status, char *code, char *message);
+static ngx_int_t ngx_http_hermes_cell_send_header(
+    ngx_http_hermes_cell_t *cell);
+static void ngx_http_hermes_cell_send(ngx_http_hermes_cell_t *cell,
+    ngx_chain_t *out);
+static void ngx_http_hermes_cell_write_handler(ngx_http_request_t *r);
+static void ngx_http_hermes_cell_detach(void *data);
+static void ngx_http_hermes_cell_end(ngx_http_hermes_cell_t *cell);
+static void ngx_http_hermes_inotify_handler(ngx_event_t *ev);
+static void ngx_http_hermes_cell_path(ngx_http_hermes_cell_t *cell,
+    u_char *buf, size_t size, const char *what);
+
+
+/* per worker: one inotify fd for every cell this worker streams */
+
+static ngx_connection_t  *ngx_http_hermes_inotify;
+static ngx_queue_t        ngx_http_hermes_cells;
+
+
+ngx_int_t
+ngx_http_hermes_cell_init_process(ngx_cycle_t *cycle)
+{
+    int                fd;
+    ngx_connection_t  *c;
+
+    ngx_queue_init(&ngx_http_hermes_cells);
+
+    /*
+     * Workers have no children of their own, and nginx's SIGCHLD handler
+     * would reap (and log) the shells the thread pool waits for.
+     */
+
+    if (signal(SIGCHLD, SIG_DFL) == SIG_ERR) {
+        ngx_log_error(NGX_LOG_ALERT, cycle->log, ngx_errno,
+                      "hermes: signal(SIGCHLD) failed");
+        return NGX_ERROR;
+    }
+
+    fd = inotify_init1(IN_NONBLOCK|IN_CLOEXEC);
+    if (fd == -1) {
+        ngx_log_error(NGX_LOG_ALERT, cycle->log, ngx_errno,
+                      "hermes: inotify_init1() failed");
+        return NGX_ERROR;
+    }
+
+    c = ngx_get_connection(fd, cycle->log);
+    if (c == NULL) {
+        close(fd);
+        return NGX_ERROR;
+    }
+
+    c->read->handler = ngx_http_hermes_inotify_handler;
+    c->read->log = cycle->log;
+
+    if (ngx_handle_read_event(c->read, 0) != NGX_OK) {
+        ngx_close_connection(c);
+        return NGX_ERROR;
+    }
+
+    ngx_http_hermes_inotify = c;
+
+    return NGX_OK;
+}
+
+
+void
+ngx_http_hermes_cell_exit_process(ngx_cycle_t *cycle)
+{
+    if (ngx_http_hermes_inotify) {
+        ngx_close_connection(ngx_http_hermes_inotify);
+        ngx_http_hermes_inotify = NULL;
+    }
+}
+
+
+ngx_int_t
+ngx_http_hermes_cell_start(ngx_http_request_t *r,
+    ngx_http_hermes_request_t *req, ngx_str_t *owner)
+{
+    u_char                      *p;
+    ngx_int_t                    rc;
+    ngx_pool_t                  *pool;
+    ngx_http_hermes_cell_t      *cell;
+    ngx_http_hermes_loc_conf_t  *hlcf;
+
+    hlcf = ngx_http_get_module_loc_conf(r, ngx_http_hermes_module);
+
+    pool = ngx_create_pool(4096, ngx_cycle->log);
+    if (pool == NULL) {
+        return NGX_HTTP_INTERNAL_SERVER_ERROR;
+    }
+
+    cell = ngx_pcalloc(pool, sizeof(ngx_http_hermes_cell_t));
+    if (cell == NULL) {
+        ngx_destroy_pool(pool);
+        return NGX_HTTP_INTERNAL_SERVER_ERROR;
+    }
+
+    cell->pool = pool;
+    cell->log = ngx_cycle->log;
+    cell->r = r;
+    cell->hlcf = hlcf;
+    cell->zone = hlcf->shm_zone->data;
+    cell->req = *req;
+    cell->wd = -1;
+    cell->out_fd = NGX_INVALID_FILE;
+    cell->started = ngx_current_msec;
+    cell->timeout = req->timeout ? req->timeout : hlcf->cell_timeout;
+
+    /* the request's strings die with it; the cell's must not */
+
+    cell->req.code.data = ngx_pstrdup(pool, &req->code);
+    cell->req.session.data = ngx_pstrdup(pool, &req->session);
+    cell->req.tool_call_id.data = ngx_pstrdup(pool, &req->tool_call_id);
+
+    cell->ref.key.len = owner->len + 1 + NGX_HTTP_HERMES_BACKEND_TAG_LEN + 1
+                        + req->session.len;
+    cell->ref.key.data = ngx_pnalloc(pool, cell->ref.key.len);
+
+    if ((req->code.len && cell->req.code.data == NULL)
+        || cell->req.session.data == NULL
+        || (req->tool_call_id.len && cell->req.tool_call_id.data == NULL)
+        || cell->ref.key.data == NULL)
+    {
+        ngx_destroy_pool(pool);
+        return NGX_HTTP_INTERNAL_SERVER_ERROR;
+    }
+
+    p = ngx_cpymem(cell->ref.key.data, owner->data, owner->len);
+    *p++ = '\0';
+    p = ngx_cpymem(p, hlcf->backend->tag, NGX_HTTP_HERMES_BACKEND_TAG_LEN);
+    *p++ = '\0';
+    ngx_memcpy(p, req->session.data, req->session.len);
+
+    cell->ref.owner.data = cell->ref.key.data;
+    cell->ref.owner.len = owner->len;
+    cell->ref.session = cell->req.session;
+
+    cell->cln = ngx_http_cleanup_add(r, 0);
+    if (cell->cln == NULL) {
+        ngx_destroy_pool(pool);
+        return NGX_HTTP_INTERNAL_SERVER_ERROR;
+    }
+
+    cell->cln->handler = ngx_http_hermes_cell_detach;
+    cell->cln->data = cell;
+
+    cell->wait.handler = ngx_http_hermes_cell_wait_handler;
+    cell->wait.data = cell;
+    cell->wait.log = cell->log;
+
+    cell->timer.handler = ngx_http_hermes_cell_timeout_handler;
+    cell->timer.data = cell;
+    cell->timer.log = cell->log;
+
+    ngx_queue_insert_tail(&ngx_http_hermes_cells, &cell->queue);
+
+    /* the client may go away; the cell runs on regardless */
+    r->read_event_handler = ngx_http_test_reading;
+
+    rc = ngx_http_hermes_registry_acquire(cell->zone, &cell->ref,
+                                          &hlcf->backend->root, hlcf->queue);
+
+    return ngx_http_hermes_cell_acquired(cell, rc);
+}
+
+
+/* returns what the request's handler returns: NGX_DONE while we hold it */
+
+static ngx_int_t
+ngx_http_hermes_cell_acquired(ngx_http_hermes_cell_t *cell, ngx_int_t rc)
+{
+    ngx_http_request_t  *r;
+
+    r = cell->r;
+
+    switch (rc) {
+
+    case NGX_HTTP_HERMES_ACQ_QUEUE_FULL:
+        ngx_http_hermes_cell_error(cell, NGX_HTTP_TOO_MANY_REQUESTS,
+                                   "queue_full",
+                                   "too many cells are waiting on this "
+                                   "session's kernel");
+        return NGX_DONE;
+
+    case NGX_HTTP_HERMES_ACQ_NOMEM:
+        ngx_log_error(NGX_LOG_ERR, cell->log, 0,
+                      "hermes: zone \"%V\" is full, no kernel for "
+                      "session \"%V\"",
+                      &cell->zone->shm_zone->shm.name, &cell->req.session);
+
+        ngx_http_hermes_cell_error(cell, NGX_HTTP_SERVICE_UNAVAILABLE,
+                                   "registry_full",
+                                   "the kernel registry is out of memory");
+        return NGX_DONE;
+
+    case NGX_HTTP_HERMES_ACQ_WAIT:
+        cell->wait_delay = 1;
+        ngx_add_timer(&cell->wait, cell->wait_delay);
+        return NGX_DONE;
+
+    case NGX_HTTP_HERMES_ACQ_SPAWN:
+        if (ngx_http_hermes_cell_spawn(cell) != NGX_OK) {
+            ngx_http_hermes_registry_release(cell->zone, &cell->ref,
+                                             NGX_HTTP_HERMES_RELEASE_GONE, 0);
+            ngx_http_hermes_cell_error(cell, NGX_HTTP_BAD_GATEWAY,
+                                       "spawn_failed",
+                                       "could not start a kernel");
+        }
+
+        return NGX_DONE;
+
+    default: /* NGX_HTTP_HERMES_ACQ_RUN */
+        ngx_http_hermes_cell_run(cell);
+        return NGX_DONE;
+    }
+
+    (void) r;
+}
+
+
+static void
+ngx_http_hermes_cell_wait_handler(ngx_event_t *ev)
+{
+    ngx_http_hermes_cell_t *cell = ev->data;
+
+    ngx_int_t                    rc;
+    ngx_connection_t            *c;
+    ngx_http_hermes_loc_conf_t  *hlcf;
+
+    hlcf = cell->hlcf;
+    c = cell->r ? cell->r->connection : NULL;
+
+    rc = ngx_http_hermes_registry_poll(cell->zone, &cell->ref,
+                                       &hlcf->backend->root);
+
+    if (rc == NGX_HTTP_HERMES_ACQ_WAIT) {
+        if (cell->wait_delay < NGX_HTTP_HERMES_WAIT_MAX) {
+            cell->wait_delay *= 2;
+        }
+
+        ngx_add_timer(&cell->wait, cell->wait_delay);
+        return;
+    }
+
+    if (rc == NGX_HTTP_HERMES_ACQ_GONE) {
+        /* the kernel was shut down while we queued: start over */
+        ngx_memzero(&cell->ref.gen, sizeof(cell->ref) - offsetof(
+                        ngx_http_hermes_kernel_ref_t, gen));
+
+        rc = ngx_http_hermes_registry_acquire(cell->zone, &cell->ref,
+                                              &hlcf->backend->root,
+                                              hlcf->queue);
+    }
+
+    (void) ngx_http_hermes_cell_acquired(cell, rc);
+
+    if (c) {
+        ngx_http_run_posted_requests(c);
+    }
+}
+
+
+static ngx_int_t
+ngx_http_hermes_cell_spawn(ngx_http_hermes_cell_t *cell)
+{
+    return ngx_http_hermes_kernel_spawn(cell->hlcf, cell->zone, &cell->ref,
+                                        cell->pool,
+                                        ngx_http_hermes_cell_spawned, cell,
+                                        cell->log);
+}
+
+
+static void
+ngx_http_hermes_cell_spawned(void *data, ngx_int_t rc, ngx_pid_t pid,
+    const char *err)
+{
+    ngx_http_hermes_cell_t *cell = data;
+
+    ngx_connection_t  *c;
+
+    c = cell->r ? cell->r->connection : NULL;
+
+    if (rc != NGX_OK) {
+        ngx_log_error(NGX_LOG_ERR, cell->log, 0,
+                      "hermes: spawning a kernel for session \"%V\" failed: "
+                      "%s", &cell->req.session, err);
+
+        ngx_http_hermes_registry_release(cell->zone, &cell->ref,
+                                         NGX_HTTP_HERMES_RELEASE_GONE, 0);
+        ngx_http_hermes_cell_error(cell, NGX_HTTP_BAD_GATEWAY, "spawn_failed",
+                                   "could not start a kernel");
+        goto done;
+    }
+
+    cell->ref.pid = pid;
+
+    if (ngx_http_hermes_registry_spawned(cell->zone, &cell->ref) != NGX_OK) {
+        /* shut down while spawning */
+        (void) ngx_http_hermes_kernel_kill(cell->hlcf->thread_pool,
+                                           cell->ref.dir, cell->ref.dir_len,
+                                           pid, cell->log);
+        ngx_http_hermes_cell_error(cell, NGX_HTTP_BAD_GATEWAY, "spawn_failed",
+                                   "the kernel was shut down while starting");
+        goto done;
+    }
+
+    ngx_log_error(NGX_LOG_INFO, cell->log, 0,
+                  "hermes: kernel %*s (pid %P) started for session \"%V\"",
+                  (size_t) NGX_HTTP_HERMES_ID_LEN, cell->ref.kernel_id, pid,
+                  &cell->req.session);
+
+    ngx_http_hermes_cell_run(cell);
+
+done:
+
+    if (c) {
+        ngx_http_run_posted_requests(c);
+    }
+}
+
+
+static void
+ngx_http_hermes_cell_run(ngx_http_hermes_cell_t *cell)
+{
+    int                  fd;
+    u_char               name[NGX_HTTP_HERMES_DIR_MAX + 64];
+    ngx_buf_t           *b;
+    ngx_int_t            rc;
+    ngx_chain_t          out;
+    ngx_connection_t    *c;
+
+    /* 1. watch cells/ before anything can appear in it */
+
+    ngx_http_hermes_cell_path(cell, name, sizeof(name), "");
+
+    cell->wd = inotify_add_watch(ngx_http_hermes_inotify->fd,
+                                 (char *) name, NGX_HTTP_HERMES_INOTIFY_MASK);
+
+    if (cell->wd == -1) {
+        if (ngx_errno == NGX_ENOENT && !cell->ref.spawn) {
+            goto dead;
+        }
+
+        ngx_log_error(NGX_LOG_ERR, cell->log, ngx_errno,
+                      "hermes: inotify_add_watch(\"%s\") failed", name);
+        goto ship_failed;
+    }
+
+    /* 2. ship the cell, then wake the runner */
+
+    b = ngx_http_hermes_json_cell_request(cell->pool, cell->ref.cell_id,
+                                          &cell->req,
+                                          cell->hlcf->max_output,
+                                          cell->hlcf->max_stream);
+    if (b == NULL) {
+        goto ship_failed;
+    }
+
+    ngx_sprintf(name, "cells/cell_req_%06uD.json%Z", cell->ref.cell_id);
+
+    if (ngx_http_hermes_local_write_file(cell->ref.dir, (char *) name,
+                                         b->pos, b->last - b->pos, cell->log)
+        != NGX_OK)
+    {
+        if (!cell->ref.spawn && ngx_errno == NGX_ENOENT) {
+            goto dead;
+        }
+
+        goto ship_failed;
+    }
+
+    rc = ngx_http_hermes_local_wake(cell->ref.dir, cell->log);
+
+    if (rc == NGX_DECLINED && !cell->ref.spawn) {
+        goto dead;
+    }
+
+    if (rc != NGX_OK) {
+        goto ship_failed;
+    }
+
+    cell->shipped = 1;
+
+    /* 3. a pidfd reads ready when the kernel exits */
+
+    fd = syscall(SYS_pidfd_open, cell->ref.pid, 0);
+    if (fd == -1) {
+        if (ngx_errno == ESRCH) {
+            goto died;
+        }
+
+        ngx_log_error(NGX_LOG_ERR, cell->log, ngx_errno,
+                      "hermes: pidfd_open(%P) failed", cell->ref.pid);
+        goto ship_failed;
+    }
+
+    c = ngx_get_connection(fd, cell->log);
+    if (c == NULL) {
+        close(fd);
+        goto ship_failed;
+    }
+
+    c->data = cell;
+    c->read->handler = ngx_http_hermes_cell_died_handler;
+    c->read->log = cell->log;
+    cell->pidfd = c;
+
+    if (ngx_handle_read_event(c->read, 0) != NGX_OK) {
+        goto ship_failed;
+    }
+
+    ngx_add_timer(&cell->timer, cell->timeout);
+
+    /* 4. the stream opens with the kernel line */
+
+    if (!cell->req.json_answer) {
+        if (ngx_http_hermes_cell_send_header(cell) == NGX_OK && cell->r) {
+            b = ngx_create_temp_buf(cell->pool, 512);
+            if (b == NULL) {
+                ngx_http_hermes_cell_fail(cell, NGX_HTTP_HERMES_CELL_ERROR,
+                                          "out of memory");
+                return;
+            }
+
+            b->last = ngx_sprintf(b->last,
+                          "{\"type\":\"kernel\",\"session\":\"%V\","
+                          "\"kernel_id\":\"%*s\",\"reused\":%s,"
+                          "\"execution_count\":%uD,\"state_lost\":%s,"
+                          "\"state_reset\":%s}\n",
+                          &cell->req.session,
+                          (size_t) NGX_HTTP_HERMES_ID_LEN, cell->ref.kernel_id,
+                          cell->ref.reused ? "true" : "false",
+                          cell->ref.execution_count + 1,
+                          cell->ref.state_lost ? "true" : "false",
+                          cell->req.reset ? "true" : "false");
+            b->flush = 1;
+
+            out.buf = b;
+            out.next = NULL;
+
+            ngx_http_hermes_cell_send(cell, &out);
+        }
+    }
+
+    ngx_http_hermes_cell_pump(cell);
+    return;
+
+dead:
+
+    /* the kernel died between cells: a fresh one, state_lost */
+
+    ngx_log_error(NGX_LOG_WARN, cell->log, 0,
+                  "hermes: kernel %*s of session \"%V\" is gone, "
+                  "starting a new one",
+                  (size_t) NGX_HTTP_HERMES_ID_LEN, cell->ref.kernel_id,
+                  &cell->req.session);
+
+    ngx_http_hermes_cell_kill(cell);
+
+    if (ngx_http_hermes_registry_renew(cell->zone, &cell->ref,
+                                       &cell->hlcf->backend->root)
+        != NGX_OK
+        || ngx_http_hermes_cell_spawn(cell) != NGX_OK)
+    {
+        ngx_http_hermes_registry_release(cell->zone, &cell->ref,
+                                         NGX_HTTP_HERMES_RELEASE_GONE, 0);
+        ngx_http_hermes_cell_error(cell, NGX_HTTP_BAD_GATEWAY,
+                                   "spawn_failed", "could not start a kernel");
+    }
+
+    return;
+
+died:
+
+    ngx_http_hermes_cell_fail(cell, NGX_HTTP_HERMES_CELL_ERROR,
+                              "the kernel died before the cell started");
+    return;
+
+ship_failed:
+
+    ngx_log_error(NGX_LOG_ERR, cell->log, 0,
+                  "hermes: shipping cell %uD to kernel %*s failed",
+                  cell->ref.cell_id, (size_t) NGX_HTTP_HERMES_ID_LEN,
+                  cell->ref.kernel_id);
+
+    ngx_http_hermes_cell_kill(cell);
+    ngx_http_hermes_registry_release(cell->zone, &cell->ref,
+                                     NGX_HTTP_HERMES_RELEASE_LOST, 0);
+
+    if (!cell->header_sent) {
+        ngx_http_hermes_cell_error(cell, NGX_HTTP_BAD_GATEWAY, "ship_failed",
+                                   "could not ship the cell to its kernel");
+        return;
+    }
+
+    cell->res.status = NGX_HTTP_HERMES_CELL_ERROR;
+    ngx_str_set(&cell->res.error, "could not ship the cell to its kernel");
+    ngx_http_hermes_cell_answer(cell);
+}
+
+
+static void
+ngx_http_hermes_inotify_handler(ngx_event_t *ev)
+{
+    ssize_t                  n;
+    u_char                  *p, res[32];
+    ngx_queue_t             *q;
+    ngx_connection_t        *c;
+    ngx_http_hermes_cell_t  *cell;
+    struct inotify_event    *e;
+    u_char                   buf[4096]
+                    __attribute__ ((aligned(__alignof__(struct inotify_event))));
+
+    c = ev->data;
+
+    for ( ;; ) {
+        n = read(c->fd, buf, sizeof(buf));
+
+        if (n == -1) {
+            if (ngx_errno == NGX_EAGAIN) {
+                break;
+            }
+
+            if (ngx_errno == NGX_EINTR) {
+                continue;
+            }
+
+            ngx_log_error(NGX_LOG_ALERT, ev->log, ngx_errno,
+                          "hermes: inotify read() failed");
+            break;
+        }
+
+        for (p = buf; p < buf + n; p += sizeof(struct inotify_event) + e->len) {
+            e = (struct inotify_event *) p;
+
+            for (q = ngx_queue_head(&ngx_http_hermes_cells);
+                 q != ngx_queue_sentinel(&ngx_http_hermes_cells);
+                 q = ngx_queue_next(q))
+            {
+                cell = ngx_queue_data(q, ngx_http_hermes_cell_t, queue);
+
+                if (cell->wd != e->wd || !cell->shipped) {
+                    continue;
+                }
+
+                if (e->mask & IN_MOVED_TO) {
+                    ngx_sprintf(res, "cell_res_%06uD.json%Z",
+                                cell->ref.cell_id);
+
+                    if (e->len && ngx_strcmp(e->name, res) == 0) {
+                        cell->res_ready = 1;
+                    }
+                }
+
+                ngx_http_hermes_cell_pump(cell);
+                break;
+            }
+        }
+    }
+
+    if (ngx_handle_read_event(ev, 0) != NGX_OK) {
+        ngx_log_error(NGX_LOG_ALERT, ev->log, 0,
+                      "hermes: inotify event failed");
+    }
+}
+
+
+static void
+ngx_http_hermes_cell_pump(ngx_http_hermes_cell_t *cell)
+{
+    ngx_connection_t  *c;
+
+    c = cell->r ? cell->r->connection : NULL;
+
+    if (cell->r && !cell->req.json_answer) {
+        if (ngx_http_hermes_cell_read_out(cell, 0) == NGX_ERROR) {
+            ngx_http_hermes_cell_fail(cell, NGX_HTTP_HERMES_CELL_ERROR,
+                                      "reading the cell's output failed");
+            goto done;
+        }
+    }
+
+    if (cell->res_ready) {
+        ngx_http_hermes_cell_finish(cell);
+    }
+
+done:
+
+    if (c) {
+        ngx_http_run_posted_requests(c);
+    }
+}
+
+
+/*
+ * Forward the complete event lines the runner appended to cell_out_N;
+ * a partial line is read again next time.  "all" drains to the end.
+ */
+
+static ngx_int_t
+ngx_http_hermes_cell_read_out(ngx_http_hermes_cell_t *cell, ngx_uint_t all)
+{
+    u_char        path[NGX_HTTP_HERMES_DIR_MAX + 64], *nl;
+    ssize_t       n;
+    ngx_buf_t    *b;
+    ngx_chain_t  *cl, *out, **ll;
+
+    if (cell->out_fd == NGX_INVALID_FILE) {
+        ngx_http_hermes_cell_path(cell, path, sizeof(path), "cell_out");
+
+        cell->out_fd = open((char *) path, O_RDONLY|O_CLOEXEC|O_NOFOLLOW);
+
+        if (cell->out_fd == NGX_INVALID_FILE) {
+            return (ngx_errno == NGX_ENOENT) ? NGX_OK : NGX_ERROR;
+        }
+    }
+
+    out = NULL;
+    ll = &out;
+
+    for ( ;; ) {
+        cl = ngx_chain_get_free_buf(cell->pool, &cell->free);
+        if (cl == NULL) {
+            return NGX_ERROR;
+        }
+
+        b = cl->buf;
+
+        if (b->start == NULL) {
+            b->start = ngx_palloc(cell->pool, NGX_HTTP_HERMES_OUT_CHUNK);
+            if (b->start == NULL) {
+                return NGX_ERROR;
+            }
+
+            b->end = b->start + NGX_HTTP_HERMES_OUT_CHUNK;
+            b->tag = (ngx_buf_tag_t) &ngx_http_hermes_module;
+            b->temporary = 1;
+        }
+
+        b->pos = b->start;
+        b->last = b->start;
+        b->flush = 0;
+
+        n = pread(cell->out_fd, b->start, b->end - b->start, cell->out_off);
+
+        if (n == -1) {
+            return NGX_ERROR;
+        }
+
+        nl = (n > 0) ? ngx_strlchr(b->start, b->start + n, '\n') : NULL;
+
+        if (nl) {
+            /* up to the last newline */
+            for (nl = b->start + n - 1; *nl != '\n'; nl--) { /* void */ }
+            nl++;
+
+        } else if (n == (ssize_t) (b->end - b->start) || (all && n > 0)) {
+            /* a line longer than a chunk, or the unterminated tail */
+            nl = b->start + n;
+
+        } else {
+            /* nothing complete yet: give the buffer back */
+            cl->next = cell->free;
+            cell->free = cl;
+            break;
+        }
+
+        b->last = nl;
+        cell->out_off += nl - b->start;
+
+        *ll = cl;
+        ll = &cl->next;
+
+        if (n < (ssize_t) (b->end - b->start)
+            && nl == b->start + n && !all)
+        {
+            break;
+        }
+
+        if (n == 0) {
+            break;
+        }
+    }
+
+    if (out == NULL) {
+        return NGX_OK;
+    }
+
+    *ll = NULL;
+
+    for (cl = out; cl->next; cl = cl->next) { /* void */ }
+    cl->buf->flush = 1;
+
+    ngx_http_hermes_cell_send(cell, out);
+
+    return NGX_OK;
+}
+
+
+static void
+ngx_http_hermes_cell_finish(ngx_http_hermes_cell_t *cell)
+{
+    u_char           path[NGX_HTTP_HERMES_DIR_MAX + 64], *data;
+    ssize_t          n;
+    ngx_fd_t         fd;
+    ngx_int_t        rc;
+    ngx_file_info_t  fi;
+
+    ngx_http_hermes_cell_path(cell, path, sizeof(path), "cell_res");
+
+    fd = open((char *) path, O_RDONLY|O_CLOEXEC|O_NOFOLLOW);
+    if (fd == NGX_INVALID_FILE) {
+        if (ngx_errno == NGX_ENOENT) {
+            cell->res_ready = 0;
+            return;
+        }
+
+        goto unreadable;
+    }
+
+    if (ngx_fd_info(fd, &fi) == NGX_FILE_ERROR
+        || ngx_file_size(&fi) > (off_t) (4 * cell->hlcf->max_output + 65536))
+    {
+        close(fd);
+        goto unreadable;
+    }
+
+    data = ngx_pnalloc(cell->pool, ngx_file_size(&fi) + 1);
+    if (data == NULL) {
+        close(fd);
+        goto unreadable;
+    }
+
+    n = read(fd, data, ngx_file_size(&fi));
+    close(fd);
+
+    if (n != (ssize_t) ngx_file_size(&fi)) {
+        goto unreadable;
+    }
+
+    rc = ngx_http_hermes_json_parse_result(cell->pool, data, n, &cell->res);
+    if (rc != NGX_OK) {
+        goto unreadable;
+    }
+
+    if (cell->r && !cell->req.json_answer) {
+        (void) ngx_http_hermes_cell_read_out(cell, 1);
+    }
+
+    if (cell->res.ended) {
+        /* SystemExit: the runner exits by itself; remove its directory */
+        ngx_http_hermes_cell_kill(cell);
+        ngx_http_hermes_registry_release(cell->zone, &cell->ref,
+                                         NGX_HTTP_HERMES_RELEASE_GONE, 0);
+
+    } else {
+        ngx_http_hermes_registry_release(cell->zone, &cell->ref,
+                                         NGX_HTTP_HERMES_RELEASE_DONE,
+                                         cell->res.execution_count);
+    }
+
+    ngx_http_hermes_cell_answer(cell);
+    return;
+
+unreadable:
+
+    ngx_log_error(NGX_LOG_ERR, cell->log, ngx_errno,
+                  "hermes: unreadable result \"%s\"", path);
+
+    ngx_http_hermes_cell_fail(cell, NGX_HTTP_HERMES_CELL_ERROR,
+                              "the kernel wrote an unreadable result");
+}
+
+
+/* the kernel is lost mid-cell: kill it, answer with "message" */
+
+static void
+ngx_http_hermes_cell_fail(ngx_http_hermes_cell_t *cell, ngx_uint_t status,
+    char *message)
+{
+    ngx_http_hermes_cell_kill(cell);
+    ngx_http_hermes_registry_release(cell->zone, &cell->ref,
+                                     NGX_HTTP_HERMES_RELEASE_LOST, 0);
+
+    ngx_memzero(&cell->res, sizeof(ngx_http_hermes_result_t));
+    cell->res.status = status;
+    cell->res.error.data = (u_char *) message;
+    cell->res.error.len = ngx_strlen(message);
+    cell->res.execution_count = cell->ref.execution_count;
+
+    ngx_http_hermes_cell_answer(cell);
+}
+
+
+static void
+ngx_http_hermes_cell_answer(ngx_http_hermes_cell_t *cell)
+{
+    ngx_buf_t           *b;
+    ngx_chain_t          out;
+    ngx_http_request_t  *r;
+
+    cell->res.duration = ngx_current_msec - cell->started;
+
+    ngx_http_hermes_count(cell->zone, cells_total[cell->res.status]);
+
+    r = cell->r;
+
+    if (r == NULL) {
+        ngx_http_hermes_cell_end(cell);
+        return;
+    }
+
+    b = ngx_http_hermes_json_result(cell->pool, &cell->res, &cell->ref,
+                                    &cell->req, !cell->req.json_answer,
+                                    cell->req.json_answer
+                                    && cell->req.tool_call);
+    if (b == NULL) {
+        ngx_http_hermes_cell_end(cell);
+        return;
+    }
+
+    if (cell->req.json_answer) {
+        r->headers_out.content_length_n = b->last - b->pos;
+
+        if (ngx_http_hermes_cell_send_header(cell) != NGX_OK) {
+            ngx_http_hermes_cell_end(cell);
+            return;
+        }
+    }
+
+    b->last_buf = 1;
+    b->last_in_chain = 1;
+
+    out.buf = b;
+    out.next = NULL;
+
+    ngx_http_hermes_cell_send(cell, &out);
+
+    ngx_http_hermes_cell_end(cell);
+}
+
+
+static void
+ngx_http_hermes_cell_timeout_handler(ngx_event_t *ev)
+{
+    ngx_http_hermes_cell_t *cell = ev->data;
+
+    u_char            *msg;
+    ngx_connection_t  *c;
+
+    c = cell->r ? cell->r->connection : NULL;
+
+    ngx_log_error(NGX_LOG_WARN, cell->log, 0,
+                  "hermes: cell %uD of session \"%V\" timed out after %M ms, "
+                  "killing kernel %*s", cell->ref.cell_id, &cell->req.session,
+                  cell->timeout, (size_t) NGX_HTTP_HERMES_ID_LEN,
+                  cell->ref.kernel_id);
+
+    ngx_http_hermes_count(cell->zone, killed_timeout_total);
+
+    msg = ngx_pnalloc(cell->pool, 128);
+    if (msg) {
+        ngx_sprintf(msg, "the cell did not finish within %M s; its kernel "
+                    "was killed and its state is lost%Z",
+                    cell->timeout / 1000);
+    }
+
+    ngx_http_hermes_cell_fail(cell, NGX_HTTP_HERMES_CELL_TIMEOUT,
+                              msg ? (char *) msg : "timeout");
+
+    if (c) {
+        ngx_http_run_posted_requests(c);
+    }
+}
+
+
+static void
+ngx_http_hermes_cell_died_handler(ngx_event_t *ev)
+{
+    ngx_connection_t        *pc = ev->data;
+    ngx_http_hermes_cell_t  *cell = pc->data;
+
+    ngx_connection_t  *c;
+
+    c = cell->r ? cell->r->connection : NULL;
+
+    /* SystemExit writes its result first: prefer the result */
+
+    cell->res_ready = 1;
+    ngx_http_hermes_cell_pump(cell);
+
+    if (!cell->res_ready) {
+        return;
+    }
+
+    /* still here: no result, so the kernel died mid-cell */
+
+    ngx_log_error(NGX_LOG_WARN, cell->log, 0,
+                  "hermes: kernel %*s of session \"%V\" died during cell %uD",
+                  (size_t) NGX_HTTP_HERMES_ID_LEN, cell->ref.kernel_id,
+                  &cell->req.session, cell->ref.cell_id);
+
+    ngx_http_hermes_cell_fail(cell, NGX_HTTP_HERMES_CELL_ERROR,
+                              "the kernel died while running the cell; "
+                              "its state is lost");
+
+    if (c) {
+        ngx_http_run_posted_requests(c);
+    }
+}
+
+
+static void
+ngx_http_hermes_cell_kill(ngx_http_hermes_cell_t *cell)
+{
+    if (ngx_http_hermes_kernel_kill(cell->hlcf->thread_pool, cell->ref.dir,
+                                    cell->ref.dir_len, cell->ref.pid,
+                                    cell->log)
+        != NGX_OK)
+    {
+        ngx_log_error(NGX_LOG_ERR, cell->log, 0,
+                      "hermes: could not kill kernel %*s",
+                      (size_t) NGX_HTTP_HERMES_ID_LEN, cell->ref.kernel_id);
+    }
+}
+
+
+/* an error before the stream started: status and a JSON error body */
+
+static void
+ngx_http_hermes_cell_error(ngx_http_hermes_cell_t *cell, ngx_uint_t status,
+    char *code, char *message)
+{
+    ngx_http_request_t  *r;
+
+    r = cell->r;
+
+    if (r && !cell->header_sent) {
+        cell->header_sent = 1;
+        ngx_http_finalize_request(r,
+                          ngx_http_hermes_send_error(r, status, code, message));
+    }
+
+    ngx_http_hermes_cell_end(cell);
+}
+
+
+static ngx_int_t
+ngx_http_hermes_cell_send_header(ngx_http_hermes_cell_t *cell)
+{
+    ngx_int_t            rc;
+    ngx_http_request_t  *r;
+
+    r = cell->r;
+
+    if (r == NULL || cell->header_sent) {
+        return NGX_OK;
+    }
+
+    cell->header_sent = 1;
+
+    r->headers_out.status = NGX_HTTP_OK;
+
+    if (cell->req.json_answer) {
+        ngx_str_set(&r->headers_out.content_type, "application/json");
+
+    } else {
+        ngx_str_set(&r->headers_out.content_type, "application/x-ndjson");
+        r->headers_out.content_length_n = -1;
+    }
+
+    r->headers_out.content_type_len = r->headers_out.content_type.len;
+
+    rc = ngx_http_send_header(r);
+
+    if (rc == NGX_ERROR || rc > NGX_OK) {
+        ngx_http_finalize_request(r, rc);
+        return NGX_ERROR;
+    }
+
+    return NGX_OK;
+}
+
+
+static void
+ngx_http_hermes_cell_send(ngx_http_hermes_cell_t *cell, ngx_chain_t *out)
+{
+    ngx_int_t            rc;
+    ngx_http_request_t  *r;
+
+    r = cell->r;
+
+    if (r == NULL) {
+        return;
+    }
+
+    rc = ngx_http_output_filter(r, out);
+
+    ngx_chain_update_chains(cell->pool, &cell->free, &cell->busy, &out,
+                            (ngx_buf_tag_t) &ngx_http_hermes_module);
+
+    if (rc == NGX_ERROR) {
+        /* the client is gone; the cell goes on without it */
+        ngx_http_finalize_request(r, NGX_ERROR);
+        return;
+    }
+
+    if (rc == NGX_AGAIN) {
+        r->write_event_handler = ngx_http_hermes_cell_write_handler;
+    }
+}
+
+
+static void
+ngx_http_hermes_cell_write_handler(ngx_http_request_t *r)
+{
+    ngx_event_t               *wev;
+    ngx_connection_t          *c;
+    ngx_http_core_loc_conf_t  *clcf;
+
+    c = r->connection;
+    wev = c->write;
+
+    if (wev->timedout) {
+        c->timedout = 1;
+        ngx_http_finalize_request(r, NGX_HTTP_REQUEST_TIME_OUT);
+        return;
+    }
+
+    if (ngx_http_output_filter(r, NULL) == NGX_ERROR) {
+        ngx_http_finalize_request(r, NGX_ERROR);
+        return;
+    }
+
+    clcf = ngx_http_get_module_loc_conf(r, ngx_http_core_module);
+
+    if (c->buffered) {
+        if (!wev->delayed) {
+            ngx_add_timer(wev, clcf->send_timeout);
+        }
+
+        if (ngx_handle_write_event(wev, clcf->send_lowat) != NGX_OK) {
+            ngx_http_finalize_request(r, NGX_ERROR);
+        }
+
+        return;
+    }
+
+    if (wev->timer_set) {
+        ngx_del_timer(wev);
+    }
+}
+
+
+static void
+ngx_http_hermes_cell_detach(void *data)
+{
+    ngx_http_hermes_cell_t *cell = data;
+
+    cell->r = NULL;
+    cell->cln = NULL;
+}
+
+
+/* the cell is done with its kernel turn: let go of everything */
+
+static void
+ngx_http_hermes_cell_end(ngx_http_hermes_cell_t *cell)
+{
+    ngx_http_request_t  *r;
+
+    if (cell->wait.timer_set) {
+        ngx_del_timer(&cell->wait);
+    }
+
+    if (cell->timer.timer_set) {
+        ngx_del_timer(&cell->timer);
+    }
+
+    if (cell->wd != -1) {
+        (void) inotify_rm_watch(ngx_http_hermes_inotify->fd, cell->wd);
+        cell->wd = -1;
+    }
+
+    if (cell->out_fd != NGX_INVALID_FILE) {
+        close(cell->out_fd);
+    }
+
+    if (cell->pidfd) {
+        ngx_close_connection(cell->pidfd);
+    }
+
+    ngx_queue_remove(&cell->queue);
+
+    r = cell->r;
+
+    if (r) {
+        cell->cln->handler = NULL;
+
+        if (cell->header_sent && !cell->req.json_answer) {
+            ngx_http_finalize_request(r, NGX_OK);
+
+        } else if (cell->header_sent) {
+            ngx_http_finalize_request(r, NGX_OK);
+        }
+    }
+
+    ngx_destroy_pool(cell->pool);
+}
+
+
+static void
+ngx_http_hermes_cell_path(ngx_http_hermes_cell_t *cell, u_char *buf,
+    size_t size, const char *what)
+{
+    if (what[0] == '\0') {
+        ngx_snprintf(buf, size, "%s/cells%Z", cell->ref.dir);
+
+    } else if (ngx_strcmp(what, "cell_res") == 0) {
+        ngx_snprintf(buf, size, "%s/cells/cell_res_%06uD.json%Z",
+                     cell->ref.dir, cell->ref.cell_id);
+
+    } else {
+        ngx_snprintf(buf, size, "%s/cells/%s_%06uD%Z",
+                     cell->ref.dir, what, cell->ref.cell_id);
+    }
+}

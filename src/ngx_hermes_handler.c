@@ -1,0 +1,296 @@
+
+/*
+ * ngx_hermes: HTTP handlers.  The execute endpoint reads and checks the
+ * request, then hands it to a cell (ngx_hermes_cell.c).
+ */
+
+
+#include "ngx_hermes.h"
+
+
+static void ngx_http_hermes_execute_body(ngx_http_request_t *r);
+static u_char *ngx_http_hermes_read_body(ngx_http_request_t *r,
+    size_t *len);
+static ngx_int_t ngx_http_hermes_header_has(ngx_table_elt_t *h,
+    const char *value);
+static ngx_int_t ngx_http_hermes_add_header(ngx_http_request_t *r,
+    char *key, char *value);
+
+
+ngx_int_t
+ngx_http_hermes_execute_handler(ngx_http_request_t *r)
+{
+    ngx_int_t                  rc;
+    ngx_table_elt_t           *ct;
+    ngx_http_core_loc_conf_t  *clcf;
+
+    if (r->method != NGX_HTTP_POST) {
+        rc = ngx_http_discard_request_body(r);
+        if (rc != NGX_OK) {
+            return rc;
+        }
+
+        if (ngx_http_hermes_add_header(r, "Allow", "POST") != NGX_OK) {
+            return NGX_HTTP_INTERNAL_SERVER_ERROR;
+        }
+
+        return ngx_http_hermes_send_error(r, NGX_HTTP_NOT_ALLOWED,
+                                          "method_not_allowed",
+                                          "use POST with a JSON body");
+    }
+
+    ct = r->headers_in.content_type;
+
+    if (ct == NULL || !ngx_http_hermes_header_has(ct, "application/json")) {
+        rc = ngx_http_discard_request_body(r);
+        if (rc != NGX_OK) {
+            return rc;
+        }
+
+        return ngx_http_hermes_send_error(r,
+                                    NGX_HTTP_UNSUPPORTED_MEDIA_TYPE,
+                                    "unsupported_media_type",
+                                    "the body must be application/json");
+    }
+
+    /* answer an oversized body with our JSON error, not nginx's page */
+
+    clcf = ngx_http_get_module_loc_conf(r, ngx_http_core_module);
+
+    if (clcf->client_max_body_size
+        && r->headers_in.content_length_n > clcf->client_max_body_size)
+    {
+        rc = ngx_http_discard_request_body(r);
+        if (rc != NGX_OK) {
+            return rc;
+        }
+
+        return ngx_http_hermes_send_error(r,
+                                    NGX_HTTP_REQUEST_ENTITY_TOO_LARGE,
+                                    "body_too_large",
+                                    "the body is over client_max_body_size");
+    }
+
+    r->request_body_in_single_buf = 1;
+
+    rc = ngx_http_read_client_request_body(r, ngx_http_hermes_execute_body);
+
+    if (rc >= NGX_HTTP_SPECIAL_RESPONSE) {
+        return rc;
+    }
+
+    return NGX_DONE;
+}
+
+
+static void
+ngx_http_hermes_execute_body(ngx_http_request_t *r)
+{
+    u_char                      *body;
+    size_t                       len;
+    ngx_int_t                    rc;
+    ngx_str_t                    owner, code, message;
+    ngx_uint_t                   status;
+    ngx_http_hermes_request_t    req;
+    ngx_http_hermes_loc_conf_t  *hlcf;
+
+    hlcf = ngx_http_get_module_loc_conf(r, ngx_http_hermes_module);
+
+    if (hlcf->owner) {
+        if (ngx_http_complex_value(r, hlcf->owner, &owner) != NGX_OK) {
+            ngx_http_finalize_request(r, NGX_HTTP_INTERNAL_SERVER_ERROR);
+            return;
+        }
+
+        if (owner.len == 0) {
+            ngx_http_finalize_request(r,
+                ngx_http_hermes_send_error(r, NGX_HTTP_UNAUTHORIZED,
+                                           "unauthorized",
+                                           "no owner for this request"));
+            return;
+        }
+
+        if (owner.len > NGX_HTTP_HERMES_OWNER_MAX) {
+            ngx_http_finalize_request(r,
+                ngx_http_hermes_send_error(r, NGX_HTTP_BAD_REQUEST,
+                                           "invalid_owner",
+                                           "the owner is over 128 bytes"));
+            return;
+        }
+
+    } else {
+        ngx_str_set(&owner, "anonymous");
+    }
+
+    body = ngx_http_hermes_read_body(r, &len);
+    if (body == NULL) {
+        ngx_http_finalize_request(r, NGX_HTTP_INTERNAL_SERVER_ERROR);
+        return;
+    }
+
+    rc = ngx_http_hermes_json_parse_request(r->pool, body, len, &req,
+                                            hlcf->max_code, &code, &message,
+                                            &status);
+    if (rc == NGX_ERROR) {
+        ngx_http_finalize_request(r, NGX_HTTP_INTERNAL_SERVER_ERROR);
+        return;
+    }
+
+    if (rc == NGX_DECLINED) {
+        ngx_http_finalize_request(r,
+                        ngx_http_hermes_send_error(r, status,
+                                                   (char *) code.data,
+                                                   (char *) message.data));
+        return;
+    }
+
+    if (req.timeout > hlcf->cell_timeout) {
+        ngx_http_finalize_request(r,
+                ngx_http_hermes_send_error(r, NGX_HTTP_BAD_REQUEST,
+                                           "invalid_request",
+                                           "\"timeout\" is over this "
+                                           "location's hermes_cell_timeout"));
+        return;
+    }
+
+    req.json_answer = (r->headers_in.accept
+                       && ngx_http_hermes_header_has(r->headers_in.accept,
+                                                     "application/json")
+                       && !ngx_http_hermes_header_has(r->headers_in.accept,
+                                                      "application/x-ndjson"));
+
+    rc = ngx_http_hermes_cell_start(r, &req, &owner);
+
+    if (rc != NGX_DONE) {
+        ngx_http_finalize_request(r, rc);
+    }
+}
+
+
+/* the body in one piece, NUL-terminated, from memory or its temp file */
+
+static u_char *
+ngx_http_hermes_read_body(ngx_http_request_t *r, size_t *len)
+{
+    u_char       *p, *body;
+    size_t        size;
+    ssize_t       n;
+    ngx_buf_t    *b;
+    ngx_chain_t  *cl;
+
+    size = 0;
+
+    if (r->request_body) {
+        for (cl = r->request_body->bufs; cl; cl = cl->next) {
+            size += ngx_buf_size(cl->buf);
+        }
+    }
+
+    body = ngx_pnalloc(r->pool, size + 1);
+    if (body == NULL) {
+        return NULL;
+    }
+
+    p = body;
+
+    for (cl = r->request_body ? r->request_body->bufs : NULL;
+         cl;
+         cl = cl->next)
+    {
+        b = cl->buf;
+
+        if (b->in_file) {
+            n = ngx_read_file(b->file, p, b->file_last - b->file_pos,
+                              b->file_pos);
+            if (n != b->file_last - b->file_pos) {
+                return NULL;
+            }
+
+            p += n;
+            continue;
+        }
+
+        p = ngx_cpymem(p, b->pos, b->last - b->pos);
+    }
+
+    *p = '\0';
+    *len = p - body;
+
+    return body;
+}
+
+
+static ngx_int_t
+ngx_http_hermes_header_has(ngx_table_elt_t *h, const char *value)
+{
+    return ngx_strlcasestrn(h->value.data, h->value.data + h->value.len,
+                            (u_char *) value, ngx_strlen(value) - 1)
+           != NULL;
+}
+
+
+static ngx_int_t
+ngx_http_hermes_add_header(ngx_http_request_t *r, char *key, char *value)
+{
+    ngx_table_elt_t  *h;
+
+    h = ngx_list_push(&r->headers_out.headers);
+    if (h == NULL) {
+        return NGX_ERROR;
+    }
+
+    h->hash = 1;
+    h->key.data = (u_char *) key;
+    h->key.len = ngx_strlen(key);
+    h->value.data = (u_char *) value;
+    h->value.len = ngx_strlen(value);
+
+    return NGX_OK;
+}
+
+
+ngx_int_t
+ngx_http_hermes_send_error(ngx_http_request_t *r, ngx_uint_t status,
+    char *code, char *message)
+{
+    ngx_int_t         rc;
+    ngx_str_t         c, m;
+    ngx_buf_t        *b;
+    ngx_chain_t       out;
+    c.data = (u_char *) code;
+    c.len = ngx_strlen(code);
+    m.data = (u_char *) message;
+    m.len = ngx_strlen(message);
+
+    b = ngx_http_hermes_json_error(r->pool, &c, &m);
+    if (b == NULL) {
+        return NGX_HTTP_INTERNAL_SERVER_ERROR;
+    }
+
+    if (status == NGX_HTTP_TOO_MANY_REQUESTS
+        || status == NGX_HTTP_SERVICE_UNAVAILABLE)
+    {
+        if (ngx_http_hermes_add_header(r, "Retry-After", "1") != NGX_OK) {
+            return NGX_HTTP_INTERNAL_SERVER_ERROR;
+        }
+    }
+
+    r->headers_out.status = status;
+    r->headers_out.content_length_n = b->last - b->pos;
+    ngx_str_set(&r->headers_out.content_type, "application/json");
+    r->headers_out.content_type_len = r->headers_out.content_type.len;
+
+    rc = ngx_http_send_header(r);
+
+    if (rc == NGX_ERROR || rc > NGX_OK || r->header_only) {
+        return rc;
+    }
+
+    b->last_buf = (r == r->main) ? 1 : 0;
+    b->last_in_chain = 1;
+
+    out.buf = b;
+    out.next = NULL;
+
+    return ngx_http_output_filter(r, &out);
+}

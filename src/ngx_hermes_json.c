@@ -1,0 +1,789 @@
+
+/*
+ * ngx_hermes: JSON in and out, with yajl.
+ *
+ * Inputs (request bodies, the runner's result files) are read with yajl's
+ * callback parser into a small table of wanted fields: strings keep their
+ * length, so an embedded "\u0000" survives, and nothing else is kept.
+ */
+
+
+#include "ngx_hermes.h"
+
+#include <yajl/yajl_parse.h>
+#include <yajl/yajl_gen.h>
+
+
+#define NGX_HTTP_HERMES_JSON_STRING  1
+#define NGX_HTTP_HERMES_JSON_NUMBER  2
+#define NGX_HTTP_HERMES_JSON_BOOL    3
+#define NGX_HTTP_HERMES_JSON_NULL    4
+#define NGX_HTTP_HERMES_JSON_MAP     5
+#define NGX_HTTP_HERMES_JSON_ARRAY   6
+
+#define NGX_HTTP_HERMES_JSON_DEPTH   2      /* paths kept: "a" and "a.b" */
+
+
+typedef struct {
+    const char                   *path;
+    ngx_uint_t                    type;
+    ngx_str_t                     value;    /* strings and raw numbers */
+    ngx_uint_t                    boolean;
+} ngx_http_hermes_json_field_t;
+
+
+typedef struct {
+    ngx_pool_t                   *pool;
+    ngx_http_hermes_json_field_t *fields;
+    ngx_uint_t                    depth;    /* containers open */
+    ngx_uint_t                    ignore;   /* depth inside an ignored one */
+    ngx_uint_t                    array[NGX_HTTP_HERMES_JSON_DEPTH + 1];
+    ngx_str_t                     key[NGX_HTTP_HERMES_JSON_DEPTH + 1];
+    unsigned                      root_map:1;
+    unsigned                      nomem:1;
+} ngx_http_hermes_json_ctx_t;
+
+
+ngx_str_t  ngx_http_hermes_cell_status_names[] = {
+    ngx_string("success"),
+    ngx_string("error"),
+    ngx_string("timeout"),
+    ngx_string("interrupted"),
+    ngx_null_string
+};
+
+
+static ngx_http_hermes_json_field_t *
+ngx_http_hermes_json_field(ngx_http_hermes_json_ctx_t *ctx)
+{
+    size_t                         len;
+    u_char                         path[256], *p;
+    ngx_uint_t                     i;
+    ngx_http_hermes_json_field_t  *f;
+
+    if (ctx->ignore || ctx->depth == 0
+        || ctx->depth > NGX_HTTP_HERMES_JSON_DEPTH
+        || ctx->array[ctx->depth])
+    {
+        return NULL;
+    }
+
+    p = path;
+
+    for (i = 1; i <= ctx->depth; i++) {
+        len = ctx->key[i].len;
+
+        if ((size_t) (path + sizeof(path) - p) < len + 2) {
+            return NULL;
+        }
+
+        if (i > 1) {
+            *p++ = '.';
+        }
+
+        p = ngx_cpymem(p, ctx->key[i].data, len);
+    }
+
+    *p = '\0';
+
+    for (f = ctx->fields; f->path; f++) {
+        if (ngx_strcmp(f->path, path) == 0) {
+            return f;
+        }
+    }
+
+    return NULL;
+}
+
+
+static int
+ngx_http_hermes_json_set(ngx_http_hermes_json_ctx_t *ctx, ngx_uint_t type,
+    const u_char *data, size_t len, ngx_uint_t boolean)
+{
+    ngx_http_hermes_json_field_t  *f;
+
+    f = ngx_http_hermes_json_field(ctx);
+    if (f == NULL) {
+        return 1;
+    }
+
+    f->type = type;
+    f->boolean = boolean;
+    f->value.len = len;
+    f->value.data = NULL;
+
+    if (data) {
+        f->value.data = ngx_pnalloc(ctx->pool, len + 1);
+        if (f->value.data == NULL) {
+            ctx->nomem = 1;
+            return 0;
+        }
+
+        ngx_memcpy(f->value.data, data, len);
+        f->value.data[len] = '\0';
+    }
+
+    return 1;
+}
+
+
+static int
+ngx_http_hermes_json_null(void *data)
+{
+    return ngx_http_hermes_json_set(data, NGX_HTTP_HERMES_JSON_NULL,
+                                    NULL, 0, 0);
+}
+
+
+static int
+ngx_http_hermes_json_boolean(void *data, int value)
+{
+    return ngx_http_hermes_json_set(data, NGX_HTTP_HERMES_JSON_BOOL,
+                                    NULL, 0, value ? 1 : 0);
+}
+
+
+static int
+ngx_http_hermes_json_number(void *data, const char *value, size_t len)
+{
+    return ngx_http_hermes_json_set(data, NGX_HTTP_HERMES_JSON_NUMBER,
+                                    (const u_char *) value, len, 0);
+}
+
+
+static int
+ngx_http_hermes_json_string(void *data, const unsigned char *value,
+    size_t len)
+{
+    return ngx_http_hermes_json_set(data, NGX_HTTP_HERMES_JSON_STRING,
+                                    value, len, 0);
+}
+
+
+static int
+ngx_http_hermes_json_open(ngx_http_hermes_json_ctx_t *ctx, ngx_uint_t type)
+{
+    if (ctx->depth == 0 && !ctx->root_map) {
+        if (type != NGX_HTTP_HERMES_JSON_MAP) {
+            return 0;
+        }
+
+        ctx->root_map = 1;
+    }
+
+    /* a container at a wanted path records its type, then is skipped */
+
+    if (!ngx_http_hermes_json_set(ctx, type, NULL, 0, 0)) {
+        return 0;
+    }
+
+    if (ctx->ignore || ctx->depth >= NGX_HTTP_HERMES_JSON_DEPTH) {
+        ctx->ignore++;
+        return 1;
+    }
+
+    ctx->depth++;
+    ctx->array[ctx->depth] = (type == NGX_HTTP_HERMES_JSON_ARRAY);
+    ngx_str_null(&ctx->key[ctx->depth]);
+
+    return 1;
+}
+
+
+static int
+ngx_http_hermes_json_close(void *data)
+{
+    ngx_http_hermes_json_ctx_t  *ctx = data;
+
+    if (ctx->ignore) {
+        ctx->ignore--;
+
+    } else {
+        ctx->depth--;
+    }
+
+    return 1;
+}
+
+
+static int
+ngx_http_hermes_json_start_map(void *data)
+{
+    return ngx_http_hermes_json_open(data, NGX_HTTP_HERMES_JSON_MAP);
+}
+
+
+static int
+ngx_http_hermes_json_start_array(void *data)
+{
+    return ngx_http_hermes_json_open(data, NGX_HTTP_HERMES_JSON_ARRAY);
+}
+
+
+static int
+ngx_http_hermes_json_map_key(void *data, const unsigned char *key,
+    size_t len)
+{
+    ngx_http_hermes_json_ctx_t  *ctx = data;
+
+    if (!ctx->ignore) {
+        ctx->key[ctx->depth].data = (u_char *) key;
+        ctx->key[ctx->depth].len = len;
+    }
+
+    return 1;
+}
+
+
+static yajl_callbacks  ngx_http_hermes_json_callbacks = {
+    ngx_http_hermes_json_null,
+    ngx_http_hermes_json_boolean,
+    NULL,
+    NULL,
+    ngx_http_hermes_json_number,
+    ngx_http_hermes_json_string,
+    ngx_http_hermes_json_start_map,
+    ngx_http_hermes_json_map_key,
+    ngx_http_hermes_json_close,
+    ngx_http_hermes_json_start_array,
+    ngx_http_hermes_json_close
+};
+
+
+/* NGX_OK, NGX_DECLINED: not JSON or not an object, NGX_ERROR: no memory */
+
+static ngx_int_t
+ngx_http_hermes_json_parse(ngx_pool_t *pool, u_char *data, size_t len,
+    ngx_http_hermes_json_field_t *fields)
+{
+    yajl_handle                  h;
+    yajl_status                  st;
+    ngx_http_hermes_json_ctx_t   ctx;
+
+    ngx_memzero(&ctx, sizeof(ngx_http_hermes_json_ctx_t));
+    ctx.pool = pool;
+    ctx.fields = fields;
+
+    h = yajl_alloc(&ngx_http_hermes_json_callbacks, NULL, &ctx);
+    if (h == NULL) {
+        return NGX_ERROR;
+    }
+
+    st = yajl_parse(h, data, len);
+    if (st == yajl_status_ok) {
+        st = yajl_complete_parse(h);
+    }
+
+    yajl_free(h);
+
+    if (ctx.nomem) {
+        return NGX_ERROR;
+    }
+
+    if (st != yajl_status_ok || !ctx.root_map) {
+        return NGX_DECLINED;
+    }
+
+    return NGX_OK;
+}
+
+
+static ngx_http_hermes_json_field_t *
+ngx_http_hermes_json_get(ngx_http_hermes_json_field_t *fields,
+    const char *path)
+{
+    ngx_http_hermes_json_field_t  *f;
+
+    for (f = fields; f->path; f++) {
+        if (f->type && ngx_strcmp(f->path, path) == 0) {
+            return f;
+        }
+    }
+
+    return NULL;
+}
+
+
+static ngx_int_t
+ngx_http_hermes_json_session_valid(ngx_str_t *s)
+{
+    u_char      c;
+    ngx_uint_t  i;
+
+    if (s->len == 0 || s->len > NGX_HTTP_HERMES_SESSION_MAX) {
+        return 0;
+    }
+
+    for (i = 0; i < s->len; i++) {
+        c = s->data[i];
+
+        if ((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z')
+            || (c >= '0' && c <= '9') || c == '.' || c == '_' || c == ':'
+            || c == '-')
+        {
+            continue;
+        }
+
+        return 0;
+    }
+
+    return 1;
+}
+
+
+#define ngx_http_hermes_json_fail(st, c, m)                                   \
+    *http_status = st;                                                        \
+    ngx_str_set(err_code, c);                                                 \
+    ngx_str_set(err_msg, m);                                                  \
+    return NGX_DECLINED
+
+
+ngx_int_t
+ngx_http_hermes_json_parse_request(ngx_pool_t *pool, u_char *body,
+    size_t len, ngx_http_hermes_request_t *req, size_t max_code,
+    ngx_str_t *err_code, ngx_str_t *err_msg, ngx_uint_t *http_status)
+{
+    double                         timeout;
+    ngx_int_t                      rc;
+    ngx_http_hermes_json_field_t  *f, *args;
+
+    ngx_http_hermes_json_field_t   call[] = {
+        { "session", 0, ngx_null_string, 0 },
+        { "code", 0, ngx_null_string, 0 },
+        { "timeout", 0, ngx_null_string, 0 },
+        { "reset", 0, ngx_null_string, 0 },
+        { "id", 0, ngx_null_string, 0 },
+        { "function", 0, ngx_null_string, 0 },
+        { "function.name", 0, ngx_null_string, 0 },
+        { "function.arguments", 0, ngx_null_string, 0 },
+        { NULL, 0, ngx_null_string, 0 }
+    };
+
+    ngx_http_hermes_json_field_t   unwrapped[] = {
+        { "session", 0, ngx_null_string, 0 },
+        { "code", 0, ngx_null_string, 0 },
+        { "timeout", 0, ngx_null_string, 0 },
+        { "reset", 0, ngx_null_string, 0 },
+        { NULL, 0, ngx_null_string, 0 }
+    };
+
+    ngx_memzero(req, sizeof(ngx_http_hermes_request_t));
+
+    rc = ngx_http_hermes_json_parse(pool, body, len, call);
+    if (rc == NGX_ERROR) {
+        return NGX_ERROR;
+    }
+
+    if (rc == NGX_DECLINED) {
+        ngx_http_hermes_json_fail(NGX_HTTP_BAD_REQUEST, "invalid_json",
+                                  "the request body is not a JSON object");
+    }
+
+    args = call;
+
+    f = ngx_http_hermes_json_get(call, "function");
+
+    if (f) {
+        /* an OpenAI-style tool call: the arguments are a JSON string */
+
+        if (f->type != NGX_HTTP_HERMES_JSON_MAP) {
+            ngx_http_hermes_json_fail(NGX_HTTP_BAD_REQUEST, "invalid_request",
+                                      "\"function\" must be an object");
+        }
+
+        f = ngx_http_hermes_json_get(call, "function.name");
+        if (f && (f->type != NGX_HTTP_HERMES_JSON_STRING
+                  || ngx_strcmp(f->value.data, "execute_code") != 0))
+        {
+            ngx_http_hermes_json_fail(NGX_HTTP_BAD_REQUEST, "invalid_request",
+                                  "\"function.name\" must be \"execute_code\"");
+        }
+
+        f = ngx_http_hermes_json_get(call, "function.arguments");
+        if (f == NULL || f->type != NGX_HTTP_HERMES_JSON_STRING) {
+            ngx_http_hermes_json_fail(NGX_HTTP_BAD_REQUEST, "invalid_request",
+                            "\"function.arguments\" must be a JSON string");
+        }
+
+        rc = ngx_http_hermes_json_parse(pool, f->value.data, f->value.len,
+                                        unwrapped);
+        if (rc == NGX_ERROR) {
+            return NGX_ERROR;
+        }
+
+        if (rc == NGX_DECLINED) {
+            ngx_http_hermes_json_fail(NGX_HTTP_BAD_REQUEST, "invalid_json",
+                       "\"function.arguments\" is not a JSON object");
+        }
+
+        f = ngx_http_hermes_json_get(call, "id");
+        if (f && f->type == NGX_HTTP_HERMES_JSON_STRING) {
+            req->tool_call_id = f->value;
+        }
+
+        req->tool_call = 1;
+        args = unwrapped;
+    }
+
+    f = ngx_http_hermes_json_get(args, "session");
+    if (f == NULL) {
+        ngx_http_hermes_json_fail(NGX_HTTP_BAD_REQUEST, "invalid_request",
+                                  "\"session\" is required");
+    }
+
+    if (f->type != NGX_HTTP_HERMES_JSON_STRING
+        || !ngx_http_hermes_json_session_valid(&f->value))
+    {
+        ngx_http_hermes_json_fail(NGX_HTTP_BAD_REQUEST, "invalid_session",
+                    "\"session\" must be 1-128 characters of [A-Za-z0-9._:-]");
+    }
+
+    req->session = f->value;
+
+    f = ngx_http_hermes_json_get(args, "code");
+    if (f == NULL) {
+        ngx_http_hermes_json_fail(NGX_HTTP_BAD_REQUEST, "invalid_request",
+                                  "\"code\" is required");
+    }
+
+    if (f->type != NGX_HTTP_HERMES_JSON_STRING) {
+        ngx_http_hermes_json_fail(NGX_HTTP_BAD_REQUEST, "invalid_request",
+                                  "\"code\" must be a string");
+    }
+
+    if (f->value.len > max_code) {
+        ngx_http_hermes_json_fail(NGX_HTTP_REQUEST_ENTITY_TOO_LARGE,
+                                  "code_too_large",
+                                  "\"code\" is longer than hermes_max_code");
+    }
+
+    req->code = f->value;
+
+    f = ngx_http_hermes_json_get(args, "timeout");
+    if (f && f->type != NGX_HTTP_HERMES_JSON_NULL) {
+        if (f->type != NGX_HTTP_HERMES_JSON_NUMBER) {
+            ngx_http_hermes_json_fail(NGX_HTTP_BAD_REQUEST, "invalid_request",
+                                      "\"timeout\" must be a number");
+        }
+
+        timeout = strtod((char *) f->value.data, NULL);
+
+        if (!(timeout >= 1 && timeout <= 365 * 86400)) {
+            ngx_http_hermes_json_fail(NGX_HTTP_BAD_REQUEST, "invalid_request",
+                                      "\"timeout\" must be at least 1 second");
+        }
+
+        req->timeout = (ngx_msec_t) (timeout * 1000);
+    }
+
+    f = ngx_http_hermes_json_get(args, "reset");
+    if (f && f->type != NGX_HTTP_HERMES_JSON_NULL) {
+        if (f->type != NGX_HTTP_HERMES_JSON_BOOL) {
+            ngx_http_hermes_json_fail(NGX_HTTP_BAD_REQUEST, "invalid_request",
+                                      "\"reset\" must be true or false");
+        }
+
+        req->reset = f->boolean;
+    }
+
+    return NGX_OK;
+}
+
+
+ngx_int_t
+ngx_http_hermes_json_parse_result(ngx_pool_t *pool, u_char *data, size_t len,
+    ngx_http_hermes_result_t *res)
+{
+    ngx_int_t                      rc, n;
+    ngx_uint_t                     i;
+    ngx_http_hermes_json_field_t  *f;
+
+    ngx_http_hermes_json_field_t   fields[] = {
+        { "status", 0, ngx_null_string, 0 },
+        { "output", 0, ngx_null_string, 0 },
+        { "error", 0, ngx_null_string, 0 },
+        { "execution_count", 0, ngx_null_string, 0 },
+        { "stdout_bytes_total", 0, ngx_null_string, 0 },
+        { "stdout_truncated", 0, ngx_null_string, 0 },
+        { "stream_truncated", 0, ngx_null_string, 0 },
+        { "state_reset", 0, ngx_null_string, 0 },
+        { "ended", 0, ngx_null_string, 0 },
+        { NULL, 0, ngx_null_string, 0 }
+    };
+
+    rc = ngx_http_hermes_json_parse(pool, data, len, fields);
+    if (rc != NGX_OK) {
+        return rc;
+    }
+
+    f = ngx_http_hermes_json_get(fields, "status");
+    if (f == NULL || f->type != NGX_HTTP_HERMES_JSON_STRING) {
+        return NGX_DECLINED;
+    }
+
+    for (i = 0; ngx_http_hermes_cell_status_names[i].len; i++) {
+        if (f->value.len == ngx_http_hermes_cell_status_names[i].len
+            && ngx_strncmp(f->value.data,
+                           ngx_http_hermes_cell_status_names[i].data,
+                           f->value.len) == 0)
+        {
+            break;
+        }
+    }
+
+    if (ngx_http_hermes_cell_status_names[i].len == 0) {
+        return NGX_DECLINED;
+    }
+
+    res->status = i;
+
+    f = ngx_http_hermes_json_get(fields, "output");
+    if (f && f->type == NGX_HTTP_HERMES_JSON_STRING) {
+        res->output = f->value;
+    }
+
+    f = ngx_http_hermes_json_get(fields, "error");
+    if (f && f->type == NGX_HTTP_HERMES_JSON_STRING) {
+        res->error = f->value;
+    }
+
+    f = ngx_http_hermes_json_get(fields, "execution_count");
+    if (f && f->type == NGX_HTTP_HERMES_JSON_NUMBER) {
+        n = ngx_atoi(f->value.data, f->value.len);
+        res->execution_count = (n == NGX_ERROR) ? 0 : (ngx_uint_t) n;
+    }
+
+    f = ngx_http_hermes_json_get(fields, "stdout_bytes_total");
+    if (f && f->type == NGX_HTTP_HERMES_JSON_NUMBER) {
+        n = ngx_atoi(f->value.data, f->value.len);
+        res->stdout_bytes_total = (n == NGX_ERROR) ? 0 : (ngx_uint_t) n;
+    }
+
+    f = ngx_http_hermes_json_get(fields, "stdout_truncated");
+    res->stdout_truncated = (f && f->boolean);
+
+    f = ngx_http_hermes_json_get(fields, "stream_truncated");
+    res->stream_truncated = (f && f->boolean);
+
+    f = ngx_http_hermes_json_get(fields, "state_reset");
+    res->state_reset = (f && f->boolean);
+
+    f = ngx_http_hermes_json_get(fields, "ended");
+    res->ended = (f && f->boolean);
+
+    return NGX_OK;
+}
+
+
+/* generation */
+
+#define ngx_http_hermes_gen_key(g, k)                                         \
+    yajl_gen_string(g, (const unsigned char *) k, sizeof(k) - 1)
+
+#define ngx_http_hermes_gen_str(g, s)                                         \
+    yajl_gen_string(g, (const unsigned char *) (s)->data, (s)->len)
+
+
+static ngx_buf_t *
+ngx_http_hermes_json_take(ngx_pool_t *pool, yajl_gen g, ngx_uint_t newline)
+{
+    size_t                len;
+    ngx_buf_t            *b;
+    const unsigned char  *p;
+
+    if (yajl_gen_get_buf(g, &p, &len) != yajl_gen_status_ok) {
+        return NULL;
+    }
+
+    b = ngx_create_temp_buf(pool, len + 1);
+    if (b == NULL) {
+        return NULL;
+    }
+
+    b->last = ngx_cpymem(b->last, p, len);
+
+    if (newline) {
+        *b->last++ = '\n';
+    }
+
+    return b;
+}
+
+
+static void
+ngx_http_hermes_json_gen_result(yajl_gen g, ngx_http_hermes_result_t *res,
+    ngx_http_hermes_kernel_ref_t *ref, ngx_uint_t as_event)
+{
+    u_char  num[32], *p;
+
+    yajl_gen_map_open(g);
+
+    if (as_event) {
+        ngx_http_hermes_gen_key(g, "type");
+        ngx_http_hermes_gen_key(g, "result");
+    }
+
+    ngx_http_hermes_gen_key(g, "status");
+    ngx_http_hermes_gen_str(g, &ngx_http_hermes_cell_status_names[res->status]);
+
+    ngx_http_hermes_gen_key(g, "output");
+    ngx_http_hermes_gen_str(g, &res->output);
+
+    ngx_http_hermes_gen_key(g, "error");
+    if (res->status != NGX_HTTP_HERMES_CELL_SUCCESS && res->error.len) {
+        ngx_http_hermes_gen_str(g, &res->error);
+
+    } else {
+        yajl_gen_null(g);
+    }
+
+    ngx_http_hermes_gen_key(g, "tool_calls_made");
+    yajl_gen_integer(g, res->tool_calls_made);
+
+    ngx_http_hermes_gen_key(g, "duration_seconds");
+    p = ngx_sprintf(num, "%M.%03M", res->duration / 1000,
+                    res->duration % 1000);
+    yajl_gen_number(g, (const char *) num, p - num);
+
+    ngx_http_hermes_gen_key(g, "execution_count");
+    yajl_gen_integer(g, res->execution_count);
+
+    ngx_http_hermes_gen_key(g, "stdout_truncated");
+    yajl_gen_bool(g, res->stdout_truncated);
+
+    ngx_http_hermes_gen_key(g, "stdout_bytes_total");
+    yajl_gen_integer(g, res->stdout_bytes_total);
+
+    ngx_http_hermes_gen_key(g, "stream_truncated");
+    yajl_gen_bool(g, res->stream_truncated);
+
+    ngx_http_hermes_gen_key(g, "kernel");
+    yajl_gen_map_open(g);
+    ngx_http_hermes_gen_key(g, "kernel_id");
+    yajl_gen_string(g, ref->kernel_id, NGX_HTTP_HERMES_ID_LEN);
+    ngx_http_hermes_gen_key(g, "reused");
+    yajl_gen_bool(g, ref->reused);
+    ngx_http_hermes_gen_key(g, "state_lost");
+    yajl_gen_bool(g, ref->state_lost);
+    ngx_http_hermes_gen_key(g, "state_reset");
+    yajl_gen_bool(g, res->state_reset);
+    ngx_http_hermes_gen_key(g, "ended");
+    yajl_gen_bool(g, res->ended);
+    yajl_gen_map_close(g);
+
+    yajl_gen_map_close(g);
+}
+
+
+ngx_buf_t *
+ngx_http_hermes_json_result(ngx_pool_t *pool, ngx_http_hermes_result_t *res,
+    ngx_http_hermes_kernel_ref_t *ref, ngx_http_hermes_request_t *req,
+    ngx_uint_t as_event, ngx_uint_t as_tool_message)
+{
+    size_t                len;
+    yajl_gen              g, t;
+    ngx_buf_t            *b;
+    const unsigned char  *p;
+
+    g = yajl_gen_alloc(NULL);
+    if (g == NULL) {
+        return NULL;
+    }
+
+    ngx_http_hermes_json_gen_result(g, res, ref, as_event);
+
+    if (!as_tool_message) {
+        b = ngx_http_hermes_json_take(pool, g, as_event);
+        yajl_gen_free(g);
+        return b;
+    }
+
+    /* the tool message carries the result object as a JSON string */
+
+    t = yajl_gen_alloc(NULL);
+    if (t == NULL) {
+        yajl_gen_free(g);
+        return NULL;
+    }
+
+    yajl_gen_get_buf(g, &p, &len);
+
+    yajl_gen_map_open(t);
+    ngx_http_hermes_gen_key(t, "role");
+    ngx_http_hermes_gen_key(t, "tool");
+    ngx_http_hermes_gen_key(t, "tool_call_id");
+    ngx_http_hermes_gen_str(t, &req->tool_call_id);
+    ngx_http_hermes_gen_key(t, "content");
+    yajl_gen_string(t, p, len);
+    yajl_gen_map_close(t);
+
+    b = ngx_http_hermes_json_take(pool, t, 0);
+
+    yajl_gen_free(t);
+    yajl_gen_free(g);
+
+    return b;
+}
+
+
+ngx_buf_t *
+ngx_http_hermes_json_error(ngx_pool_t *pool, ngx_str_t *code,
+    ngx_str_t *message)
+{
+    yajl_gen    g;
+    ngx_buf_t  *b;
+
+    g = yajl_gen_alloc(NULL);
+    if (g == NULL) {
+        return NULL;
+    }
+
+    yajl_gen_map_open(g);
+    ngx_http_hermes_gen_key(g, "error");
+    yajl_gen_map_open(g);
+    ngx_http_hermes_gen_key(g, "code");
+    ngx_http_hermes_gen_str(g, code);
+    ngx_http_hermes_gen_key(g, "message");
+    ngx_http_hermes_gen_str(g, message);
+    yajl_gen_map_close(g);
+    yajl_gen_map_close(g);
+
+    b = ngx_http_hermes_json_take(pool, g, 1);
+
+    yajl_gen_free(g);
+
+    return b;
+}
+
+
+ngx_buf_t *
+ngx_http_hermes_json_cell_request(ngx_pool_t *pool, uint32_t id,
+    ngx_http_hermes_request_t *req, size_t max_output, size_t max_stream)
+{
+    yajl_gen    g;
+    ngx_buf_t  *b;
+
+    g = yajl_gen_alloc(NULL);
+    if (g == NULL) {
+        return NULL;
+    }
+
+    yajl_gen_map_open(g);
+    ngx_http_hermes_gen_key(g, "id");
+    yajl_gen_integer(g, id);
+    ngx_http_hermes_gen_key(g, "code");
+    ngx_http_hermes_gen_str(g, &req->code);
+    ngx_http_hermes_gen_key(g, "reset");
+    yajl_gen_bool(g, req->reset);
+    ngx_http_hermes_gen_key(g, "max_output");
+    yajl_gen_integer(g, max_output);
+    ngx_http_hermes_gen_key(g, "max_stream");
+    yajl_gen_integer(g, max_stream);
+    yajl_gen_map_close(g);
+
+    b = ngx_http_hermes_json_take(pool, g, 0);
+
+    yajl_gen_free(g);
+
+    return b;
+}

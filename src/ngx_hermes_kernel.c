@@ -1,0 +1,359 @@
+
+/*
+ * ngx_hermes: kernel lifecycle, spawn and kill.
+ *
+ * Both run in the thread pool: they wait on commands.  Spawn follows the
+ * kernel host protocol step by step, each step fail-closed: a failure
+ * removes the directory and starts nothing, and a failed directory step
+ * ships nothing.
+ */
+
+
+#include "ngx_hermes.h"
+
+#include <sodium.h>
+
+
+#define NGX_HTTP_HERMES_CMD_TIMEOUT   10000
+#define NGX_HTTP_HERMES_READY_TIMEOUT 10000
+#define NGX_HTTP_HERMES_CMD_MAX       (4 * NGX_HTTP_HERMES_DIR_MAX + 256)
+
+/* the runner outlives the registry's idle clock a little, then exits */
+#define NGX_HTTP_HERMES_RUNNER_GRACE  30
+
+
+struct ngx_http_hermes_spawn_s {
+    u_char                         dir[NGX_HTTP_HERMES_DIR_MAX];
+    u_char                         env[256];
+    size_t                         env_len;
+    ngx_pid_t                      pid;
+    ngx_int_t                      rc;
+    u_char                         err[256];
+    ngx_http_hermes_spawn_done_pt  done;
+    void                          *data;
+};
+
+
+typedef struct {
+    ngx_thread_task_t              task;
+    u_char                         dir[NGX_HTTP_HERMES_DIR_MAX];
+    ngx_pid_t                      pid;
+    ngx_log_t                     *log;
+} ngx_http_hermes_kill_t;
+
+
+static void ngx_http_hermes_spawn_thread(void *data, ngx_log_t *log);
+static void ngx_http_hermes_spawn_event(ngx_event_t *ev);
+static ngx_int_t ngx_http_hermes_spawn_run(ngx_http_hermes_spawn_t *s,
+    u_char *cmd, const u_char *in, size_t in_len, u_char *out,
+    size_t out_size, const char *step);
+static void ngx_http_hermes_kill_thread(void *data, ngx_log_t *log);
+static void ngx_http_hermes_kill_event(ngx_event_t *ev);
+
+
+ngx_int_t
+ngx_http_hermes_kernel_spawn(ngx_http_hermes_loc_conf_t *hlcf,
+    ngx_http_hermes_zone_t *zone, ngx_http_hermes_kernel_ref_t *ref,
+    ngx_pool_t *pool, ngx_http_hermes_spawn_done_pt done, void *data,
+    ngx_log_t *log)
+{
+    u_char                   *p;
+    ngx_uint_t                idle;
+    ngx_thread_task_t        *task;
+    ngx_http_hermes_spawn_t  *s;
+    u_char                    token[NGX_HTTP_HERMES_TOKEN_LEN * 2 + 1];
+
+    task = ngx_thread_task_alloc(pool, sizeof(ngx_http_hermes_spawn_t));
+    if (task == NULL) {
+        return NGX_ERROR;
+    }
+
+    s = task->ctx;
+
+    ngx_memcpy(s->dir, ref->dir, ref->dir_len + 1);
+    s->done = done;
+    s->data = data;
+
+    idle = zone->idle_timeout / 1000;
+    if (idle) {
+        idle += NGX_HTTP_HERMES_RUNNER_GRACE;
+    }
+
+    /* the token goes in kernel.env, shipped on stdin, sourced, removed */
+
+    sodium_bin2hex((char *) token, sizeof(token), ref->token,
+                   NGX_HTTP_HERMES_TOKEN_LEN);
+
+    p = ngx_snprintf(s->env, sizeof(s->env),
+                     "HERMES_RPC_TOKEN='%s'\n"
+                     "HERMES_KERNEL_ID='%*s'\n"
+                     "HERMES_IDLE_TIMEOUT='%ui'\n",
+                     token, (size_t) NGX_HTTP_HERMES_ID_LEN, ref->kernel_id,
+                     idle);
+    s->env_len = p - s->env;
+
+    sodium_memzero(token, sizeof(token));
+
+    task->handler = ngx_http_hermes_spawn_thread;
+    task->event.handler = ngx_http_hermes_spawn_event;
+    task->event.data = s;
+
+    if (ngx_thread_task_post(hlcf->thread_pool, task) != NGX_OK) {
+        return NGX_ERROR;
+    }
+
+    ngx_log_debug1(NGX_LOG_DEBUG_HTTP, log, 0,
+                   "hermes: spawning kernel in \"%s\"", s->dir);
+
+    return NGX_OK;
+}
+
+
+static void
+ngx_http_hermes_spawn_thread(void *data, ngx_log_t *log)
+{
+    ngx_http_hermes_spawn_t *s = data;
+
+    u_char                         *d, *p, *last;
+    ngx_int_t                       pid;
+    ngx_http_hermes_remote_file_t  *rf;
+    u_char                          cmd[NGX_HTTP_HERMES_CMD_MAX];
+    u_char                          out[256];
+
+    d = s->dir;
+    s->rc = NGX_ERROR;
+    s->pid = 0;
+    last = cmd + sizeof(cmd) - 1;
+
+    /* 1. owner-only directories, verified: anything but 0700 fails */
+
+    *ngx_slprintf(cmd, last,
+                  "umask 077 && mkdir -p '%s/cells' '%s/rpc'"
+                  " && chmod 700 '%s' '%s/cells' '%s/rpc'"
+                  " && stat -c %%a '%s' '%s/cells' '%s/rpc'",
+                  d, d, d, d, d, d, d, d) = '\0';
+
+    if (ngx_http_hermes_spawn_run(s, cmd, NULL, 0, out, sizeof(out),
+                                  "directory setup")
+        != NGX_OK)
+    {
+        goto failed;
+    }
+
+    if (ngx_strcmp(out, "700\n700\n700\n") != 0) {
+        ngx_snprintf(s->err, sizeof(s->err),
+                     "directory setup: modes are not 0700: \"%s\"%Z", out);
+        goto failed;
+    }
+
+    /* 2. the runner and the tools client, each on stdin */
+
+    for (rf = ngx_http_hermes_remote_files; rf->len; rf++) {
+        *ngx_slprintf(cmd, last,
+                      "umask 077 && cat > '%s/%V.tmp'"
+                      " && chmod 600 '%s/%V.tmp'"
+                      " && mv -f '%s/%V.tmp' '%s/%V'",
+                      d, &rf->name, d, &rf->name, d, &rf->name, d, &rf->name)
+            = '\0';
+
+        if (ngx_http_hermes_spawn_run(s, cmd, rf->data, rf->len, out,
+                                      sizeof(out), "ship runner")
+            != NGX_OK)
+        {
+            goto failed;
+        }
+    }
+
+    /* 3. kernel.env, holding the token */
+
+    *ngx_slprintf(cmd, last,
+                  "umask 077 && cat > '%s/kernel.env.tmp'"
+                  " && chmod 600 '%s/kernel.env.tmp'"
+                  " && mv -f '%s/kernel.env.tmp' '%s/kernel.env'",
+                  d, d, d, d) = '\0';
+
+    if (ngx_http_hermes_spawn_run(s, cmd, s->env, s->env_len, out,
+                                  sizeof(out), "ship kernel.env")
+        != NGX_OK)
+    {
+        goto failed;
+    }
+
+    /*
+     * 4. start: the env is sourced in a subshell, so the token never
+     * enters the outer shell; the runner leads its own process group
+     */
+
+    *ngx_slprintf(cmd, last,
+                  "umask 077 && cd '%s' && { ( set -a; . ./kernel.env; set +a;"
+                  " rm -f ./kernel.env; exec setsid python3 kernel_runner.py )"
+                  " >runner.log 2>&1 </dev/null & } && echo $!",
+                  d) = '\0';
+
+    if (ngx_http_hermes_spawn_run(s, cmd, NULL, 0, out, sizeof(out),
+                                  "start")
+        != NGX_OK)
+    {
+        goto failed;
+    }
+
+    for (p = out; *p >= '0' && *p <= '9'; p++) { /* void */ }
+
+    pid = ngx_atoi(out, p - out);
+    if (pid == NGX_ERROR || pid <= 1) {
+        ngx_snprintf(s->err, sizeof(s->err), "start: no pid: \"%s\"%Z", out);
+        goto failed;
+    }
+
+    s->pid = (ngx_pid_t) pid;
+
+    /* 5. alive: the runner says "ready" with its pid */
+
+    if (ngx_http_hermes_local_wait_ready(d, s->pid,
+                                         NGX_HTTP_HERMES_READY_TIMEOUT)
+        != NGX_OK)
+    {
+        ngx_snprintf(s->err, sizeof(s->err),
+                     "the kernel did not start (see \"%s/runner.log\")%Z", d);
+        goto failed;
+    }
+
+    s->rc = NGX_OK;
+    return;
+
+failed:
+
+    if (s->pid) {
+        (void) kill(-s->pid, SIGKILL);
+    }
+
+    *ngx_slprintf(cmd, last, "rm -rf -- '%s'", d) = '\0';
+
+    (void) ngx_http_hermes_spawn_run(s, cmd, NULL, 0, out, sizeof(out),
+                                     NULL);
+}
+
+
+static ngx_int_t
+ngx_http_hermes_spawn_run(ngx_http_hermes_spawn_t *s, u_char *cmd,
+    const u_char *in, size_t in_len, u_char *out, size_t out_size,
+    const char *step)
+{
+    ngx_int_t              rc;
+    ngx_http_hermes_cmd_t  c;
+
+    ngx_memzero(&c, sizeof(ngx_http_hermes_cmd_t));
+
+    c.cmd = (char *) cmd;
+    c.in = in;
+    c.in_len = in_len;
+    c.out = out;
+    c.out_size = out_size - 1;
+    c.timeout = NGX_HTTP_HERMES_CMD_TIMEOUT;
+
+    rc = ngx_http_hermes_local_exec(&c);
+
+    out[c.out_len] = '\0';
+
+    if (step == NULL) {
+        return rc;
+    }
+
+    if (rc != NGX_OK) {
+        ngx_snprintf(s->err, sizeof(s->err), "%s: %s%Z", step,
+                     c.err ? strerror(c.err) : "failed");
+        return NGX_ERROR;
+    }
+
+    if (c.status != 0) {
+        ngx_snprintf(s->err, sizeof(s->err), "%s: exit code %d: \"%s\"%Z",
+                     step, c.status, out);
+        return NGX_ERROR;
+    }
+
+    return NGX_OK;
+}
+
+
+static void
+ngx_http_hermes_spawn_event(ngx_event_t *ev)
+{
+    ngx_http_hermes_spawn_t *s = ev->data;
+
+    s->done(s->data, s->rc, s->pid, (char *) s->err);
+}
+
+
+/*
+ * Kill a kernel's process group and remove its directory.  Not bound to a
+ * request: the task is freed when it completes.
+ */
+
+ngx_int_t
+ngx_http_hermes_kernel_kill(ngx_thread_pool_t *tp, u_char *dir,
+    size_t dir_len, ngx_pid_t pid, ngx_log_t *log)
+{
+    ngx_http_hermes_kill_t  *k;
+
+    if (dir_len == 0 || dir_len >= NGX_HTTP_HERMES_DIR_MAX) {
+        return NGX_ERROR;
+    }
+
+    k = ngx_calloc(sizeof(ngx_http_hermes_kill_t), log);
+    if (k == NULL) {
+        return NGX_ERROR;
+    }
+
+    ngx_memcpy(k->dir, dir, dir_len);
+    k->pid = pid;
+    k->log = log;
+
+    k->task.ctx = k;
+    k->task.handler = ngx_http_hermes_kill_thread;
+    k->task.event.handler = ngx_http_hermes_kill_event;
+    k->task.event.data = k;
+
+    if (ngx_thread_task_post(tp, &k->task) != NGX_OK) {
+        ngx_free(k);
+        return NGX_ERROR;
+    }
+
+    return NGX_OK;
+}
+
+
+static void
+ngx_http_hermes_kill_thread(void *data, ngx_log_t *log)
+{
+    ngx_http_hermes_kill_t *k = data;
+
+    u_char                 out[256];
+    u_char                 cmd[NGX_HTTP_HERMES_DIR_MAX + 32];
+    ngx_http_hermes_cmd_t  c;
+
+    if (k->pid > 1) {
+        (void) kill(-k->pid, SIGKILL);
+    }
+
+    *ngx_slprintf(cmd, cmd + sizeof(cmd) - 1, "rm -rf -- '%s'", k->dir) = '\0';
+
+    ngx_memzero(&c, sizeof(ngx_http_hermes_cmd_t));
+    c.cmd = (char *) cmd;
+    c.out = out;
+    c.out_size = sizeof(out);
+    c.timeout = NGX_HTTP_HERMES_CMD_TIMEOUT;
+
+    (void) ngx_http_hermes_local_exec(&c);
+}
+
+
+static void
+ngx_http_hermes_kill_event(ngx_event_t *ev)
+{
+    ngx_http_hermes_kill_t *k = ev->data;
+
+    ngx_log_debug2(NGX_LOG_DEBUG_HTTP, k->log, 0,
+                   "hermes: killed kernel %P, removed \"%s\"", k->pid, k->dir);
+
+    ngx_free(k);
+}
