@@ -80,8 +80,10 @@ static void ngx_http_hermes_cell_error(ngx_http_hermes_cell_t *cell,
     ngx_uint_t status, char *code, char *message);
 static ngx_int_t ngx_http_hermes_cell_send_header(
     ngx_http_hermes_cell_t *cell);
-static void ngx_http_hermes_cell_send(ngx_http_hermes_cell_t *cell,
-    ngx_chain_t *out);
+static ngx_int_t ngx_http_hermes_cell_send(ngx_http_hermes_cell_t *cell,
+    ngx_buf_t *b);
+static ngx_int_t ngx_http_hermes_cell_send_chain(
+    ngx_http_hermes_cell_t *cell, ngx_chain_t *out);
 static void ngx_http_hermes_cell_write_handler(ngx_http_request_t *r);
 static void ngx_http_hermes_cell_detach(void *data);
 static void ngx_http_hermes_cell_end(ngx_http_hermes_cell_t *cell);
@@ -249,10 +251,6 @@ ngx_http_hermes_cell_start(ngx_http_request_t *r,
 static ngx_int_t
 ngx_http_hermes_cell_acquired(ngx_http_hermes_cell_t *cell, ngx_int_t rc)
 {
-    ngx_http_request_t  *r;
-
-    r = cell->r;
-
     switch (rc) {
 
     case NGX_HTTP_HERMES_ACQ_QUEUE_FULL:
@@ -293,8 +291,6 @@ ngx_http_hermes_cell_acquired(ngx_http_hermes_cell_t *cell, ngx_int_t rc)
         ngx_http_hermes_cell_run(cell);
         return NGX_DONE;
     }
-
-    (void) r;
 }
 
 
@@ -406,7 +402,6 @@ ngx_http_hermes_cell_run(ngx_http_hermes_cell_t *cell)
     u_char               name[NGX_HTTP_HERMES_DIR_MAX + 64];
     ngx_buf_t           *b;
     ngx_int_t            rc;
-    ngx_chain_t          out;
     ngx_connection_t    *c;
 
     /* 1. watch cells/ before anything can appear in it */
@@ -495,7 +490,7 @@ ngx_http_hermes_cell_run(ngx_http_hermes_cell_t *cell)
 
     if (!cell->req.json_answer) {
         if (ngx_http_hermes_cell_send_header(cell) == NGX_OK && cell->r) {
-            b = ngx_create_temp_buf(cell->pool, 512);
+            b = ngx_create_temp_buf(cell->r->pool, 512);
             if (b == NULL) {
                 ngx_http_hermes_cell_fail(cell, NGX_HTTP_HERMES_CELL_ERROR,
                                           "out of memory");
@@ -515,10 +510,7 @@ ngx_http_hermes_cell_run(ngx_http_hermes_cell_t *cell)
                           cell->req.reset ? "true" : "false");
             b->flush = 1;
 
-            out.buf = b;
-            out.next = NULL;
-
-            ngx_http_hermes_cell_send(cell, &out);
+            (void) ngx_http_hermes_cell_send(cell, b);
         }
     }
 
@@ -680,10 +672,13 @@ done:
 static ngx_int_t
 ngx_http_hermes_cell_read_out(ngx_http_hermes_cell_t *cell, ngx_uint_t all)
 {
-    u_char        path[NGX_HTTP_HERMES_DIR_MAX + 64], *nl;
-    ssize_t       n;
-    ngx_buf_t    *b;
-    ngx_chain_t  *cl, *out, **ll;
+    u_char               path[NGX_HTTP_HERMES_DIR_MAX + 64], *nl;
+    ssize_t              n;
+    ngx_buf_t           *b;
+    ngx_chain_t         *cl, *out, **ll;
+    ngx_http_request_t  *r;
+
+    r = cell->r;
 
     if (cell->out_fd == NGX_INVALID_FILE) {
         ngx_http_hermes_cell_path(cell, path, sizeof(path), "cell_out");
@@ -699,7 +694,9 @@ ngx_http_hermes_cell_read_out(ngx_http_hermes_cell_t *cell, ngx_uint_t all)
     ll = &out;
 
     for ( ;; ) {
-        cl = ngx_chain_get_free_buf(cell->pool, &cell->free);
+        /* what nginx sends must live as long as the request, not the cell */
+
+        cl = ngx_chain_get_free_buf(r->pool, &cell->free);
         if (cl == NULL) {
             return NGX_ERROR;
         }
@@ -707,7 +704,7 @@ ngx_http_hermes_cell_read_out(ngx_http_hermes_cell_t *cell, ngx_uint_t all)
         b = cl->buf;
 
         if (b->start == NULL) {
-            b->start = ngx_palloc(cell->pool, NGX_HTTP_HERMES_OUT_CHUNK);
+            b->start = ngx_palloc(r->pool, NGX_HTTP_HERMES_OUT_CHUNK);
             if (b->start == NULL) {
                 return NGX_ERROR;
             }
@@ -771,7 +768,7 @@ ngx_http_hermes_cell_read_out(ngx_http_hermes_cell_t *cell, ngx_uint_t all)
     for (cl = out; cl->next; cl = cl->next) { /* void */ }
     cl->buf->flush = 1;
 
-    ngx_http_hermes_cell_send(cell, out);
+    (void) ngx_http_hermes_cell_send_chain(cell, out);
 
     return NGX_OK;
 }
@@ -875,8 +872,8 @@ ngx_http_hermes_cell_fail(ngx_http_hermes_cell_t *cell, ngx_uint_t status,
 static void
 ngx_http_hermes_cell_answer(ngx_http_hermes_cell_t *cell)
 {
+    ngx_int_t            rc;
     ngx_buf_t           *b;
-    ngx_chain_t          out;
     ngx_http_request_t  *r;
 
     cell->res.duration = ngx_current_msec - cell->started;
@@ -890,31 +887,35 @@ ngx_http_hermes_cell_answer(ngx_http_hermes_cell_t *cell)
         return;
     }
 
-    b = ngx_http_hermes_json_result(cell->pool, &cell->res, &cell->ref,
+    b = ngx_http_hermes_json_result(r->pool, &cell->res, &cell->ref,
                                     &cell->req, !cell->req.json_answer,
                                     cell->req.json_answer
                                     && cell->req.tool_call);
     if (b == NULL) {
+        ngx_http_finalize_request(r, NGX_ERROR);
         ngx_http_hermes_cell_end(cell);
         return;
     }
 
     if (cell->req.json_answer) {
         r->headers_out.content_length_n = b->last - b->pos;
+    }
 
-        if (ngx_http_hermes_cell_send_header(cell) != NGX_OK) {
-            ngx_http_hermes_cell_end(cell);
-            return;
-        }
+    if (ngx_http_hermes_cell_send_header(cell) != NGX_OK) {
+        ngx_http_hermes_cell_end(cell);
+        return;
     }
 
     b->last_buf = 1;
     b->last_in_chain = 1;
 
-    out.buf = b;
-    out.next = NULL;
+    rc = ngx_http_hermes_cell_send(cell, b);
 
-    ngx_http_hermes_cell_send(cell, &out);
+    /* the request may have gone with an error; if not, it ends here */
+
+    if (cell->r) {
+        ngx_http_finalize_request(cell->r, rc);
+    }
 
     ngx_http_hermes_cell_end(cell);
 }
@@ -1062,8 +1063,32 @@ ngx_http_hermes_cell_send_header(ngx_http_hermes_cell_t *cell)
 }
 
 
-static void
-ngx_http_hermes_cell_send(ngx_http_hermes_cell_t *cell, ngx_chain_t *out)
+static ngx_int_t
+ngx_http_hermes_cell_send(ngx_http_hermes_cell_t *cell, ngx_buf_t *b)
+{
+    ngx_chain_t  *cl;
+
+    if (cell->r == NULL) {
+        return NGX_OK;
+    }
+
+    cl = ngx_alloc_chain_link(cell->r->pool);
+    if (cl == NULL) {
+        return NGX_ERROR;
+    }
+
+    cl->buf = b;
+    cl->next = NULL;
+
+    return ngx_http_hermes_cell_send_chain(cell, cl);
+}
+
+
+/* out: links and buffers from the request's pool */
+
+static ngx_int_t
+ngx_http_hermes_cell_send_chain(ngx_http_hermes_cell_t *cell,
+    ngx_chain_t *out)
 {
     ngx_int_t            rc;
     ngx_http_request_t  *r;
@@ -1071,23 +1096,25 @@ ngx_http_hermes_cell_send(ngx_http_hermes_cell_t *cell, ngx_chain_t *out)
     r = cell->r;
 
     if (r == NULL) {
-        return;
+        return NGX_OK;
     }
 
     rc = ngx_http_output_filter(r, out);
 
-    ngx_chain_update_chains(cell->pool, &cell->free, &cell->busy, &out,
+    ngx_chain_update_chains(r->pool, &cell->free, &cell->busy, &out,
                             (ngx_buf_tag_t) &ngx_http_hermes_module);
 
     if (rc == NGX_ERROR) {
         /* the client is gone; the cell goes on without it */
         ngx_http_finalize_request(r, NGX_ERROR);
-        return;
+        return NGX_ERROR;
     }
 
     if (rc == NGX_AGAIN) {
         r->write_event_handler = ngx_http_hermes_cell_write_handler;
     }
+
+    return rc;
 }
 
 
@@ -1137,8 +1164,12 @@ ngx_http_hermes_cell_detach(void *data)
 {
     ngx_http_hermes_cell_t *cell = data;
 
+    /* the buffers were the request's */
+
     cell->r = NULL;
     cell->cln = NULL;
+    cell->free = NULL;
+    cell->busy = NULL;
 }
 
 
@@ -1147,8 +1178,6 @@ ngx_http_hermes_cell_detach(void *data)
 static void
 ngx_http_hermes_cell_end(ngx_http_hermes_cell_t *cell)
 {
-    ngx_http_request_t  *r;
-
     if (cell->wait.timer_set) {
         ngx_del_timer(&cell->wait);
     }
@@ -1172,17 +1201,10 @@ ngx_http_hermes_cell_end(ngx_http_hermes_cell_t *cell)
 
     ngx_queue_remove(&cell->queue);
 
-    r = cell->r;
+    /* the request, if still here, was finalized by whoever ended us */
 
-    if (r) {
+    if (cell->cln) {
         cell->cln->handler = NULL;
-
-        if (cell->header_sent && !cell->req.json_answer) {
-            ngx_http_finalize_request(r, NGX_OK);
-
-        } else if (cell->header_sent) {
-            ngx_http_finalize_request(r, NGX_OK);
-        }
     }
 
     ngx_destroy_pool(cell->pool);

@@ -1,0 +1,601 @@
+"""ngx_hermes kernel runner: one persistent Python kernel in one directory.
+
+The nginx module makes the kernel dir D, copies this file and hermes_tools.py
+into it and starts `python3 kernel_runner.py` with cwd=D (see SPEC.md s.4).
+Everything between the module and this process goes through files in D;
+the FIFO D/wake only says "look at cells/ now".
+
+    D/ready                      {"pid":N}, written once we can take cells
+    D/wake                       FIFO, held open O_RDWR by us
+    D/cells/cell_req_N.json      {"id","code","reset","max_output","max_stream"}
+    D/cells/cell_out_N           NDJSON events, appended while the cell runs
+    D/cells/cell_res_N.json      the result, written last (tmp + rename)
+
+Files we write are 0600 and renamed into place; N is %06d (more digits past
+999999).  Python 3 stdlib only: this runs on any kernel host.
+"""
+
+import ast
+import builtins
+import io
+import json
+import os
+import re
+import select
+import signal
+import sys
+import threading
+import time
+import traceback
+
+D = os.path.dirname(os.path.abspath(__file__))
+CELLS = os.path.join(D, "cells")
+
+# Make `import hermes_tools` work in cells, and share its module object.
+if D not in sys.path:
+    sys.path.insert(0, D)
+import hermes_tools  # noqa: E402
+
+STDERR_MARK = "\n--- stderr ---\n"
+TRUNC_MARK = "\n... [output truncated: {} bytes omitted] ...\n"
+DEFAULT_MAX_OUTPUT = 50000
+DEFAULT_MAX_STREAM = 5 * 1024 * 1024
+CHUNK = 64 * 1024        # chars: flush threshold and largest text per event
+PARTIAL_DELAY = 0.005    # a line without "\n" reaches the file within this
+COALESCE = 0.001         # complete lines closer than this share one write
+
+_REQ = re.compile(r"cell_req_(\d{6,})\.json")
+_CELL_FILE = re.compile(r"cell_(?:req|out|res)_(\d{6,})(?:\.json)?(?:\.tmp)?")
+_SURROGATES = re.compile("[\ud800-\udfff]")
+
+
+def _log(msg):
+    # runner.log (fd 2).  Never log the token or cell code.
+    try:
+        sys.__stderr__.write("hermes runner: %s\n" % msg)
+        sys.__stderr__.flush()
+    except Exception:
+        pass
+
+
+def _utf8(text):
+    """(text, its UTF-8 bytes); lone surrogates become U+FFFD instead of
+    making the encode (and so the cell's print) fail."""
+    try:
+        return text, text.encode("utf-8")
+    except UnicodeEncodeError:
+        text = _SURROGATES.sub("\ufffd", text)
+        return text, text.encode("utf-8")
+
+
+def _dumps(obj):
+    # ensure_ascii=False keeps the files compact; "replace" is a last resort
+    # for a lone surrogate that reached us some other way (an error message).
+    return json.dumps(obj, ensure_ascii=False).encode("utf-8", "replace")
+
+
+# -- output capture ---------------------------------------------------------
+
+class _Capture:
+    """One stream's bytes for the final output, in bounded memory: the first
+    `cap` bytes and a rolling tail of at least min(total, cap) bytes."""
+
+    def __init__(self, cap, data=b""):
+        self.cap, self.total = cap, 0
+        self.head, self.tail = bytearray(), bytearray()
+        self.add(data)
+
+    def add(self, data):
+        self.total += len(data)
+        if len(self.head) < self.cap:
+            self.head += data[:self.cap - len(self.head)]
+        self.tail += data[len(data) - self.cap:] if len(data) > self.cap else data
+        if len(self.tail) > 2 * self.cap:          # amortised trim
+            del self.tail[:len(self.tail) - self.cap]
+
+
+def _take(segs, n, front):
+    """The first (front) or last n bytes of the concatenated segments;
+    n never exceeds any segment's cap, so head/tail always hold them."""
+    parts = []
+    for s in (segs if front else reversed(segs)):
+        k = min(n, s.total)
+        parts.append(s.head[:k] if front else s.tail[len(s.tail) - k:])
+        n -= k
+        if n == 0:
+            break
+    return b"".join(parts if front else reversed(parts))
+
+
+def _final_output(out, err, max_output):
+    """stdout [+ STDERR_MARK + stderr], cut to 40% head + 60% tail of
+    max_output around TRUNC_MARK.  Measured in UTF-8 bytes; a character is
+    never split (a partial one at a cut is dropped and counted as omitted).
+    The marker itself comes on top of max_output.  -> (text, truncated)"""
+    segs = [out]
+    if err.total:
+        mark = STDERR_MARK.encode()
+        segs += [_Capture(len(mark), mark), err]
+    total = sum(s.total for s in segs)
+    if total <= max_output:     # then every segment is whole in its head
+        return b"".join(bytes(s.head) for s in segs).decode("utf-8", "replace"), False
+    h = max_output * 2 // 5
+    head = _take(segs, h, True).decode("utf-8", "ignore")
+    tail = _take(segs, max_output - h, False).decode("utf-8", "ignore")
+    omitted = total - len(head.encode()) - len(tail.encode())
+    return head + TRUNC_MARK.format(omitted) + tail, True
+
+
+# -- streaming to cell_out_N ------------------------------------------------
+
+# One lock for the running cell's sink, shared with the flusher thread.
+_cond = threading.Condition()
+_current = None          # the running cell's _Sink, or None between cells
+
+
+class _Sink:
+    """Collects one cell's stdout/stderr: streams NDJSON events to cell_out_N
+    and keeps the head/tail for the final output.  All state under _cond."""
+
+    def __init__(self, fd, max_output, max_stream):
+        self.fd, self.max_stream = fd, max_stream
+        self.caps = {"stdout": _Capture(max_output), "stderr": _Capture(max_output)}
+        self.streamed, self.cut, self.closed = 0, False, False
+        self.name, self.parts, self.chars, self.nbytes = None, [], 0, 0
+        self.deadline, self.last_flush = None, 0.0
+
+    def add(self, name, text):
+        """False once the cell is over (the caller then writes elsewhere)."""
+        if not text:
+            return True
+        text, data = _utf8(text)
+        with _cond:
+            if self.closed:
+                return False
+            self.caps[name].add(data)
+            if self.cut or self.fd < 0:
+                return True
+            if self.parts and self.name != name:
+                self._flush()     # keep stdout/stderr in the order written
+            self.name = name
+            self.parts.append(text)
+            self.chars += len(text)
+            self.nbytes += len(data)
+            # A complete line goes out now, unless we wrote less than
+            # COALESCE ago (a tight print loop): then it joins the next write
+            # within COALESCE.  A partial line (print's text before its "\n")
+            # waits up to PARTIAL_DELAY so print() stays one event.
+            now = time.monotonic()
+            due = self.last_flush + COALESCE if "\n" in text else now + PARTIAL_DELAY
+            wake = self.deadline is None or due < self.deadline
+            if wake:
+                self.deadline = due
+            if self.chars >= CHUNK or self.deadline <= now:
+                self._flush()     # also catches a flusher starved of the GIL
+            elif wake:
+                _cond.notify()
+        return True
+
+    def flush(self):
+        with _cond:
+            if not self.closed:
+                self._flush()
+
+    def _flush(self):
+        if not self.parts:
+            return
+        name, text, nbytes = self.name, "".join(self.parts), self.nbytes
+        self.parts, self.chars, self.nbytes, self.deadline = [], 0, 0, None
+        self.last_flush = time.monotonic()
+        room = self.max_stream - self.streamed
+        if nbytes > room:
+            # Stream exactly up to max_stream, cut at a character boundary.
+            text = text.encode("utf-8")[:max(room, 0)].decode("utf-8", "ignore")
+            nbytes = len(text.encode("utf-8"))
+            self.cut = True
+        self.streamed += nbytes
+        for i in range(0, len(text), CHUNK):
+            self._line({"type": name, "text": text[i:i + CHUNK]})
+        if self.cut:
+            self._line({"type": "stream_truncated", "max_stream": self.max_stream})
+
+    def _line(self, event):
+        # One os.write per line; O_APPEND, so the reader (and a forked child
+        # writing the same file) never sees lines interleaved mid-way.
+        data = _dumps(event) + b"\n"
+        try:
+            while data:
+                data = data[os.write(self.fd, data):]
+        except OSError as e:      # disk full, ...: stop streaming, keep running
+            _log("cell_out write failed: %s" % e)
+            os.close(self.fd)
+            self.fd = -1
+
+    def close(self):
+        global _current
+        with _cond:
+            self._flush()
+            self.closed = True
+            if _current is self:
+                _current = None
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+
+def _flusher():
+    # Writes a buffered partial line (or coalesced lines) once it is due.
+    with _cond:
+        while True:
+            s = _current
+            if s is None or s.deadline is None:
+                _cond.wait()
+                continue
+            delay = s.deadline - time.monotonic()
+            if delay > 0:
+                _cond.wait(delay)
+            else:
+                s._flush()
+
+
+def _start_flusher():
+    threading.Thread(target=_flusher, name="hermes-flusher", daemon=True).start()
+
+
+def _after_fork():
+    # A forked child (multiprocessing, ...) may have been forked while the
+    # flusher held the lock, and has no flusher thread: give it both.
+    global _cond
+    _cond = threading.Condition()
+    _start_flusher()
+
+
+class _CellStream(io.TextIOBase):
+    """sys.stdout / sys.stderr while a cell runs.  The two objects live as
+    long as the runner, so a logging handler made in one cell still writes
+    into the next cell's output; between cells (a cell's leftover threads)
+    their text goes to runner.log.
+
+    Only Python-level writes are captured.  File descriptors 1 and 2 stay on
+    runner.log, so a subprocess's or C extension's direct output lands there,
+    not in the cell's output (use subprocess capture_output and print)."""
+
+    def __init__(self, name):
+        super().__init__()
+        self._name = name
+        self.buffer = _CellBytes(self)   # for code that writes bytes
+
+    encoding = property(lambda self: "utf-8")
+    errors = property(lambda self: "replace")
+
+    def writable(self):
+        return True
+
+    def isatty(self):
+        return False
+
+    def fileno(self):
+        raise io.UnsupportedOperation("fileno")
+
+    def write(self, s):
+        if not isinstance(s, str):
+            raise TypeError("write() argument must be str, not %s" % type(s).__name__)
+        sink = _current
+        if sink is None or not sink.add(self._name, s):
+            fallback = getattr(sys, "__%s__" % self._name)
+            try:
+                fallback.write(s)
+                fallback.flush()
+            except Exception:
+                pass
+        return len(s)
+
+    def flush(self):
+        sink = _current
+        if sink is not None:
+            sink.flush()
+
+
+class _CellBytes(io.RawIOBase):
+    """sys.stdout.buffer: bytes decoded as UTF-8 (invalid -> U+FFFD)."""
+
+    def __init__(self, text):
+        super().__init__()
+        self._text = text
+        self._dec = __import__("codecs").getincrementaldecoder("utf-8")("replace")
+
+    def writable(self):
+        return True
+
+    def write(self, b):
+        b = bytes(b)
+        self._text.write(self._dec.decode(b))
+        return len(b)
+
+    def flush(self):
+        self._text.flush()
+
+
+STDOUT, STDERR = _CellStream("stdout"), _CellStream("stderr")
+
+
+# -- running code -----------------------------------------------------------
+
+_interruptible = False   # SIGINT raises KeyboardInterrupt only inside a cell
+_globals = None
+_count = 0
+
+
+def _fresh_globals():
+    return {"__name__": "__main__", "__builtins__": builtins,
+            "hermes_tools": hermes_tools}
+
+
+def _on_sigint(signum, frame):
+    # The module interrupts a cell with SIGINT.  Outside a cell a stray one
+    # must not kill the runner.  (A background job started by a
+    # non-interactive shell inherits SIGINT ignored, and Python then keeps
+    # it ignored: so the handler is always installed explicitly.)
+    if _interruptible:
+        raise KeyboardInterrupt
+
+
+def _exec(body, last, sink):
+    """Run the compiled cell; the exception it ended with, or None."""
+    global _interruptible
+    try:
+        try:
+            _interruptible = True
+            exec(body, _globals)
+            if last is not None:
+                value = eval(last, _globals)
+                if value is not None:            # like IPython's Out[]
+                    STDOUT.write(repr(value) + "\n")
+        finally:
+            _interruptible = False
+    except BaseException as e:   # noqa: B036 -- everything ends up in the result
+        return e
+    return None
+
+
+def _error_line(e):
+    lines = traceback.format_exception_only(type(e), e)
+    notes = getattr(e, "__notes__", None)    # 3.11 prints notes after it
+    if isinstance(notes, (list, tuple)) and 0 < len(notes) < len(lines):
+        lines = lines[:len(lines) - len(notes)]
+    return lines[-1].strip() if lines else type(e).__name__
+
+
+def _format_tb(e):
+    # Drop the runner's own frames: the traceback starts at the cell's code.
+    tb = e.__traceback__
+    while tb is not None and tb.tb_frame.f_code.co_filename == _exec.__code__.co_filename:
+        tb = tb.tb_next
+    try:
+        return "".join(traceback.format_exception(type(e), e, tb))
+    except Exception:
+        return "%s\n" % _error_line(e)
+
+
+def _run(code):
+    """-> (status, error, ended)"""
+    try:
+        tree = ast.parse(code, "<cell>", "exec")
+        last = None
+        if tree.body and isinstance(tree.body[-1], ast.Expr):
+            last = compile(ast.Expression(tree.body.pop().value), "<cell>", "eval")
+        body = compile(tree, "<cell>", "exec")
+    except Exception as e:   # SyntaxError, ValueError (NUL bytes), ...
+        STDERR.write("".join(traceback.format_exception_only(type(e), e)))
+        return "error", _error_line(e), False
+
+    e = _exec(body, last, _current)
+    if e is None:
+        return "success", None, False
+    if isinstance(e, SystemExit):
+        if e.code is None or e.code == 0:
+            return "success", None, True
+        if not isinstance(e.code, int):      # like the interpreter: show it
+            STDERR.write("%s\n" % (e.code,))
+        return "error", "SystemExit: %s" % (e.code,), True
+    STDERR.write(_format_tb(e))
+    if isinstance(e, KeyboardInterrupt):
+        return "interrupted", "KeyboardInterrupt", False
+    return "error", _error_line(e), False
+
+
+def _cell_path(kind, n):
+    return os.path.join(CELLS, "cell_%s_%06d%s" % (kind, n, ".json" if kind != "out" else ""))
+
+
+def _remove_older(n):
+    # The module is done with every earlier cell's files.
+    for name in os.listdir(CELLS):
+        m = _CELL_FILE.fullmatch(name)
+        if m and int(m.group(1)) < n:
+            try:
+                os.unlink(os.path.join(CELLS, name))
+            except OSError:
+                pass
+
+
+def _open_out(n):
+    path = _cell_path("out", n)
+    flags = os.O_CREAT | os.O_EXCL | os.O_WRONLY | os.O_APPEND | os.O_CLOEXEC
+    for _ in range(2):
+        try:
+            fd = os.open(path, flags, 0o600)
+            os.fchmod(fd, 0o600)
+            return fd
+        except FileExistsError:   # a leftover; O_EXCL so we never follow a link
+            try:
+                os.unlink(path)
+            except OSError:
+                pass
+        except OSError as e:
+            _log("cannot create %s: %s" % (path, e))
+            break
+    return -1
+
+
+def _read_req(path):
+    with open(path, "rb") as f:
+        req = json.loads(f.read())
+    if not isinstance(req, dict) or not isinstance(req.get("code"), str):
+        raise ValueError("no code")
+    return req
+
+
+def _int(v, default):
+    return v if isinstance(v, int) and not isinstance(v, bool) and v >= 0 else default
+
+
+def _process(n, path):
+    global _current, _globals, _count
+    t0 = time.monotonic()
+    os.umask(0o077)                       # a cell may have changed it
+    signal.signal(signal.SIGINT, _on_sigint)   # ... or the SIGINT handler
+    _remove_older(n)
+    try:
+        req, bad = _read_req(path), None
+    except (OSError, ValueError) as e:
+        req, bad = {}, "bad cell request: %s" % e
+    sink = _Sink(_open_out(n), _int(req.get("max_output"), DEFAULT_MAX_OUTPUT),
+                 _int(req.get("max_stream"), DEFAULT_MAX_STREAM))
+    _count += 1
+    reset = req.get("reset") is True
+    if reset:
+        _globals = _fresh_globals()
+    with _cond:
+        _current = sink
+    if bad:
+        status, error, ended = "error", bad, False
+    else:
+        sys.stdout, sys.stderr = STDOUT, STDERR
+        try:
+            status, error, ended = _run(req["code"])
+        finally:
+            sys.stdout, sys.stderr = sys.__stdout__, sys.__stderr__
+    sink.close()                          # cell_out_N complete before the result
+    output, cut = _final_output(sink.caps["stdout"], sink.caps["stderr"],
+                                _int(req.get("max_output"), DEFAULT_MAX_OUTPUT))
+    res = {"id": n, "status": status, "output": output, "error": error,
+           "execution_count": _count, "stdout_truncated": cut or sink.cut,
+           "stdout_bytes_total": sink.caps["stdout"].total,
+           "stream_truncated": sink.cut, "state_reset": reset, "ended": ended,
+           "duration_seconds": round(time.monotonic() - t0, 6)}
+    _write_result(n, res)
+    if ended:
+        # SystemExit: the module removes D.  os._exit: a cell's non-daemon
+        # threads must not keep us alive.
+        os._exit(0)
+
+
+def _write_result(n, res):
+    path = _cell_path("res", n)
+    try:
+        hermes_tools._write_atomic(path, _dumps(res))
+    except FileNotFoundError:            # the cell removed cells/: recreate it
+        os.makedirs(CELLS, 0o700, exist_ok=True)
+        os.chmod(CELLS, 0o700)
+        hermes_tools._write_atomic(path, _dumps(res))
+
+
+# -- main loop --------------------------------------------------------------
+
+def _pending(last):
+    try:
+        names = os.listdir(CELLS)
+    except OSError:
+        return []
+    ids = [(int(m.group(1)), name) for name in names
+           for m in [_REQ.fullmatch(name)] if m and int(m.group(1)) > last]
+    return sorted(ids)
+
+
+def _take_token():
+    """Move HERMES_RPC_TOKEN from the environment into hermes_tools, so a
+    cell's subprocesses do not inherit it.  Also blank the copy in the
+    process's initial environment block (/proc/PID/environ), best effort."""
+    token = os.environ.get("HERMES_RPC_TOKEN")
+    if token is None:
+        return None
+    try:
+        import ctypes
+        libc = ctypes.CDLL(None)
+        libc.getenv.restype = ctypes.c_void_p
+        p = libc.getenv(b"HERMES_RPC_TOKEN")
+        if p:
+            ctypes.memset(p, ord("0"), len(os.fsencode(token)))
+    except Exception:
+        pass
+    del os.environ["HERMES_RPC_TOKEN"]         # unsetenv() too
+    return token
+
+
+def _idle_exit():
+    import shutil
+    _log("idle timeout: removing the kernel directory")
+    shutil.rmtree(D, ignore_errors=True)
+    os._exit(0)
+
+
+def main():
+    global _globals
+    os.umask(0o077)
+    if os.getsid(0) != os.getpid():
+        try:
+            os.setsid()
+        except OSError:                  # EPERM: already a group leader
+            pass
+    hermes_tools._token = _take_token()
+    try:
+        idle = max(float(os.environ.get("HERMES_IDLE_TIMEOUT", "0") or 0), 0.0)
+    except ValueError:
+        idle = 0.0
+    signal.signal(signal.SIGINT, _on_sigint)
+    os.register_at_fork(after_in_child=_after_fork)
+    _start_flusher()
+    _globals = _fresh_globals()
+
+    wake = os.path.join(D, "wake")
+    try:
+        os.unlink(wake)
+    except FileNotFoundError:
+        pass
+    os.mkfifo(wake, 0o600)
+    # O_RDWR: we are a writer too, so reads never see EOF and the module's
+    # O_WRONLY|O_NONBLOCK open never fails with ENXIO while we live.
+    fifo = os.open(wake, os.O_RDWR | os.O_NONBLOCK | os.O_CLOEXEC)
+    hermes_tools._write_atomic(os.path.join(D, "ready"),
+                               ('{"pid":%d}' % os.getpid()).encode())
+
+    last = 0
+    deadline = time.monotonic() + idle
+    while True:
+        for n, name in _pending(last):
+            last = n
+            try:
+                _process(n, os.path.join(CELLS, name))
+            except BaseException as e:    # never let one cell end the loop
+                _log("cell %d failed in the runner: %r" % (n, e))
+                sys.stdout, sys.stderr = sys.__stdout__, sys.__stderr__
+            deadline = time.monotonic() + idle   # the idle clock restarts
+        if not idle:
+            timeout = None
+        else:
+            timeout = deadline - time.monotonic()
+            if timeout <= 0:
+                if _pending(last):   # a cell whose wake-up is still coming
+                    continue
+                _idle_exit()
+        if select.select([fifo], [], [], timeout)[0]:
+            try:
+                while os.read(fifo, 4096):       # only wake-ups: drain them
+                    pass
+            except BlockingIOError:
+                pass
+
+
+if __name__ == "__main__":
+    main()

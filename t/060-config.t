@@ -1,0 +1,62 @@
+#!/usr/bin/perl
+# Bad directive arguments fail `nginx -t` with a message naming the reason.
+
+use strict;
+use warnings;
+
+use Test::More;
+
+use Hermes::Test;
+
+my @bad = (
+    [ 'hermes_zone kernels;', qr/NAME:SIZE expected/, 'zone without size' ],
+    [ 'hermes_zone kernels:1k;', qr/too small/, 'zone too small' ],
+    [ 'hermes_zone kernels:lots;', qr/invalid hermes_zone size/, 'zone size not a size' ],
+    [ 'hermes_zone kernels:1m max_kernels=0;', qr/max_kernels/, 'max_kernels=0' ],
+    [ 'hermes_zone kernels:1m idle_timeout=soon;', qr/idle_timeout/, 'idle_timeout bad' ],
+    [ 'hermes_zone kernels:1m colour=red;', qr/invalid hermes_zone parameter/, 'unknown zone parameter' ],
+    [ "hermes_zone kernels:1m;\nhermes_zone kernels:1m;", qr/duplicate hermes_zone/, 'duplicate zone' ],
+    [ "hermes_zone kernels:1m;\nhermes_backend docker;", qr/unknown hermes_backend/, 'unknown backend' ],
+    [ "hermes_zone kernels:1m;\nhermes_backend local root=relative/dir;", qr/absolute path/, 'relative root' ],
+    [ "hermes_zone kernels:1m;\nhermes_backend local root=/tmp/it's;", qr/quote/, 'root with a quote' ],
+    [ "hermes_zone kernels:1m;\nhermes_backend local depth=3;", qr/invalid hermes_backend parameter/, 'unknown backend parameter' ],
+    [ "hermes_zone kernels:1m;\nhermes_cell_timeout forever;", qr/hermes_cell_timeout/, 'cell timeout not a time' ],
+    [ "hermes_zone kernels:1m;\nhermes_max_output lots;", qr/hermes_max_output/, 'max_output not a size' ],
+    [ "hermes_zone kernels:1m;\nhermes_queue -1;", qr/hermes_queue/, 'queue negative' ],
+    [ "server { listen 127.0.0.1:%%PORT_0%%; location / { hermes_execute; } }", qr/needs a hermes_zone/, 'execute without a zone' ],
+    [ "hermes_zone a:1m;\nserver { listen 127.0.0.1:%%PORT_0%%; location / { hermes_execute zone=b; } }", qr/unknown hermes_zone "b"/, 'execute with an unknown zone' ],
+    [ "hermes_zone a:1m;\nhermes_zone b:1m;\nserver { listen 127.0.0.1:%%PORT_0%%; location / { hermes_execute; } }", qr/needs zone=NAME/, 'execute ambiguous zone' ],
+    [ "hermes_zone a:1m;\nserver { listen 127.0.0.1:%%PORT_0%%; location / { hermes_execute area=a; } }", qr/zone=NAME expected/, 'execute bad parameter' ],
+    [ "hermes_zone a:1m;\nserver { listen 127.0.0.1:%%PORT_0%%; location / { hermes_execute; hermes_thread_pool nowhere; } }", qr/nowhere/, 'unknown thread pool' ],
+);
+
+for my $case (@bad) {
+    my ($conf, $re, $name) = @$case;
+    my $t = Hermes::Test->new;
+    $t->write_conf($conf);
+    my ($rc, $out) = $t->test_config;
+    isnt($rc, 0, "$name: nginx -t fails");
+    like($out, $re, "$name: says why") or diag $out;
+}
+
+my $t = Hermes::Test->new;
+$t->write_conf(<<'CONF');
+    hermes_zone a:1m max_kernels=2 idle_timeout=10s sweep=1s;
+    hermes_backend local root=%%KROOT%%/;
+    server {
+        listen 127.0.0.1:%%PORT_0%%;
+        location / {
+            hermes_execute zone=a;
+            hermes_cell_timeout 10s;
+            hermes_max_output 10k;
+            hermes_max_stream 1m;
+            hermes_max_code 64k;
+            hermes_queue 2;
+            hermes_owner $remote_user;
+        }
+    }
+CONF
+my ($rc, $out) = $t->test_config;
+is($rc, 0, 'a full valid configuration passes nginx -t') or diag $out;
+
+done_testing;
