@@ -111,7 +111,7 @@ static ngx_command_t  ngx_http_hermes_commands[] = {
 
 static ngx_http_module_t  ngx_http_hermes_module_ctx = {
     NULL,                                  /* preconfiguration */
-    NULL,                                  /* postconfiguration */
+    ngx_http_hermes_filter_init,           /* postconfiguration */
 
     ngx_http_hermes_create_main_conf,      /* create main configuration */
     NULL,                                  /* init main configuration */

@@ -328,6 +328,7 @@ void ngx_http_hermes_cell_exit_process(ngx_cycle_t *cycle);
 ngx_int_t ngx_http_hermes_execute_handler(ngx_http_request_t *r);
 ngx_int_t ngx_http_hermes_send_error(ngx_http_request_t *r,
     ngx_uint_t status, char *code, char *message);
+ngx_int_t ngx_http_hermes_filter_init(ngx_conf_t *cf);
 
 
 extern ngx_module_t  ngx_http_hermes_module;

@@ -49,6 +49,16 @@ ngx_http_hermes_local_exec(ngx_http_hermes_cmd_t *cmd)
     cmd->out_len = 0;
     cmd->err = 0;
 
+    /*
+     * SIGCHLD is SIG_DFL in workers (see ngx_hermes_cell.c), yet a signal
+     * blocked by its target thread is queued, not discarded, and then
+     * interrupts the event loop: let this thread take it, and drop it.
+     */
+
+    sigemptyset(&mask);
+    sigaddset(&mask, SIGCHLD);
+    (void) pthread_sigmask(SIG_UNBLOCK, &mask, NULL);
+
     if (pipe2(in, O_CLOEXEC) == -1) {
         cmd->err = ngx_errno;
         return NGX_ERROR;

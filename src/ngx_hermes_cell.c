@@ -961,20 +961,22 @@ ngx_http_hermes_cell_died_handler(ngx_event_t *ev)
     ngx_connection_t        *pc = ev->data;
     ngx_http_hermes_cell_t  *cell = pc->data;
 
+    u_char             path[NGX_HTTP_HERMES_DIR_MAX + 64];
     ngx_connection_t  *c;
 
     c = cell->r ? cell->r->connection : NULL;
 
-    /* SystemExit writes its result first: prefer the result */
+    /* SystemExit writes its result, then exits: prefer the result */
 
-    cell->res_ready = 1;
-    ngx_http_hermes_cell_pump(cell);
+    ngx_http_hermes_cell_path(cell, path, sizeof(path), "cell_res");
 
-    if (!cell->res_ready) {
+    if (access((char *) path, F_OK) == 0) {
+        cell->res_ready = 1;
+        ngx_http_hermes_cell_pump(cell);
         return;
     }
 
-    /* still here: no result, so the kernel died mid-cell */
+    /* no result: the kernel died mid-cell */
 
     ngx_log_error(NGX_LOG_WARN, cell->log, 0,
                   "hermes: kernel %*s of session \"%V\" died during cell %uD",

@@ -1,11 +1,23 @@
 
 /*
  * ngx_hermes: HTTP handlers.  The execute endpoint reads and checks the
- * request, then hands it to a cell (ngx_hermes_cell.c).
+ * request, then hands it to a cell (ngx_hermes_cell.c).  A filter turns
+ * the errors nginx itself answers on our locations (413 of
+ * client_max_body_size, 408, 500, ...) into our JSON error body.
  */
 
 
 #include "ngx_hermes.h"
+
+
+typedef struct {
+    ngx_buf_t                   *body;
+    unsigned                     sent:1;
+} ngx_http_hermes_error_ctx_t;
+
+
+static ngx_http_output_header_filter_pt  ngx_http_next_header_filter;
+static ngx_http_output_body_filter_pt    ngx_http_next_body_filter;
 
 
 static void ngx_http_hermes_execute_body(ngx_http_request_t *r);
@@ -20,9 +32,8 @@ static ngx_int_t ngx_http_hermes_add_header(ngx_http_request_t *r,
 ngx_int_t
 ngx_http_hermes_execute_handler(ngx_http_request_t *r)
 {
-    ngx_int_t                  rc;
-    ngx_table_elt_t           *ct;
-    ngx_http_core_loc_conf_t  *clcf;
+    ngx_int_t          rc;
+    ngx_table_elt_t   *ct;
 
     if (r->method != NGX_HTTP_POST) {
         rc = ngx_http_discard_request_body(r);
@@ -51,24 +62,6 @@ ngx_http_hermes_execute_handler(ngx_http_request_t *r)
                                     NGX_HTTP_UNSUPPORTED_MEDIA_TYPE,
                                     "unsupported_media_type",
                                     "the body must be application/json");
-    }
-
-    /* answer an oversized body with our JSON error, not nginx's page */
-
-    clcf = ngx_http_get_module_loc_conf(r, ngx_http_core_module);
-
-    if (clcf->client_max_body_size
-        && r->headers_in.content_length_n > clcf->client_max_body_size)
-    {
-        rc = ngx_http_discard_request_body(r);
-        if (rc != NGX_OK) {
-            return rc;
-        }
-
-        return ngx_http_hermes_send_error(r,
-                                    NGX_HTTP_REQUEST_ENTITY_TOO_LARGE,
-                                    "body_too_large",
-                                    "the body is over client_max_body_size");
     }
 
     r->request_body_in_single_buf = 1;
@@ -293,4 +286,129 @@ ngx_http_hermes_send_error(ngx_http_request_t *r, ngx_uint_t status,
     out.next = NULL;
 
     return ngx_http_output_filter(r, &out);
+}
+
+
+/* errors nginx answers on a hermes location get the JSON error body too */
+
+static ngx_int_t
+ngx_http_hermes_error_header_filter(ngx_http_request_t *r)
+{
+    u_char                       *p;
+    ngx_str_t                     code, message;
+    ngx_http_hermes_loc_conf_t   *hlcf;
+    ngx_http_hermes_error_ctx_t  *ctx;
+
+    hlcf = ngx_http_get_module_loc_conf(r, ngx_http_hermes_module);
+
+    if (hlcf->handler == NGX_HTTP_HERMES_HANDLER_NONE
+        || r != r->main
+        || r->headers_out.status < NGX_HTTP_BAD_REQUEST
+        || (r->headers_out.content_type.len >= sizeof("application/json") - 1
+            && ngx_strncmp(r->headers_out.content_type.data,
+                           "application/json",
+                           sizeof("application/json") - 1) == 0))
+    {
+        return ngx_http_next_header_filter(r);
+    }
+
+    switch (r->headers_out.status) {
+
+    case NGX_HTTP_REQUEST_ENTITY_TOO_LARGE:
+        ngx_str_set(&code, "body_too_large");
+        ngx_str_set(&message, "the body is over client_max_body_size");
+        break;
+
+    case NGX_HTTP_REQUEST_TIME_OUT:
+        ngx_str_set(&code, "request_timeout");
+        ngx_str_set(&message, "the request was not received in time");
+        break;
+
+    case NGX_HTTP_BAD_REQUEST:
+        ngx_str_set(&code, "bad_request");
+        ngx_str_set(&message, "the HTTP request is malformed");
+        break;
+
+    default:
+        p = ngx_pnalloc(r->pool, sizeof("http_") - 1 + NGX_INT_T_LEN);
+        if (p == NULL) {
+            return NGX_ERROR;
+        }
+
+        code.data = p;
+        code.len = ngx_sprintf(p, "http_%ui", r->headers_out.status) - p;
+
+        ngx_str_set(&message, "the server could not answer this request");
+        break;
+    }
+
+    ctx = ngx_pcalloc(r->pool, sizeof(ngx_http_hermes_error_ctx_t));
+    if (ctx == NULL) {
+        return NGX_ERROR;
+    }
+
+    ctx->body = ngx_http_hermes_json_error(r->pool, &code, &message);
+    if (ctx->body == NULL) {
+        return NGX_ERROR;
+    }
+
+    ngx_http_set_ctx(r, ctx, ngx_http_hermes_module);
+
+    ngx_str_set(&r->headers_out.content_type, "application/json");
+    r->headers_out.content_type_len = r->headers_out.content_type.len;
+    r->headers_out.content_type_lowcase = NULL;
+    r->headers_out.charset.len = 0;
+
+    ngx_http_clear_content_length(r);
+    r->headers_out.content_length_n = ctx->body->last - ctx->body->pos;
+
+    return ngx_http_next_header_filter(r);
+}
+
+
+static ngx_int_t
+ngx_http_hermes_error_body_filter(ngx_http_request_t *r, ngx_chain_t *in)
+{
+    ngx_chain_t                   out, *cl;
+    ngx_http_hermes_error_ctx_t  *ctx;
+
+    ctx = ngx_http_get_module_ctx(r, ngx_http_hermes_module);
+
+    if (ctx == NULL || ctx->body == NULL) {
+        return ngx_http_next_body_filter(r, in);
+    }
+
+    /* nginx's own page is dropped */
+
+    for (cl = in; cl; cl = cl->next) {
+        cl->buf->pos = cl->buf->last;
+        cl->buf->file_pos = cl->buf->file_last;
+    }
+
+    if (ctx->sent) {
+        return ngx_http_next_body_filter(r, NULL);
+    }
+
+    ctx->sent = 1;
+
+    ctx->body->last_buf = 1;
+    ctx->body->last_in_chain = 1;
+
+    out.buf = ctx->body;
+    out.next = NULL;
+
+    return ngx_http_next_body_filter(r, &out);
+}
+
+
+ngx_int_t
+ngx_http_hermes_filter_init(ngx_conf_t *cf)
+{
+    ngx_http_next_header_filter = ngx_http_top_header_filter;
+    ngx_http_top_header_filter = ngx_http_hermes_error_header_filter;
+
+    ngx_http_next_body_filter = ngx_http_top_body_filter;
+    ngx_http_top_body_filter = ngx_http_hermes_error_body_filter;
+
+    return NGX_OK;
 }
