@@ -796,7 +796,7 @@ ngx_http_hermes_cell_finish(ngx_http_hermes_cell_t *cell)
     }
 
     if (ngx_fd_info(fd, &fi) == NGX_FILE_ERROR
-        || ngx_file_size(&fi) > (off_t) (4 * cell->hlcf->max_output + 65536))
+        || ngx_file_size(&fi) > (off_t) (6 * cell->hlcf->max_output + 65536))
     {
         close(fd);
         goto unreadable;

@@ -17,6 +17,7 @@ Files we write are 0600 and renamed into place; N is %06d (more digits past
 
 import ast
 import builtins
+import codecs
 import io
 import json
 import os
@@ -32,9 +33,14 @@ D = os.path.dirname(os.path.abspath(__file__))
 CELLS = os.path.join(D, "cells")
 
 # Make `import hermes_tools` work in cells, and share its module object.
+# No __pycache__ in D: it would be made outside our file-mode rules.
 if D not in sys.path:
     sys.path.insert(0, D)
+_dwb, sys.dont_write_bytecode = sys.dont_write_bytecode, True
 import hermes_tools  # noqa: E402
+sys.dont_write_bytecode = _dwb
+# Our own reference: a cell may replace attributes of the shared module.
+_write_atomic = hermes_tools._write_atomic
 
 STDERR_MARK = "\n--- stderr ---\n"
 TRUNC_MARK = "\n... [output truncated: {} bytes omitted] ...\n"
@@ -71,7 +77,8 @@ def _utf8(text):
 def _dumps(obj):
     # ensure_ascii=False keeps the files compact; "replace" is a last resort
     # for a lone surrogate that reached us some other way (an error message).
-    return json.dumps(obj, ensure_ascii=False).encode("utf-8", "replace")
+    return json.dumps(obj, ensure_ascii=False, separators=(",", ":")).encode(
+        "utf-8", "replace")
 
 
 # -- output capture ---------------------------------------------------------
@@ -95,8 +102,8 @@ class _Capture:
 
 
 def _take(segs, n, front):
-    """The first (front) or last n bytes of the concatenated segments;
-    n never exceeds any segment's cap, so head/tail always hold them."""
+    """The first (front) or last n bytes of the concatenated segments.
+    A segment gives at most min(n, total) <= cap bytes: its head/tail hold them."""
     parts = []
     for s in (segs if front else reversed(segs)):
         k = min(n, s.total)
@@ -128,20 +135,30 @@ def _final_output(out, err, max_output):
 
 # -- streaming to cell_out_N ------------------------------------------------
 
-# One lock for the running cell's sink, shared with the flusher thread.
-_cond = threading.Condition()
+# One lock for the running cell's sink, shared with the flusher thread
+# (`with _lock` is cheaper than `with _cond`: it is taken twice a print).
+_lock = threading.Lock()
+_cond = threading.Condition(_lock)
 _current = None          # the running cell's _Sink, or None between cells
 
 
 class _Sink:
     """Collects one cell's stdout/stderr: streams NDJSON events to cell_out_N
-    and keeps the head/tail for the final output.  All state under _cond."""
+    and keeps the head/tail for the final output.  All state under _cond.
+
+    When text goes out: complete lines at once, unless the last write was
+    less than COALESCE ago (a tight print loop), then within COALESCE, many
+    lines in one event.  Text after the last "\n" (print's text before its
+    "\n" arrives, or a progress bar) waits up to PARTIAL_DELAY, so print()
+    stays one event and a partial line still shows promptly."""
 
     def __init__(self, fd, max_output, max_stream):
         self.fd, self.max_stream = fd, max_stream
         self.caps = {"stdout": _Capture(max_output), "stderr": _Capture(max_output)}
         self.streamed, self.cut, self.closed = 0, False, False
         self.name, self.parts, self.chars, self.nbytes = None, [], 0, 0
+        self.lines = False          # the buffer holds a "\n"
+        self.partial_since = None   # when the text after the last "\n" began
         self.deadline, self.last_flush = None, 0.0
 
     def add(self, name, text):
@@ -149,7 +166,7 @@ class _Sink:
         if not text:
             return True
         text, data = _utf8(text)
-        with _cond:
+        with _lock:
             if self.closed:
                 return False
             self.caps[name].add(data)
@@ -157,42 +174,68 @@ class _Sink:
                 return True
             if self.parts and self.name != name:
                 self._flush()     # keep stdout/stderr in the order written
+            now = time.monotonic()
             self.name = name
             self.parts.append(text)
             self.chars += len(text)
             self.nbytes += len(data)
-            # A complete line goes out now, unless we wrote less than
-            # COALESCE ago (a tight print loop): then it joins the next write
-            # within COALESCE.  A partial line (print's text before its "\n")
-            # waits up to PARTIAL_DELAY so print() stays one event.
-            now = time.monotonic()
-            due = self.last_flush + COALESCE if "\n" in text else now + PARTIAL_DELAY
-            wake = self.deadline is None or due < self.deadline
-            if wake:
-                self.deadline = due
-            if self.chars >= CHUNK or self.deadline <= now:
-                self._flush()     # also catches a flusher starved of the GIL
-            elif wake:
+            if "\n" in text:
+                self.lines = True
+                self.partial_since = None if text.endswith("\n") else now
+            elif self.partial_since is None:
+                self.partial_since = now
+            old = self.deadline
+            self._schedule()
+            if self.chars >= CHUNK:
+                self._flush()
+            elif self.deadline <= now:
+                self._due(now)    # also covers a flusher starved of the GIL
+            elif old is None or self.deadline < old:
                 _cond.notify()
         return True
+
+    def _schedule(self):
+        due = self.last_flush + COALESCE if self.lines else None
+        if self.partial_since is not None:
+            p = self.partial_since + PARTIAL_DELAY
+            due = p if due is None or p < due else due
+        self.deadline = due
+
+    def _due(self, now):
+        # Lines are due; a young partial tail stays for its "\n".
+        young = (self.partial_since is not None
+                 and now < self.partial_since + PARTIAL_DELAY)
+        self._flush(keep_tail=young)
 
     def flush(self):
         with _cond:
             if not self.closed:
                 self._flush()
 
-    def _flush(self):
+    def _flush(self, keep_tail=False):
         if not self.parts:
             return
         name, text, nbytes = self.name, "".join(self.parts), self.nbytes
-        self.parts, self.chars, self.nbytes, self.deadline = [], 0, 0, None
+        self.parts, self.chars, self.nbytes = [], 0, 0
+        self.lines, self.deadline = False, None
+        if keep_tail:
+            i = text.rfind("\n") + 1
+            if i < len(text):
+                tail, text = text[i:], text[:i]
+                self.parts, self.chars = [tail], len(tail)
+                self.nbytes = nbytes - len(text.encode("utf-8"))
+                nbytes -= self.nbytes
+        if not self.parts:
+            self.partial_since = None
         self.last_flush = time.monotonic()
+        self._schedule()
         room = self.max_stream - self.streamed
         if nbytes > room:
             # Stream exactly up to max_stream, cut at a character boundary.
             text = text.encode("utf-8")[:max(room, 0)].decode("utf-8", "ignore")
             nbytes = len(text.encode("utf-8"))
             self.cut = True
+            self.parts, self.chars, self.nbytes, self.deadline = [], 0, 0, None
         self.streamed += nbytes
         for i in range(0, len(text), CHUNK):
             self._line({"type": name, "text": text[i:i + CHUNK]})
@@ -210,6 +253,7 @@ class _Sink:
             _log("cell_out write failed: %s" % e)
             os.close(self.fd)
             self.fd = -1
+            self.parts, self.chars, self.nbytes, self.deadline = [], 0, 0, None
 
     def close(self):
         global _current
@@ -224,18 +268,18 @@ class _Sink:
 
 
 def _flusher():
-    # Writes a buffered partial line (or coalesced lines) once it is due.
+    # Writes buffered text once it is due (see _Sink).
     with _cond:
         while True:
             s = _current
             if s is None or s.deadline is None:
                 _cond.wait()
                 continue
-            delay = s.deadline - time.monotonic()
-            if delay > 0:
-                _cond.wait(delay)
+            now = time.monotonic()
+            if s.deadline > now:
+                _cond.wait(s.deadline - now)
             else:
-                s._flush()
+                s._due(now)
 
 
 def _start_flusher():
@@ -245,8 +289,9 @@ def _start_flusher():
 def _after_fork():
     # A forked child (multiprocessing, ...) may have been forked while the
     # flusher held the lock, and has no flusher thread: give it both.
-    global _cond
-    _cond = threading.Condition()
+    global _lock, _cond
+    _lock = threading.Lock()
+    _cond = threading.Condition(_lock)
     _start_flusher()
 
 
@@ -302,7 +347,7 @@ class _CellBytes(io.RawIOBase):
     def __init__(self, text):
         super().__init__()
         self._text = text
-        self._dec = __import__("codecs").getincrementaldecoder("utf-8")("replace")
+        self._dec = codecs.getincrementaldecoder("utf-8")("replace")
 
     def writable(self):
         return True
@@ -340,7 +385,7 @@ def _on_sigint(signum, frame):
         raise KeyboardInterrupt
 
 
-def _exec(body, last, sink):
+def _exec(body, last):
     """Run the compiled cell; the exception it ended with, or None."""
     global _interruptible
     try:
@@ -389,11 +434,11 @@ def _run(code):
         STDERR.write("".join(traceback.format_exception_only(type(e), e)))
         return "error", _error_line(e), False
 
-    e = _exec(body, last, _current)
+    e = _exec(body, last)
     if e is None:
         return "success", None, False
     if isinstance(e, SystemExit):
-        if e.code is None or e.code == 0:
+        if e.code is None or (isinstance(e.code, int) and e.code == 0):
             return "success", None, True
         if not isinstance(e.code, int):      # like the interpreter: show it
             STDERR.write("%s\n" % (e.code,))
@@ -410,7 +455,11 @@ def _cell_path(kind, n):
 
 def _remove_older(n):
     # The module is done with every earlier cell's files.
-    for name in os.listdir(CELLS):
+    try:
+        names = os.listdir(CELLS)
+    except OSError:
+        return
+    for name in names:
         m = _CELL_FILE.fullmatch(name)
         if m and int(m.group(1)) < n:
             try:
@@ -494,11 +543,32 @@ def _process(n, path):
 def _write_result(n, res):
     path = _cell_path("res", n)
     try:
-        hermes_tools._write_atomic(path, _dumps(res))
+        _write_atomic(path, _dumps(res))
     except FileNotFoundError:            # the cell removed cells/: recreate it
         os.makedirs(CELLS, 0o700, exist_ok=True)
         os.chmod(CELLS, 0o700)
-        hermes_tools._write_atomic(path, _dumps(res))
+        _write_atomic(path, _dumps(res))
+
+
+def _fail(n, e):
+    """The runner itself failed on cell n: answer anyway, so the module
+    does not wait for a result that never comes."""
+    global _current
+    sys.stdout, sys.stderr = sys.__stdout__, sys.__stderr__
+    with _cond:
+        _current = None
+    _log("cell %d failed in the runner: %r" % (n, e))
+    if os.path.exists(_cell_path("res", n)):
+        return
+    try:
+        _write_result(n, {"id": n, "status": "error", "output": "",
+                          "error": "kernel runner failure: %s" % type(e).__name__,
+                          "execution_count": _count, "stdout_truncated": False,
+                          "stdout_bytes_total": 0, "stream_truncated": False,
+                          "state_reset": False, "ended": False,
+                          "duration_seconds": 0.0})
+    except BaseException as e2:
+        _log("cannot write the result of cell %d: %r" % (n, e2))
 
 
 # -- main loop --------------------------------------------------------------
@@ -543,6 +613,9 @@ def _idle_exit():
 def main():
     global _globals
     os.umask(0o077)
+    for f in (sys.__stdout__, sys.__stderr__):   # runner.log, read by people
+        if f is not None:
+            f.reconfigure(line_buffering=True, errors="backslashreplace")
     if os.getsid(0) != os.getpid():
         try:
             os.setsid()
@@ -567,8 +640,7 @@ def main():
     # O_RDWR: we are a writer too, so reads never see EOF and the module's
     # O_WRONLY|O_NONBLOCK open never fails with ENXIO while we live.
     fifo = os.open(wake, os.O_RDWR | os.O_NONBLOCK | os.O_CLOEXEC)
-    hermes_tools._write_atomic(os.path.join(D, "ready"),
-                               ('{"pid":%d}' % os.getpid()).encode())
+    _write_atomic(os.path.join(D, "ready"), ('{"pid":%d}' % os.getpid()).encode())
 
     last = 0
     deadline = time.monotonic() + idle
@@ -578,8 +650,7 @@ def main():
             try:
                 _process(n, os.path.join(CELLS, name))
             except BaseException as e:    # never let one cell end the loop
-                _log("cell %d failed in the runner: %r" % (n, e))
-                sys.stdout, sys.stderr = sys.__stdout__, sys.__stderr__
+                _fail(n, e)
             deadline = time.monotonic() + idle   # the idle clock restarts
         if not idle:
             timeout = None

@@ -1,0 +1,487 @@
+"""Tests for kernel_runner.py and hermes_tools.py.
+
+Each test starts the real runner in a temp kernel dir and drives it through
+files, as the nginx module does:
+
+    cd src/remote && /usr/bin/python3 -m unittest -v test_remote
+"""
+
+import json
+import os
+import shutil
+import signal
+import stat
+import subprocess
+import tempfile
+import time
+import unittest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+PYTHON = "/usr/bin/python3"
+TOKEN = "5e" * 32
+
+
+def _write_atomic(path, data):
+    fd = os.open(path + ".tmp", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    os.write(fd, data)
+    os.close(fd)
+    os.rename(path + ".tmp", path)
+
+
+def _wait_for(pred, timeout=5.0, step=0.002):
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        v = pred()
+        if v:
+            return v
+        time.sleep(step)
+    return pred()
+
+
+def _ignore_sigint():
+    # A background job of a non-interactive shell starts with SIGINT ignored.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+class Kernel:
+    """A kernel dir plus a running kernel_runner.py, driven like the module."""
+
+    def __init__(self, idle=0, shell=False, sigint_ignored=True):
+        self.dir = tempfile.mkdtemp(prefix="hermes_rkernel_")     # 0700
+        self.cells = os.path.join(self.dir, "cells")
+        self.rpc = os.path.join(self.dir, "rpc")
+        os.mkdir(self.cells, 0o700)
+        os.mkdir(self.rpc, 0o700)
+        for name in ("kernel_runner.py", "hermes_tools.py"):
+            shutil.copyfile(os.path.join(HERE, name), os.path.join(self.dir, name))
+            os.chmod(os.path.join(self.dir, name), 0o600)
+        self.n = 0
+        self.proc = None
+        env = {"HERMES_RPC_TOKEN": TOKEN, "HERMES_KERNEL_ID": "9f2c",
+               "HERMES_IDLE_TIMEOUT": str(idle)}
+        if shell:
+            self._spawn_shell(env)
+        else:
+            log = os.open(self.path("runner.log"), os.O_WRONLY | os.O_CREAT, 0o600)
+            self.proc = subprocess.Popen(
+                [PYTHON, "kernel_runner.py"], cwd=self.dir,
+                env=dict(env, PATH=os.environ.get("PATH", "/usr/bin:/bin")),
+                stdin=subprocess.DEVNULL, stdout=log, stderr=log,
+                preexec_fn=_ignore_sigint if sigint_ignored else None)
+            os.close(log)
+            self.pid = self.proc.pid
+        self.ready = _wait_for(lambda: os.path.exists(self.path("ready")))
+
+    def _spawn_shell(self, env):
+        # The module's own start line: token only in the sourced env file.
+        _write_atomic(self.path("kernel.env"), "".join(
+            "%s='%s'\n" % kv for kv in env.items()).encode())
+        cmd = ("umask 077 && cd '%s' && { ( set -a; . ./kernel.env; set +a;"
+               " rm -f ./kernel.env; exec setsid %s kernel_runner.py )"
+               " >runner.log 2>&1 </dev/null & } && echo $!" % (self.dir, PYTHON))
+        out = subprocess.run(["sh", "-c", cmd], capture_output=True, check=True)
+        self.pid = int(out.stdout)
+
+    def path(self, *p):
+        return os.path.join(self.dir, *p)
+
+    def alive(self):
+        if self.proc is not None:
+            return self.proc.poll() is None
+        try:
+            with open("/proc/%d/stat" % self.pid) as f:
+                return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+        except OSError:
+            return False
+
+    def wake(self):
+        fd = os.open(self.path("wake"), os.O_WRONLY | os.O_NONBLOCK)
+        os.write(fd, b"\0")
+        os.close(fd)
+
+    def send(self, code, **opts):
+        self.n += 1
+        req = dict(opts, id=self.n, code=code)
+        _write_atomic(os.path.join(self.cells, "cell_req_%06d.json" % self.n),
+                      json.dumps(req).encode())
+        self.wake()
+        return self.n
+
+    def res_path(self, n):
+        return os.path.join(self.cells, "cell_res_%06d.json" % n)
+
+    def result(self, n, timeout=5.0):
+        if not _wait_for(lambda: os.path.exists(self.res_path(n)), timeout):
+            raise AssertionError("no result for cell %d; runner.log: %s"
+                                 % (n, self.log()))
+        with open(self.res_path(n), "rb") as f:
+            return json.loads(f.read().decode("utf-8"))
+
+    def run(self, code, **opts):
+        return self.result(self.send(code, **opts))
+
+    def events(self, n):
+        with open(os.path.join(self.cells, "cell_out_%06d" % n), "rb") as f:
+            data = f.read()
+        # strict UTF-8 and one JSON object a line
+        return [json.loads(line) for line in data.decode("utf-8").splitlines()]
+
+    def log(self):
+        try:
+            with open(self.path("runner.log"), errors="replace") as f:
+                return f.read()
+        except OSError:
+            return ""
+
+    def close(self):
+        if self.alive():
+            try:
+                os.killpg(self.pid, signal.SIGKILL)
+            except OSError:
+                os.kill(self.pid, signal.SIGKILL)
+        if self.proc is not None:
+            self.proc.wait()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+class RunnerTest(unittest.TestCase):
+
+    def kernel(self, **kw):
+        k = Kernel(**kw)
+        self.addCleanup(k.close)
+        self.assertTrue(k.ready, "no ready file; runner.log: " + k.log())
+        return k
+
+    # -- startup -----------------------------------------------------------
+
+    def test_ready_file_pid_fifo_and_session(self):
+        k = self.kernel(sigint_ignored=False)
+        with open(k.path("ready")) as f:
+            self.assertEqual(json.load(f), {"pid": k.pid})
+        st = os.stat(k.path("wake"))
+        self.assertTrue(stat.S_ISFIFO(st.st_mode))
+        self.assertEqual(stat.S_IMODE(st.st_mode), 0o600)
+        self.assertEqual(os.getsid(k.pid), k.pid)      # own session and group
+        self.assertFalse(os.path.exists(k.path("ready.tmp")))
+        os.kill(k.pid, signal.SIGINT)            # before any cell: ignored
+        time.sleep(0.05)
+        self.assertTrue(k.alive())
+
+    def test_shell_spawn_token_stays_out_of_env_argv_and_log(self):
+        k = self.kernel(shell=True)
+        with open(k.path("ready")) as f:
+            self.assertEqual(json.load(f)["pid"], k.pid)   # $! is the runner
+        self.assertFalse(os.path.exists(k.path("kernel.env")))
+        self.assertEqual(os.getsid(k.pid), k.pid)
+        r = k.run("import os, subprocess\n"
+                  "print(os.environ.get('HERMES_RPC_TOKEN'))\n"
+                  "print(os.environ.get('HERMES_KERNEL_ID'))\n"
+                  "print(subprocess.run(['env'], capture_output=True, text=True).stdout)\n"
+                  "hermes_tools._token == %r" % TOKEN)
+        self.assertEqual(r["status"], "success", r)
+        self.assertTrue(r["output"].startswith("None\n9f2c\n"), r["output"])
+        self.assertNotIn(TOKEN, r["output"])
+        self.assertTrue(r["output"].endswith("True\n"))   # the client has it
+        for what in ("cmdline", "environ"):
+            with open("/proc/%d/%s" % (k.pid, what), "rb") as f:
+                self.assertNotIn(TOKEN.encode(), f.read(), what)
+        self.assertNotIn(TOKEN, k.log())
+
+    # -- running cells -----------------------------------------------------
+
+    def test_state_persists_and_last_expression_repr(self):
+        k = self.kernel()
+        r1 = k.run("x = 41\ndef f(): return 'a' * 3")
+        self.assertEqual((r1["status"], r1["output"], r1["execution_count"]),
+                         ("success", "", 1))
+        r2 = k.run("x + 1")
+        self.assertEqual((r2["output"], r2["execution_count"]), ("42\n", 2))
+        self.assertEqual(k.run("f()")["output"], "'aaa'\n")
+        self.assertEqual(k.run("None")["output"], "")
+        self.assertEqual(k.run("print('p')")["output"], "p\n")   # no "None"
+        self.assertEqual(k.run("__name__, hermes_tools.__name__")["output"],
+                         "('__main__', 'hermes_tools')\n")
+        self.assertIsNone(r2["error"])
+        self.assertFalse(r2["ended"] or r2["state_reset"] or r2["stdout_truncated"])
+        self.assertIsInstance(r2["duration_seconds"], float)
+
+    def test_streaming_is_incremental(self):
+        k = self.kernel()
+        t0 = time.monotonic()
+        n = k.send("import sys, time\nprint('first')\ntime.sleep(0.5)\n"
+                   "sys.stdout.write('partial')\ntime.sleep(0.4)\nprint('second')")
+        out = os.path.join(k.cells, "cell_out_%06d" % n)
+
+        def has(text):
+            def check():
+                try:
+                    with open(out) as f:
+                        return text in f.read()
+                except FileNotFoundError:
+                    return False
+            return check
+
+        self.assertTrue(_wait_for(has('"first\\n"'), 2.0))
+        self.assertLess(time.monotonic() - t0, 0.4)
+        self.assertFalse(os.path.exists(k.res_path(n)))
+        # a line without "\n" is flushed too, while the cell still runs
+        self.assertTrue(_wait_for(has('"partial"'), 2.0))
+        self.assertFalse(os.path.exists(k.res_path(n)))
+        r = k.result(n)
+        self.assertEqual(r["output"], "first\npartialsecond\n")
+        self.assertEqual(k.events(n), [{"type": "stdout", "text": "first\n"},
+                                       {"type": "stdout", "text": "partial"},
+                                       {"type": "stdout", "text": "second\n"}])
+
+    def test_print_is_one_event_and_order_is_kept(self):
+        k = self.kernel()
+        n = k.send("print('a', 'b')")
+        k.result(n)
+        self.assertEqual(k.events(n), [{"type": "stdout", "text": "a b\n"}])
+        n = k.send("import sys\nsys.stdout.write('o')\nsys.stderr.write('e')\n"
+                   "print('o2')\nprint('e2', file=sys.stderr)")
+        k.result(n)
+        self.assertEqual([(e["type"], e["text"]) for e in k.events(n)],
+                         [("stdout", "o"), ("stderr", "e"),
+                          ("stdout", "o2\n"), ("stderr", "e2\n")])
+        # a tight loop may share writes, but never splits a print
+        n = k.send("for i in range(2000): print(i)")
+        k.result(n)
+        ev = k.events(n)
+        self.assertEqual("".join(e["text"] for e in ev),
+                         "".join("%d\n" % i for i in range(2000)))
+        self.assertTrue(all(e["text"].endswith("\n") for e in ev))
+
+    def test_error_traceback_and_recovery(self):
+        k = self.kernel()
+        r = k.run("def f():\n    return 1 / 0\nprint('before')\nf()")
+        self.assertEqual(r["status"], "error")
+        self.assertEqual(r["error"], "ZeroDivisionError: division by zero")
+        out, err = r["output"].split("\n--- stderr ---\n")
+        self.assertEqual(out, "before\n")
+        self.assertTrue(err.startswith("Traceback (most recent call last):\n"
+                                       '  File "<cell>", line 4, in <module>\n'), err)
+        self.assertIn('File "<cell>", line 2, in f', err)
+        self.assertNotIn("kernel_runner", err)
+        self.assertTrue(err.endswith("ZeroDivisionError: division by zero\n"))
+        self.assertEqual(k.events(k.n)[-1]["type"], "stderr")
+
+        r = k.run("def g(:\n  pass")
+        self.assertEqual(r["status"], "error")
+        self.assertTrue(r["error"].startswith("SyntaxError: "), r["error"])
+        self.assertIn("\n--- stderr ---\n", r["output"])
+        self.assertNotIn("kernel_runner", r["output"])
+
+        k.run("e = ValueError('bad'); e.add_note('a note')")
+        self.assertEqual(k.run("raise e")["error"], "ValueError: bad")
+        self.assertEqual(k.run("print('alive')")["output"], "alive\n")
+
+    def test_bad_request_gets_an_error_result(self):
+        k = self.kernel()
+        _write_atomic(os.path.join(k.cells, "cell_req_000001.json"), b"{nope")
+        k.wake()
+        r = k.result(1)
+        self.assertEqual(r["status"], "error")
+        self.assertIn("bad cell request", r["error"])
+        k.n = 1
+        self.assertEqual(k.run("1")["output"], "1\n")
+
+    def test_reset_clears_state(self):
+        k = self.kernel()
+        k.run("x = 1")
+        r = k.run("x", reset=True)
+        self.assertEqual(r["status"], "error")
+        self.assertEqual(r["error"], "NameError: name 'x' is not defined")
+        self.assertTrue(r["state_reset"])
+        self.assertEqual(r["execution_count"], 2)
+        r = k.run("hermes_tools.__name__")
+        self.assertEqual((r["output"], r["state_reset"]), ("'hermes_tools'\n", False))
+
+    def test_system_exit_ends_the_kernel(self):
+        for code, status, error in (("raise SystemExit(3)", "error", "SystemExit: 3"),
+                                    ("import sys; print('bye'); sys.exit()",
+                                     "success", None)):
+            k = self.kernel()
+            r = k.run(code)
+            self.assertEqual((r["status"], r["error"], r["ended"]),
+                             (status, error, True))
+            self.assertEqual(k.proc.wait(timeout=3), 0)
+            self.assertTrue(os.path.isdir(k.cells))     # the module removes D
+        self.assertEqual(r["output"], "bye\n")
+
+    def test_interrupt(self):
+        k = self.kernel()
+        n = k.send("import time\nprint('start')\ntime.sleep(10)")
+        self.assertTrue(_wait_for(
+            lambda: os.path.exists(os.path.join(k.cells, "cell_out_%06d" % n))
+            and k.events(n)))
+        os.kill(k.pid, signal.SIGINT)
+        r = k.result(n, 3)
+        self.assertEqual((r["status"], r["error"]), ("interrupted", "KeyboardInterrupt"))
+        self.assertIn("KeyboardInterrupt", r["output"])
+        os.kill(k.pid, signal.SIGINT)            # between cells: ignored
+        time.sleep(0.05)
+        self.assertTrue(k.alive())
+        self.assertEqual(k.run("1 + 1")["output"], "2\n")
+
+    # -- output limits -----------------------------------------------------
+
+    def test_output_truncation_head_and_tail(self):
+        k = self.kernel()
+        r = k.run("print('H' * 500 + 'x' * 5000 + 'T' * 700, end='')", max_output=1000)
+        self.assertEqual(r["output"], "H" * 400 +
+                         "\n... [output truncated: 5200 bytes omitted] ...\n" + "T" * 600)
+        self.assertTrue(r["stdout_truncated"])
+        self.assertFalse(r["stream_truncated"])
+        self.assertEqual(r["stdout_bytes_total"], 6200)
+        # across the stderr marker
+        r = k.run("import sys\nprint('a' * 99)\n_ = sys.stderr.write('b' * 2000)",
+                  max_output=1000)
+        self.assertEqual(r["output"], "a" * 99 + "\n\n--- stderr ---\n" + "b" * 284 +
+                         "\n... [output truncated: 1116 bytes omitted] ...\n" + "b" * 600)
+        # never splits a UTF-8 character: 2-byte chars, odd limit
+        r = k.run("print('é' * 1000, end='')", max_output=1001)
+        self.assertEqual(r["output"], "é" * 200 +
+                         "\n... [output truncated: 1000 bytes omitted] ...\n" + "é" * 300)
+        # exactly max_output: kept whole
+        r = k.run("print('z' * 999)", max_output=1000)
+        self.assertEqual((r["output"], r["stdout_truncated"]), ("z" * 999 + "\n", False))
+
+    def test_max_stream_cut_is_exact(self):
+        k = self.kernel()
+        n = k.send("print('x' * 600)\nprint('é' * 300)\nprint('after')", max_stream=1000)
+        r = k.result(n)
+        self.assertEqual(k.events(n), [
+            {"type": "stdout", "text": "x" * 600 + "\n"},
+            {"type": "stdout", "text": "é" * 199},      # 601 + 398 <= 1000 bytes
+            {"type": "stream_truncated", "max_stream": 1000}])
+        self.assertTrue(r["stream_truncated"] and r["stdout_truncated"])
+        self.assertEqual(r["output"], "x" * 600 + "\n" + "é" * 300 + "\nafter\n")
+        self.assertEqual(r["stdout_bytes_total"], 601 + 601 + 6)
+        # ASCII: exactly max_stream bytes, the cell keeps running, and a
+        # huge print neither kills the runner nor the output's head/tail
+        n = k.send("import sys\nprint('y' * 1500)\nprint('q' * 10_000_000)\n"
+                   "print('err', file=sys.stderr)\nprint('end')", max_stream=1000)
+        r = k.result(n)
+        ev = k.events(n)
+        self.assertEqual(ev, [{"type": "stdout", "text": "y" * 1000},
+                              {"type": "stream_truncated", "max_stream": 1000}])
+        self.assertEqual(r["status"], "success")
+        self.assertEqual(r["stdout_bytes_total"], 1501 + 10_000_001 + 4)
+        self.assertTrue(r["output"].startswith("y" * 1500 + "\n" + "q" * 100))
+        self.assertTrue(r["output"].endswith("q\nend\n\n--- stderr ---\nerr\n"))
+        self.assertEqual(k.run("1")["stream_truncated"], False)
+
+    def test_stdout_bytes_total_counts_utf8_stdout_only(self):
+        k = self.kernel()
+        r = k.run("import sys\nprint('héllo')\nprint('no', file=sys.stderr)")
+        self.assertEqual(r["stdout_bytes_total"], 7)
+
+    def test_unicode_and_lone_surrogates(self):
+        k = self.kernel()
+        r = k.run("import sys\nprint('héllo ✓ 🐍')\nprint('bad \\ud800 x')\n"
+                  "sys.stderr.write('\\udcff\\n')\nsys.stdout.buffer.write(b'\\xff raw\\n')\n"
+                  "'\\udc80'")
+        self.assertEqual(r["status"], "success", r)
+        self.assertTrue(r["output"].startswith("héllo ✓ 🐍\nbad \ufffd x\n\ufffd raw\n"),
+                        r["output"])
+        k.events(k.n)       # strict UTF-8, valid JSON lines
+        with open(k.res_path(k.n), "rb") as f:
+            f.read().decode("utf-8")
+
+    # -- files -------------------------------------------------------------
+
+    def test_modes_and_cleanup_of_older_cells(self):
+        k = self.kernel()
+        self.assertEqual(k.run("open('made_by_cell', 'w').write('x')\nimport os\n"
+                               "os.umask(0)\n1/0")["status"], "error")
+        k.run("open('made_in_cell_2', 'w').write('x')")   # umask is reset
+        names = sorted(os.listdir(k.cells))
+        self.assertEqual(names, ["cell_out_000002", "cell_req_000002.json",
+                                 "cell_res_000002.json"])
+        seen = 0
+        for root, dirs, files in os.walk(k.dir):
+            for d in dirs:
+                self.assertEqual(stat.S_IMODE(os.stat(os.path.join(root, d)).st_mode),
+                                 0o700, d)
+            for f in files:
+                p = os.path.join(root, f)
+                self.assertEqual(stat.S_IMODE(os.lstat(p).st_mode), 0o600, p)
+                seen += 1
+        self.assertGreaterEqual(seen, 8)
+
+    def test_cell_that_removes_its_files_or_chdirs(self):
+        k = self.kernel()
+        r = k.run("import os\nos.remove('cells/cell_out_000001')\n"
+                  "os.remove('cells/cell_req_000001.json')\nos.chdir('/')\nprint('still')")
+        self.assertEqual(r["output"], "still\n")
+        r = k.run("import shutil\nshutil.rmtree(os.path.join(hermes_tools._DIR, 'cells'))")
+        self.assertEqual(r["status"], "success")
+        self.assertEqual(stat.S_IMODE(os.stat(k.cells).st_mode), 0o700)
+        self.assertEqual(k.run("os.getcwd()")["output"], "'/'\n")
+
+    def test_streams_outlive_cells(self):
+        k = self.kernel()
+        k.run("import logging, sys, threading, time\n"
+              "logging.basicConfig(level=logging.INFO)\n"
+              "threading.Thread(target=lambda: (time.sleep(0.2), print('late'))).start()")
+        time.sleep(0.3)
+        r = k.run("logging.info('hello log')")
+        # the handler made in cell 1 writes into cell 2's output
+        self.assertEqual(r["output"], "\n--- stderr ---\nINFO:root:hello log\n")
+        self.assertIn("late", k.log())           # between cells: runner.log
+
+    def test_idle_timeout_removes_dir_and_exits(self):
+        k = self.kernel(idle=1)
+        r = k.run("import time; time.sleep(0.8)")
+        self.assertEqual(r["status"], "success")
+        time.sleep(0.5)       # 1.3 s after spawn, 0.5 s after the cell ended
+        self.assertTrue(k.alive() and os.path.isdir(k.dir))
+        self.assertEqual(k.proc.wait(timeout=3), 0)
+        self.assertFalse(os.path.exists(k.dir))
+
+    # -- tool calls --------------------------------------------------------
+
+    def test_tool_calls(self):
+        k = self.kernel()
+        n = k.send("r = hermes_tools.call('echo', {'a': 1})\nprint(r)\n"
+                   "try:\n    hermes_tools.web_search(query='x')\n"
+                   "except hermes_tools.ToolError as e:\n    print('ToolError:', e)\n"
+                   "try:\n    hermes_tools.call('slow', timeout=0.05)\n"
+                   "except hermes_tools.ToolError as e:\n    print('ToolError:', e)\n")
+
+        def answer(seq, tool, args, reply):
+            req = os.path.join(k.rpc, "req_%06d" % seq)
+            self.assertTrue(_wait_for(lambda: os.path.exists(req)), "no " + req)
+            self.assertEqual(stat.S_IMODE(os.stat(req).st_mode), 0o600)
+            with open(req) as f:
+                self.assertEqual(json.load(f), {"tool": tool, "args": args,
+                                                "seq": seq, "token": TOKEN})
+            os.unlink(req)
+            _write_atomic(os.path.join(k.rpc, "res_%06d" % seq),
+                          json.dumps(dict(reply, seq=seq)).encode())
+
+        answer(1, "echo", {"a": 1}, {"ok": True, "result": {"b": 2}, "error": None})
+        answer(2, "web_search", {"query": "x"},
+               {"ok": False, "result": None, "error": "no results"})
+        r = k.result(n)
+        self.assertEqual(r["output"], "{'b': 2}\nToolError: no results\n"
+                                      "ToolError: tool call timed out\n")
+        self.assertEqual(os.listdir(k.rpc), [])    # res read and removed,
+                                                   # the timed-out req withdrawn
+
+    def test_tools_client_outside_a_kernel(self):
+        import importlib.util
+        spec = importlib.util.spec_from_file_location(
+            "hermes_tools_t", os.path.join(HERE, "hermes_tools.py"))
+        mod = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(mod)
+        with self.assertRaises(mod.ToolError):
+            mod.call("x")                           # no token: refuse
+        self.assertEqual(mod.web_search.__name__, "web_search")
+        with self.assertRaises(AttributeError):
+            mod.__wrapped__
+
+
+if __name__ == "__main__":
+    unittest.main()
