@@ -47,7 +47,9 @@ if ($watcher == 0) {
         my $all = all_cmdlines();
         for my $pid (keys %$all) {
             my $cmd = $all->{$pid};
-            $seen{$cmd}++ if $cmd =~ /HERMES_RPC_TOKEN|[0-9a-f]{64}|\Q$marker\E/;
+            next unless $cmd =~ /HERMES_RPC_TOKEN|[0-9a-f]{64}|\Q$marker\E/;
+            (my $shown = $cmd) =~ s/\0/ /g;
+            $seen{"pid $pid: $shown"}++;
         }
     }
     open my $out, '>', $watch_file or die;
