@@ -22,10 +22,15 @@ static char *ngx_http_hermes_zone(ngx_conf_t *cf, ngx_command_t *cmd,
     void *conf);
 static char *ngx_http_hermes_backend(ngx_conf_t *cf, ngx_command_t *cmd,
     void *conf);
-static char *ngx_http_hermes_execute(ngx_conf_t *cf, ngx_command_t *cmd,
+static char *ngx_http_hermes_content(ngx_conf_t *cf, ngx_command_t *cmd,
     void *conf);
 static ngx_http_hermes_backend_conf_t *ngx_http_hermes_backend_local(
     ngx_conf_t *cf, ngx_str_t *root);
+
+
+static char  *ngx_http_hermes_handler_names[] = {
+    "", "execute", "kernels", "status"
+};
 
 
 static ngx_conf_num_bounds_t  ngx_http_hermes_queue_bounds = {
@@ -51,10 +56,24 @@ static ngx_command_t  ngx_http_hermes_commands[] = {
 
     { ngx_string("hermes_execute"),
       NGX_HTTP_LOC_CONF|NGX_CONF_NOARGS|NGX_CONF_TAKE1,
-      ngx_http_hermes_execute,
+      ngx_http_hermes_content,
       NGX_HTTP_LOC_CONF_OFFSET,
-      0,
-      NULL },
+      NGX_HTTP_HERMES_HANDLER_EXECUTE,
+      ngx_http_hermes_execute_handler },
+
+    { ngx_string("hermes_kernels"),
+      NGX_HTTP_LOC_CONF|NGX_CONF_NOARGS|NGX_CONF_TAKE1,
+      ngx_http_hermes_content,
+      NGX_HTTP_LOC_CONF_OFFSET,
+      NGX_HTTP_HERMES_HANDLER_KERNELS,
+      ngx_http_hermes_kernels_handler },
+
+    { ngx_string("hermes_status"),
+      NGX_HTTP_LOC_CONF|NGX_CONF_NOARGS|NGX_CONF_TAKE1,
+      ngx_http_hermes_content,
+      NGX_HTTP_LOC_CONF_OFFSET,
+      NGX_HTTP_HERMES_HANDLER_STATUS,
+      ngx_http_hermes_status_handler },
 
     { ngx_string("hermes_owner"),
       NGX_HTTP_MAIN_CONF|NGX_HTTP_SRV_CONF|NGX_HTTP_LOC_CONF|NGX_CONF_TAKE1,
@@ -110,7 +129,7 @@ static ngx_command_t  ngx_http_hermes_commands[] = {
 
 
 static ngx_http_module_t  ngx_http_hermes_module_ctx = {
-    NULL,                                  /* preconfiguration */
+    ngx_http_hermes_add_variables,         /* preconfiguration */
     ngx_http_hermes_filter_init,           /* postconfiguration */
 
     ngx_http_hermes_create_main_conf,      /* create main configuration */
@@ -168,6 +187,10 @@ ngx_http_hermes_init_process(ngx_cycle_t *cycle)
 
     if (hmcf == NULL || hmcf->zones.nelts == 0) {
         return NGX_OK;
+    }
+
+    if (ngx_http_hermes_kernel_init_process(cycle, &hmcf->zones) != NGX_OK) {
+        return NGX_ERROR;
     }
 
     return ngx_http_hermes_cell_init_process(cycle);
@@ -295,10 +318,11 @@ ngx_http_hermes_merge_loc_conf(ngx_conf_t *cf, void *parent, void *child)
         if (hmcf->zones.nelts != 1) {
             ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
                                hmcf->zones.nelts
-                               ? "\"hermes_execute\" needs zone=NAME: "
+                               ? "\"hermes_%s\" needs zone=NAME: "
                                  "there are several hermes_zone"
-                               : "\"hermes_execute\" needs a hermes_zone "
-                                 "in the http block");
+                               : "\"hermes_%s\" needs a hermes_zone "
+                                 "in the http block",
+                               ngx_http_hermes_handler_names[conf->handler]);
             return NGX_CONF_ERROR;
         }
 
@@ -462,6 +486,13 @@ ngx_http_hermes_zone(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
 
     zone->shm_zone = shm_zone;
 
+    ngx_str_set(&s, "default");
+
+    zone->thread_pool = ngx_thread_pool_add(cf, &s);
+    if (zone->thread_pool == NULL) {
+        return NGX_CONF_ERROR;
+    }
+
     shm_zone->init = ngx_http_hermes_registry_init_zone;
     shm_zone->data = zone;
 
@@ -574,10 +605,10 @@ ngx_http_hermes_backend_local(ngx_conf_t *cf, ngx_str_t *root)
 }
 
 
-/* hermes_execute [zone=NAME] */
+/* hermes_execute, hermes_kernels, hermes_status [zone=NAME] */
 
 static char *
-ngx_http_hermes_execute(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
+ngx_http_hermes_content(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
 {
     ngx_http_hermes_loc_conf_t *hlcf = conf;
 
@@ -604,10 +635,10 @@ ngx_http_hermes_execute(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
         hlcf->zone_name.len = value[1].len - 5;
     }
 
-    hlcf->handler = NGX_HTTP_HERMES_HANDLER_EXECUTE;
+    hlcf->handler = cmd->offset;
 
     clcf = ngx_http_conf_get_module_loc_conf(cf, ngx_http_core_module);
-    clcf->handler = ngx_http_hermes_execute_handler;
+    clcf->handler = (ngx_http_handler_pt) cmd->post;
 
     return NGX_CONF_OK;
 }

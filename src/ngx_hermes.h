@@ -63,6 +63,8 @@ typedef struct {
     ngx_uint_t                    max_kernels;
     ngx_msec_t                    idle_timeout;
     ngx_msec_t                    sweep;
+    ngx_thread_pool_t            *thread_pool;  /* kills evicted kernels */
+    ngx_event_t                  *sweep_event;  /* this worker's */
 } ngx_http_hermes_zone_t;
 
 
@@ -73,7 +75,9 @@ typedef struct {
 
 typedef enum {
     NGX_HTTP_HERMES_HANDLER_NONE = 0,
-    NGX_HTTP_HERMES_HANDLER_EXECUTE
+    NGX_HTTP_HERMES_HANDLER_EXECUTE,
+    NGX_HTTP_HERMES_HANDLER_KERNELS,
+    NGX_HTTP_HERMES_HANDLER_STATUS
 } ngx_http_hermes_handler_e;
 
 
@@ -115,17 +119,75 @@ typedef enum {
 } ngx_http_hermes_cell_status_e;
 
 
+typedef enum {
+    NGX_HTTP_HERMES_RPC_MALFORMED = 0,
+    NGX_HTTP_HERMES_RPC_BAD_TOKEN,
+    NGX_HTTP_HERMES_RPC_BAD_SEQ,
+    NGX_HTTP_HERMES_RPC_NREJECT
+} ngx_http_hermes_rpc_reject_e;
+
+
 struct ngx_http_hermes_sh_s {
     ngx_rbtree_t                  rbtree;
     ngx_rbtree_node_t             sentinel;
     ngx_queue_t                   lru;          /* most recent at head */
-    ngx_uint_t                    kernels;      /* live entries */
+    ngx_uint_t                    kernels;      /* entries with a kernel */
 
+    /* counters, changed under the zone's lock or atomically */
     ngx_atomic_uint_t             spawned_total;
     ngx_atomic_uint_t             spawn_failures_total;
+    ngx_atomic_uint_t             evicted_idle_total;
+    ngx_atomic_uint_t             evicted_cap_total;
     ngx_atomic_uint_t             killed_timeout_total;
+    ngx_atomic_uint_t             tool_calls_total;
     ngx_atomic_uint_t             cells_total[NGX_HTTP_HERMES_CELL_NSTATUS];
+    ngx_atomic_uint_t             rpc_rejected_total[NGX_HTTP_HERMES_RPC_NREJECT];
 };
+
+
+typedef struct {
+    ngx_uint_t                    kernels;
+    ngx_uint_t                    running;
+    ngx_uint_t                    spawned_total;
+    ngx_uint_t                    spawn_failures_total;
+    ngx_uint_t                    evicted_idle_total;
+    ngx_uint_t                    evicted_cap_total;
+    ngx_uint_t                    killed_timeout_total;
+    ngx_uint_t                    tool_calls_total;
+    ngx_uint_t                    cells_total[NGX_HTTP_HERMES_CELL_NSTATUS];
+    ngx_uint_t                    rpc_rejected_total[NGX_HTTP_HERMES_RPC_NREJECT];
+    size_t                        zone_bytes_used;
+    size_t                        zone_bytes_total;
+} ngx_http_hermes_stats_t;
+
+
+/* a kernel for the listing endpoint, copied out of the zone */
+
+typedef struct {
+    ngx_str_t                     session;
+    u_char                        kernel_id[NGX_HTTP_HERMES_ID_LEN];
+    ngx_uint_t                    state;
+    ngx_uint_t                    execution_count;
+    uint64_t                      created;
+    uint64_t                      last_used;
+    uint64_t                      running_for;
+} ngx_http_hermes_listing_t;
+
+
+/* kernels taken out of the registry, to kill once the lock is let go */
+
+#define NGX_HTTP_HERMES_VICTIMS  8
+
+typedef struct {
+    u_char                        dir[NGX_HTTP_HERMES_DIR_MAX];
+    size_t                        dir_len;
+    ngx_pid_t                     pid;
+} ngx_http_hermes_victim_t;
+
+typedef struct {
+    ngx_uint_t                    n;
+    ngx_http_hermes_victim_t      v[NGX_HTTP_HERMES_VICTIMS];
+} ngx_http_hermes_victims_t;
 
 
 /*
@@ -214,7 +276,17 @@ typedef enum {
 ngx_int_t ngx_http_hermes_registry_init_zone(ngx_shm_zone_t *shm_zone,
     void *data);
 ngx_int_t ngx_http_hermes_registry_acquire(ngx_http_hermes_zone_t *zone,
-    ngx_http_hermes_kernel_ref_t *ref, ngx_str_t *root, ngx_uint_t queue);
+    ngx_http_hermes_kernel_ref_t *ref, ngx_str_t *root, ngx_uint_t queue,
+    ngx_http_hermes_victims_t *victims);
+void ngx_http_hermes_registry_sweep(ngx_http_hermes_zone_t *zone,
+    ngx_http_hermes_victims_t *victims, ngx_uint_t full);
+ngx_int_t ngx_http_hermes_registry_list(ngx_http_hermes_zone_t *zone,
+    ngx_str_t *owner, ngx_array_t *out);
+ngx_int_t ngx_http_hermes_registry_shutdown(ngx_http_hermes_zone_t *zone,
+    ngx_str_t *owner, ngx_str_t *session, ngx_uint_t force,
+    ngx_http_hermes_victims_t *victims);
+void ngx_http_hermes_registry_stats(ngx_http_hermes_zone_t *zone,
+    ngx_http_hermes_stats_t *st);
 ngx_int_t ngx_http_hermes_registry_poll(ngx_http_hermes_zone_t *zone,
     ngx_http_hermes_kernel_ref_t *ref, ngx_str_t *root);
 ngx_int_t ngx_http_hermes_registry_renew(ngx_http_hermes_zone_t *zone,
@@ -268,6 +340,10 @@ ngx_int_t ngx_http_hermes_kernel_spawn(ngx_http_hermes_loc_conf_t *hlcf,
     ngx_log_t *log);
 ngx_int_t ngx_http_hermes_kernel_kill(ngx_thread_pool_t *tp, u_char *dir,
     size_t dir_len, ngx_pid_t pid, ngx_log_t *log);
+void ngx_http_hermes_kernel_kill_victims(ngx_thread_pool_t *tp,
+    ngx_http_hermes_victims_t *victims, ngx_log_t *log);
+ngx_int_t ngx_http_hermes_kernel_init_process(ngx_cycle_t *cycle,
+    ngx_array_t *zones);
 
 
 /* JSON: requests in, results and errors out (yajl) */
@@ -309,6 +385,12 @@ ngx_buf_t *ngx_http_hermes_json_result(ngx_pool_t *pool,
     ngx_uint_t as_tool_message);
 ngx_buf_t *ngx_http_hermes_json_error(ngx_pool_t *pool, ngx_str_t *code,
     ngx_str_t *message);
+ngx_buf_t *ngx_http_hermes_json_listing(ngx_pool_t *pool, ngx_array_t *list,
+    ngx_str_t *backend, ngx_str_t *host);
+ngx_buf_t *ngx_http_hermes_json_stats(ngx_pool_t *pool,
+    ngx_http_hermes_stats_t *st, ngx_uint_t max_kernels);
+ngx_buf_t *ngx_http_hermes_prometheus_stats(ngx_pool_t *pool,
+    ngx_http_hermes_stats_t *st, ngx_uint_t max_kernels, ngx_str_t *zone);
 ngx_buf_t *ngx_http_hermes_json_cell_request(ngx_pool_t *pool, uint32_t id,
     ngx_http_hermes_request_t *req, size_t max_output, size_t max_stream);
 
@@ -323,9 +405,26 @@ ngx_int_t ngx_http_hermes_cell_init_process(ngx_cycle_t *cycle);
 void ngx_http_hermes_cell_exit_process(ngx_cycle_t *cycle);
 
 
+/* per request: what the error filter and the log variables need */
+
+typedef struct {
+    ngx_buf_t                    *error_body;
+    ngx_str_t                     session;
+    u_char                        kernel_id[NGX_HTTP_HERMES_ID_LEN];
+    ngx_int_t                     cell_status;  /* -1: none */
+    ngx_msec_t                    cell_ms;
+    unsigned                      error_sent:1;
+    unsigned                      has_kernel:1;
+} ngx_http_hermes_ctx_t;
+
+
 /* HTTP handlers */
 
+ngx_http_hermes_ctx_t *ngx_http_hermes_get_ctx(ngx_http_request_t *r);
 ngx_int_t ngx_http_hermes_execute_handler(ngx_http_request_t *r);
+ngx_int_t ngx_http_hermes_kernels_handler(ngx_http_request_t *r);
+ngx_int_t ngx_http_hermes_status_handler(ngx_http_request_t *r);
+ngx_int_t ngx_http_hermes_add_variables(ngx_conf_t *cf);
 ngx_int_t ngx_http_hermes_send_error(ngx_http_request_t *r,
     ngx_uint_t status, char *code, char *message);
 ngx_int_t ngx_http_hermes_filter_init(ngx_conf_t *cf);

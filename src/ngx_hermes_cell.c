@@ -30,6 +30,7 @@ typedef struct {
     ngx_log_t                      *log;
     ngx_http_request_t             *r;          /* NULL: the client is gone */
     ngx_http_cleanup_t             *cln;
+    ngx_http_hermes_ctx_t          *ctx;        /* the request's */
 
     ngx_http_hermes_loc_conf_t     *hlcf;
     ngx_http_hermes_zone_t         *zone;
@@ -162,6 +163,7 @@ ngx_http_hermes_cell_start(ngx_http_request_t *r,
     ngx_int_t                    rc;
     ngx_pool_t                  *pool;
     ngx_http_hermes_cell_t      *cell;
+    ngx_http_hermes_victims_t    victims;
     ngx_http_hermes_loc_conf_t  *hlcf;
 
     hlcf = ngx_http_get_module_loc_conf(r, ngx_http_hermes_module);
@@ -226,6 +228,13 @@ ngx_http_hermes_cell_start(ngx_http_request_t *r,
     cell->cln->handler = ngx_http_hermes_cell_detach;
     cell->cln->data = cell;
 
+    cell->ctx = ngx_http_hermes_get_ctx(r);
+    if (cell->ctx == NULL) {
+        return NGX_HTTP_INTERNAL_SERVER_ERROR;
+    }
+
+    cell->ctx->session = req->session;
+
     cell->wait.handler = ngx_http_hermes_cell_wait_handler;
     cell->wait.data = cell;
     cell->wait.log = cell->log;
@@ -239,8 +248,14 @@ ngx_http_hermes_cell_start(ngx_http_request_t *r,
     /* the client may go away; the cell runs on regardless */
     r->read_event_handler = ngx_http_test_reading;
 
+    victims.n = 0;
+
     rc = ngx_http_hermes_registry_acquire(cell->zone, &cell->ref,
-                                          &hlcf->backend->root, hlcf->queue);
+                                          &hlcf->backend->root, hlcf->queue,
+                                          &victims);
+
+    ngx_http_hermes_kernel_kill_victims(hlcf->thread_pool, &victims,
+                                        cell->log);
 
     return ngx_http_hermes_cell_acquired(cell, rc);
 }
@@ -301,6 +316,7 @@ ngx_http_hermes_cell_wait_handler(ngx_event_t *ev)
 
     ngx_int_t                    rc;
     ngx_connection_t            *c;
+    ngx_http_hermes_victims_t    victims;
     ngx_http_hermes_loc_conf_t  *hlcf;
 
     hlcf = cell->hlcf;
@@ -323,9 +339,14 @@ ngx_http_hermes_cell_wait_handler(ngx_event_t *ev)
         ngx_memzero(&cell->ref.gen, sizeof(cell->ref) - offsetof(
                         ngx_http_hermes_kernel_ref_t, gen));
 
+        victims.n = 0;
+
         rc = ngx_http_hermes_registry_acquire(cell->zone, &cell->ref,
                                               &hlcf->backend->root,
-                                              hlcf->queue);
+                                              hlcf->queue, &victims);
+
+        ngx_http_hermes_kernel_kill_victims(hlcf->thread_pool, &victims,
+                                            cell->log);
     }
 
     (void) ngx_http_hermes_cell_acquired(cell, rc);
@@ -485,6 +506,12 @@ ngx_http_hermes_cell_run(ngx_http_hermes_cell_t *cell)
     }
 
     ngx_add_timer(&cell->timer, cell->timeout);
+
+    if (cell->ctx) {
+        ngx_memcpy(cell->ctx->kernel_id, cell->ref.kernel_id,
+                   NGX_HTTP_HERMES_ID_LEN);
+        cell->ctx->has_kernel = 1;
+    }
 
     /* 4. the stream opens with the kernel line */
 
@@ -880,6 +907,11 @@ ngx_http_hermes_cell_answer(ngx_http_hermes_cell_t *cell)
 
     ngx_http_hermes_count(cell->zone, cells_total[cell->res.status]);
 
+    if (cell->ctx) {
+        cell->ctx->cell_status = cell->res.status;
+        cell->ctx->cell_ms = cell->res.duration;
+    }
+
     r = cell->r;
 
     if (r == NULL) {
@@ -1166,10 +1198,11 @@ ngx_http_hermes_cell_detach(void *data)
 {
     ngx_http_hermes_cell_t *cell = data;
 
-    /* the buffers were the request's */
+    /* the buffers and the context were the request's */
 
     cell->r = NULL;
     cell->cln = NULL;
+    cell->ctx = NULL;
     cell->free = NULL;
     cell->busy = NULL;
 }

@@ -10,17 +10,17 @@
 #include "ngx_hermes.h"
 
 
-typedef struct {
-    ngx_buf_t                   *body;
-    unsigned                     sent:1;
-} ngx_http_hermes_error_ctx_t;
-
-
 static ngx_http_output_header_filter_pt  ngx_http_next_header_filter;
 static ngx_http_output_body_filter_pt    ngx_http_next_body_filter;
 
 
+static ngx_int_t ngx_http_hermes_owner(ngx_http_request_t *r,
+    ngx_str_t *owner);
 static void ngx_http_hermes_execute_body(ngx_http_request_t *r);
+static ngx_int_t ngx_http_hermes_send_buf(ngx_http_request_t *r,
+    ngx_uint_t status, const char *type, ngx_buf_t *b);
+static ngx_int_t ngx_http_hermes_variable(ngx_http_request_t *r,
+    ngx_http_variable_value_t *v, uintptr_t data);
 static u_char *ngx_http_hermes_read_body(ngx_http_request_t *r,
     size_t *len);
 static ngx_int_t ngx_http_hermes_header_has(ngx_table_elt_t *h,
@@ -89,30 +89,10 @@ ngx_http_hermes_execute_body(ngx_http_request_t *r)
 
     hlcf = ngx_http_get_module_loc_conf(r, ngx_http_hermes_module);
 
-    if (hlcf->owner) {
-        if (ngx_http_complex_value(r, hlcf->owner, &owner) != NGX_OK) {
-            ngx_http_finalize_request(r, NGX_HTTP_INTERNAL_SERVER_ERROR);
-            return;
-        }
-
-        if (owner.len == 0) {
-            ngx_http_finalize_request(r,
-                ngx_http_hermes_send_error(r, NGX_HTTP_UNAUTHORIZED,
-                                           "unauthorized",
-                                           "no owner for this request"));
-            return;
-        }
-
-        if (owner.len > NGX_HTTP_HERMES_OWNER_MAX) {
-            ngx_http_finalize_request(r,
-                ngx_http_hermes_send_error(r, NGX_HTTP_BAD_REQUEST,
-                                           "invalid_owner",
-                                           "the owner is over 128 bytes"));
-            return;
-        }
-
-    } else {
-        ngx_str_set(&owner, "anonymous");
+    rc = ngx_http_hermes_owner(r, &owner);
+    if (rc != NGX_OK) {
+        ngx_http_finalize_request(r, rc);
+        return;
     }
 
     body = ngx_http_hermes_read_body(r, &len);
@@ -157,6 +137,40 @@ ngx_http_hermes_execute_body(ngx_http_request_t *r)
     if (rc != NGX_DONE) {
         ngx_http_finalize_request(r, rc);
     }
+}
+
+
+/* who the caller is; an error status has been answered when not NGX_OK */
+
+static ngx_int_t
+ngx_http_hermes_owner(ngx_http_request_t *r, ngx_str_t *owner)
+{
+    ngx_http_hermes_loc_conf_t  *hlcf;
+
+    hlcf = ngx_http_get_module_loc_conf(r, ngx_http_hermes_module);
+
+    if (hlcf->owner == NULL) {
+        ngx_str_set(owner, "anonymous");
+        return NGX_OK;
+    }
+
+    if (ngx_http_complex_value(r, hlcf->owner, owner) != NGX_OK) {
+        return NGX_HTTP_INTERNAL_SERVER_ERROR;
+    }
+
+    if (owner->len == 0) {
+        return ngx_http_hermes_send_error(r, NGX_HTTP_UNAUTHORIZED,
+                                          "unauthorized",
+                                          "no owner for this request");
+    }
+
+    if (owner->len > NGX_HTTP_HERMES_OWNER_MAX) {
+        return ngx_http_hermes_send_error(r, NGX_HTTP_BAD_REQUEST,
+                                          "invalid_owner",
+                                          "the owner is over 128 bytes");
+    }
+
+    return NGX_OK;
 }
 
 
@@ -246,10 +260,9 @@ ngx_int_t
 ngx_http_hermes_send_error(ngx_http_request_t *r, ngx_uint_t status,
     char *code, char *message)
 {
-    ngx_int_t         rc;
-    ngx_str_t         c, m;
-    ngx_buf_t        *b;
-    ngx_chain_t       out;
+    ngx_str_t    c, m;
+    ngx_buf_t   *b;
+
     c.data = (u_char *) code;
     c.len = ngx_strlen(code);
     m.data = (u_char *) message;
@@ -268,10 +281,26 @@ ngx_http_hermes_send_error(ngx_http_request_t *r, ngx_uint_t status,
         }
     }
 
+    return ngx_http_hermes_send_buf(r, status, "application/json", b);
+}
+
+
+static ngx_int_t
+ngx_http_hermes_send_buf(ngx_http_request_t *r, ngx_uint_t status,
+    const char *type, ngx_buf_t *b)
+{
+    ngx_int_t    rc;
+    ngx_chain_t  out;
+
     r->headers_out.status = status;
-    r->headers_out.content_length_n = b->last - b->pos;
-    ngx_str_set(&r->headers_out.content_type, "application/json");
+    r->headers_out.content_length_n = b ? b->last - b->pos : 0;
+    r->headers_out.content_type.data = (u_char *) type;
+    r->headers_out.content_type.len = ngx_strlen(type);
     r->headers_out.content_type_len = r->headers_out.content_type.len;
+
+    if (b == NULL) {
+        r->header_only = 1;
+    }
 
     rc = ngx_http_send_header(r);
 
@@ -294,10 +323,10 @@ ngx_http_hermes_send_error(ngx_http_request_t *r, ngx_uint_t status,
 static ngx_int_t
 ngx_http_hermes_error_header_filter(ngx_http_request_t *r)
 {
-    u_char                       *p;
-    ngx_str_t                     code, message;
-    ngx_http_hermes_loc_conf_t   *hlcf;
-    ngx_http_hermes_error_ctx_t  *ctx;
+    u_char                      *p;
+    ngx_str_t                    code, message;
+    ngx_http_hermes_ctx_t       *ctx;
+    ngx_http_hermes_loc_conf_t  *hlcf;
 
     hlcf = ngx_http_get_module_loc_conf(r, ngx_http_hermes_module);
 
@@ -342,17 +371,15 @@ ngx_http_hermes_error_header_filter(ngx_http_request_t *r)
         break;
     }
 
-    ctx = ngx_pcalloc(r->pool, sizeof(ngx_http_hermes_error_ctx_t));
+    ctx = ngx_http_hermes_get_ctx(r);
     if (ctx == NULL) {
         return NGX_ERROR;
     }
 
-    ctx->body = ngx_http_hermes_json_error(r->pool, &code, &message);
-    if (ctx->body == NULL) {
+    ctx->error_body = ngx_http_hermes_json_error(r->pool, &code, &message);
+    if (ctx->error_body == NULL) {
         return NGX_ERROR;
     }
-
-    ngx_http_set_ctx(r, ctx, ngx_http_hermes_module);
 
     ngx_str_set(&r->headers_out.content_type, "application/json");
     r->headers_out.content_type_len = r->headers_out.content_type.len;
@@ -360,7 +387,8 @@ ngx_http_hermes_error_header_filter(ngx_http_request_t *r)
     r->headers_out.charset.len = 0;
 
     ngx_http_clear_content_length(r);
-    r->headers_out.content_length_n = ctx->body->last - ctx->body->pos;
+    r->headers_out.content_length_n = ctx->error_body->last
+                                      - ctx->error_body->pos;
 
     return ngx_http_next_header_filter(r);
 }
@@ -369,12 +397,12 @@ ngx_http_hermes_error_header_filter(ngx_http_request_t *r)
 static ngx_int_t
 ngx_http_hermes_error_body_filter(ngx_http_request_t *r, ngx_chain_t *in)
 {
-    ngx_chain_t                   out, *cl;
-    ngx_http_hermes_error_ctx_t  *ctx;
+    ngx_chain_t             out, *cl;
+    ngx_http_hermes_ctx_t  *ctx;
 
     ctx = ngx_http_get_module_ctx(r, ngx_http_hermes_module);
 
-    if (ctx == NULL || ctx->body == NULL) {
+    if (ctx == NULL || ctx->error_body == NULL) {
         return ngx_http_next_body_filter(r, in);
     }
 
@@ -385,16 +413,16 @@ ngx_http_hermes_error_body_filter(ngx_http_request_t *r, ngx_chain_t *in)
         cl->buf->file_pos = cl->buf->file_last;
     }
 
-    if (ctx->sent) {
+    if (ctx->error_sent) {
         return ngx_http_next_body_filter(r, NULL);
     }
 
-    ctx->sent = 1;
+    ctx->error_sent = 1;
 
-    ctx->body->last_buf = 1;
-    ctx->body->last_in_chain = 1;
+    ctx->error_body->last_buf = 1;
+    ctx->error_body->last_in_chain = 1;
 
-    out.buf = ctx->body;
+    out.buf = ctx->error_body;
     out.next = NULL;
 
     return ngx_http_next_body_filter(r, &out);
@@ -409,6 +437,294 @@ ngx_http_hermes_filter_init(ngx_conf_t *cf)
 
     ngx_http_next_body_filter = ngx_http_top_body_filter;
     ngx_http_top_body_filter = ngx_http_hermes_error_body_filter;
+
+    return NGX_OK;
+}
+
+
+ngx_http_hermes_ctx_t *
+ngx_http_hermes_get_ctx(ngx_http_request_t *r)
+{
+    ngx_http_hermes_ctx_t  *ctx;
+
+    ctx = ngx_http_get_module_ctx(r, ngx_http_hermes_module);
+
+    if (ctx == NULL) {
+        ctx = ngx_pcalloc(r->pool, sizeof(ngx_http_hermes_ctx_t));
+        if (ctx == NULL) {
+            return NULL;
+        }
+
+        ctx->cell_status = -1;
+
+        ngx_http_set_ctx(r, ctx, ngx_http_hermes_module);
+    }
+
+    return ctx;
+}
+
+
+/* GET <loc>: the caller's kernels; DELETE <loc>/SESSION: shut one down */
+
+ngx_int_t
+ngx_http_hermes_kernels_handler(ngx_http_request_t *r)
+{
+    ngx_int_t                    rc;
+    ngx_str_t                    owner, session, value, backend, host;
+    ngx_buf_t                   *b;
+    ngx_uint_t                   force;
+    ngx_array_t                  list;
+    ngx_http_hermes_zone_t      *zone;
+    ngx_http_hermes_victims_t    victims;
+    ngx_http_core_loc_conf_t    *clcf;
+    ngx_http_hermes_loc_conf_t  *hlcf;
+
+    hlcf = ngx_http_get_module_loc_conf(r, ngx_http_hermes_module);
+    clcf = ngx_http_get_module_loc_conf(r, ngx_http_core_module);
+    zone = hlcf->shm_zone->data;
+
+    rc = ngx_http_discard_request_body(r);
+    if (rc != NGX_OK) {
+        return rc;
+    }
+
+    if (!(r->method & (NGX_HTTP_GET|NGX_HTTP_HEAD|NGX_HTTP_DELETE))) {
+        if (ngx_http_hermes_add_header(r, "Allow", "GET, DELETE") != NGX_OK) {
+            return NGX_HTTP_INTERNAL_SERVER_ERROR;
+        }
+
+        return ngx_http_hermes_send_error(r, NGX_HTTP_NOT_ALLOWED,
+                                          "method_not_allowed",
+                                          "use GET or DELETE");
+    }
+
+    rc = ngx_http_hermes_owner(r, &owner);
+    if (rc != NGX_OK) {
+        return rc;
+    }
+
+    if (r->method & (NGX_HTTP_GET|NGX_HTTP_HEAD)) {
+        if (ngx_array_init(&list, r->pool, 8,
+                           sizeof(ngx_http_hermes_listing_t))
+            != NGX_OK)
+        {
+            return NGX_HTTP_INTERNAL_SERVER_ERROR;
+        }
+
+        if (ngx_http_hermes_registry_list(zone, &owner, &list) != NGX_OK) {
+            return NGX_HTTP_INTERNAL_SERVER_ERROR;
+        }
+
+        ngx_str_set(&backend, "local");
+        ngx_str_set(&host, "localhost");
+
+        b = ngx_http_hermes_json_listing(r->pool, &list, &backend, &host);
+        if (b == NULL) {
+            return NGX_HTTP_INTERNAL_SERVER_ERROR;
+        }
+
+        return ngx_http_hermes_send_buf(r, NGX_HTTP_OK, "application/json", b);
+    }
+
+    /* DELETE: the session is what follows the location's prefix */
+
+    ngx_str_null(&session);
+
+    if (r->uri.len > clcf->name.len
+        && ngx_strncmp(r->uri.data, clcf->name.data, clcf->name.len) == 0)
+    {
+        session.data = r->uri.data + clcf->name.len;
+        session.len = r->uri.len - clcf->name.len;
+
+        if (session.len && session.data[0] == '/') {
+            session.data++;
+            session.len--;
+        }
+    }
+
+    if (session.len == 0) {
+        return ngx_http_hermes_send_error(r, NGX_HTTP_BAD_REQUEST,
+                                          "invalid_session",
+                                          "DELETE <location>/SESSION");
+    }
+
+    force = (ngx_http_arg(r, (u_char *) "force", 5, &value) == NGX_OK
+             && value.len == 1 && value.data[0] == '1');
+
+    victims.n = 0;
+
+    rc = ngx_http_hermes_registry_shutdown(zone, &owner, &session, force,
+                                           &victims);
+
+    ngx_http_hermes_kernel_kill_victims(hlcf->thread_pool, &victims,
+                                        r->connection->log);
+
+    switch (rc) {
+
+    case NGX_OK:
+        return ngx_http_hermes_send_buf(r, NGX_HTTP_NO_CONTENT,
+                                        "application/json", NULL);
+
+    case NGX_BUSY:
+        return ngx_http_hermes_send_error(r, NGX_HTTP_CONFLICT, "cell_running",
+                                          "a cell is running on this kernel; "
+                                          "?force=1 kills it anyway");
+
+    default:
+        return ngx_http_hermes_send_error(r, NGX_HTTP_NOT_FOUND, "not_found",
+                                          "no kernel of yours for this "
+                                          "session");
+    }
+}
+
+
+ngx_int_t
+ngx_http_hermes_status_handler(ngx_http_request_t *r)
+{
+    ngx_int_t                    rc;
+    ngx_str_t                    value;
+    ngx_buf_t                   *b;
+    ngx_http_hermes_zone_t      *zone;
+    ngx_http_hermes_stats_t      st;
+    ngx_http_hermes_loc_conf_t  *hlcf;
+
+    if (!(r->method & (NGX_HTTP_GET|NGX_HTTP_HEAD))) {
+        return NGX_HTTP_NOT_ALLOWED;
+    }
+
+    rc = ngx_http_discard_request_body(r);
+    if (rc != NGX_OK) {
+        return rc;
+    }
+
+    hlcf = ngx_http_get_module_loc_conf(r, ngx_http_hermes_module);
+    zone = hlcf->shm_zone->data;
+
+    ngx_http_hermes_registry_stats(zone, &st);
+
+    if (ngx_http_arg(r, (u_char *) "format", 6, &value) == NGX_OK
+        && value.len == 10 && ngx_strncmp(value.data, "prometheus", 10) == 0)
+    {
+        b = ngx_http_hermes_prometheus_stats(r->pool, &st, zone->max_kernels,
+                                             &hlcf->shm_zone->shm.name);
+        if (b == NULL) {
+            return NGX_HTTP_INTERNAL_SERVER_ERROR;
+        }
+
+        return ngx_http_hermes_send_buf(r, NGX_HTTP_OK,
+                                        "text/plain; version=0.0.4", b);
+    }
+
+    b = ngx_http_hermes_json_stats(r->pool, &st, zone->max_kernels);
+    if (b == NULL) {
+        return NGX_HTTP_INTERNAL_SERVER_ERROR;
+    }
+
+    return ngx_http_hermes_send_buf(r, NGX_HTTP_OK, "application/json", b);
+}
+
+
+/* $hermes_session, $hermes_kernel_id, $hermes_cell_status, $hermes_cell_ms */
+
+static ngx_http_variable_t  ngx_http_hermes_vars[] = {
+
+    { ngx_string("hermes_session"), NULL, ngx_http_hermes_variable, 0,
+      NGX_HTTP_VAR_NOCACHEABLE, 0 },
+
+    { ngx_string("hermes_kernel_id"), NULL, ngx_http_hermes_variable, 1,
+      NGX_HTTP_VAR_NOCACHEABLE, 0 },
+
+    { ngx_string("hermes_cell_status"), NULL, ngx_http_hermes_variable, 2,
+      NGX_HTTP_VAR_NOCACHEABLE, 0 },
+
+    { ngx_string("hermes_cell_ms"), NULL, ngx_http_hermes_variable, 3,
+      NGX_HTTP_VAR_NOCACHEABLE, 0 },
+
+      ngx_http_null_variable
+};
+
+
+ngx_int_t
+ngx_http_hermes_add_variables(ngx_conf_t *cf)
+{
+    ngx_http_variable_t  *var, *v;
+
+    for (v = ngx_http_hermes_vars; v->name.len; v++) {
+        var = ngx_http_add_variable(cf, &v->name, v->flags);
+        if (var == NULL) {
+            return NGX_ERROR;
+        }
+
+        var->get_handler = v->get_handler;
+        var->data = v->data;
+    }
+
+    return NGX_OK;
+}
+
+
+static ngx_int_t
+ngx_http_hermes_variable(ngx_http_request_t *r, ngx_http_variable_value_t *v,
+    uintptr_t data)
+{
+    u_char                 *p;
+    ngx_http_hermes_ctx_t  *ctx;
+
+    ctx = ngx_http_get_module_ctx(r, ngx_http_hermes_module);
+
+    v->not_found = 1;
+
+    if (ctx == NULL) {
+        return NGX_OK;
+    }
+
+    switch (data) {
+
+    case 0:
+        if (ctx->session.len == 0) {
+            return NGX_OK;
+        }
+
+        v->data = ctx->session.data;
+        v->len = ctx->session.len;
+        break;
+
+    case 1:
+        if (!ctx->has_kernel) {
+            return NGX_OK;
+        }
+
+        v->data = ctx->kernel_id;
+        v->len = NGX_HTTP_HERMES_ID_LEN;
+        break;
+
+    case 2:
+        if (ctx->cell_status < 0) {
+            return NGX_OK;
+        }
+
+        v->data = ngx_http_hermes_cell_status_names[ctx->cell_status].data;
+        v->len = ngx_http_hermes_cell_status_names[ctx->cell_status].len;
+        break;
+
+    default:
+        if (ctx->cell_status < 0) {
+            return NGX_OK;
+        }
+
+        p = ngx_pnalloc(r->pool, NGX_INT_T_LEN);
+        if (p == NULL) {
+            return NGX_ERROR;
+        }
+
+        v->data = p;
+        v->len = ngx_sprintf(p, "%M", ctx->cell_ms) - p;
+        break;
+    }
+
+    v->valid = 1;
+    v->no_cacheable = 1;
+    v->not_found = 0;
 
     return NGX_OK;
 }

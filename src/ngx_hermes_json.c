@@ -787,3 +787,218 @@ ngx_http_hermes_json_cell_request(ngx_pool_t *pool, uint32_t id,
 
     return b;
 }
+
+
+static ngx_str_t  ngx_http_hermes_state_names[] = {
+    ngx_string("spawning"),
+    ngx_string("idle"),
+    ngx_string("running"),
+    ngx_string("lost")
+};
+
+
+static void
+ngx_http_hermes_json_gen_ms(yajl_gen g, uint64_t ms)
+{
+    u_char  num[32], *p;
+
+    /* seconds since the epoch, with milliseconds */
+    p = ngx_sprintf(num, "%uL.%03uL", ms / 1000, ms % 1000);
+    yajl_gen_number(g, (const char *) num, p - num);
+}
+
+
+ngx_buf_t *
+ngx_http_hermes_json_listing(ngx_pool_t *pool, ngx_array_t *list,
+    ngx_str_t *backend, ngx_str_t *host)
+{
+    yajl_gen                    g;
+    ngx_buf_t                  *b;
+    ngx_uint_t                  i;
+    ngx_http_hermes_listing_t  *l;
+
+    g = yajl_gen_alloc(NULL);
+    if (g == NULL) {
+        return NULL;
+    }
+
+    l = list->elts;
+
+    yajl_gen_map_open(g);
+    ngx_http_hermes_gen_key(g, "kernels");
+    yajl_gen_array_open(g);
+
+    for (i = 0; i < list->nelts; i++) {
+        yajl_gen_map_open(g);
+        ngx_http_hermes_gen_key(g, "session");
+        ngx_http_hermes_gen_str(g, &l[i].session);
+        ngx_http_hermes_gen_key(g, "kernel_id");
+        yajl_gen_string(g, l[i].kernel_id, NGX_HTTP_HERMES_ID_LEN);
+        ngx_http_hermes_gen_key(g, "backend");
+        ngx_http_hermes_gen_str(g, backend);
+        ngx_http_hermes_gen_key(g, "host");
+        ngx_http_hermes_gen_str(g, host);
+        ngx_http_hermes_gen_key(g, "state");
+        ngx_http_hermes_gen_str(g, &ngx_http_hermes_state_names[l[i].state]);
+        ngx_http_hermes_gen_key(g, "execution_count");
+        yajl_gen_integer(g, l[i].execution_count);
+        ngx_http_hermes_gen_key(g, "created");
+        ngx_http_hermes_json_gen_ms(g, l[i].created);
+        ngx_http_hermes_gen_key(g, "last_used");
+        ngx_http_hermes_json_gen_ms(g, l[i].last_used);
+        ngx_http_hermes_gen_key(g, "running_for_ms");
+        yajl_gen_integer(g, l[i].running_for);
+        yajl_gen_map_close(g);
+    }
+
+    yajl_gen_array_close(g);
+    yajl_gen_map_close(g);
+
+    b = ngx_http_hermes_json_take(pool, g, 1);
+
+    yajl_gen_free(g);
+
+    return b;
+}
+
+
+static ngx_str_t  ngx_http_hermes_reject_names[] = {
+    ngx_string("malformed"),
+    ngx_string("bad_token"),
+    ngx_string("bad_seq")
+};
+
+
+ngx_buf_t *
+ngx_http_hermes_json_stats(ngx_pool_t *pool, ngx_http_hermes_stats_t *st,
+    ngx_uint_t max_kernels)
+{
+    yajl_gen     g;
+    ngx_buf_t   *b;
+    ngx_uint_t   i;
+
+    g = yajl_gen_alloc(NULL);
+    if (g == NULL) {
+        return NULL;
+    }
+
+#define ngx_http_hermes_gen_counter(name, v)                                  \
+    ngx_http_hermes_gen_key(g, name);                                         \
+    yajl_gen_integer(g, (long long) (v))
+
+    yajl_gen_map_open(g);
+    ngx_http_hermes_gen_counter("kernels", st->kernels);
+    ngx_http_hermes_gen_counter("running", st->running);
+    ngx_http_hermes_gen_counter("max_kernels", max_kernels);
+    ngx_http_hermes_gen_counter("spawned_total", st->spawned_total);
+    ngx_http_hermes_gen_counter("spawn_failures_total",
+                                st->spawn_failures_total);
+    ngx_http_hermes_gen_counter("evicted_idle_total", st->evicted_idle_total);
+    ngx_http_hermes_gen_counter("evicted_cap_total", st->evicted_cap_total);
+    ngx_http_hermes_gen_counter("killed_timeout_total",
+                                st->killed_timeout_total);
+
+    ngx_http_hermes_gen_key(g, "cells_total");
+    yajl_gen_map_open(g);
+    for (i = 0; i < NGX_HTTP_HERMES_CELL_NSTATUS; i++) {
+        ngx_http_hermes_gen_str(g, &ngx_http_hermes_cell_status_names[i]);
+        yajl_gen_integer(g, st->cells_total[i]);
+    }
+    yajl_gen_map_close(g);
+
+    ngx_http_hermes_gen_counter("tool_calls_total", st->tool_calls_total);
+
+    ngx_http_hermes_gen_key(g, "rpc_rejected_total");
+    yajl_gen_map_open(g);
+    for (i = 0; i < NGX_HTTP_HERMES_RPC_NREJECT; i++) {
+        ngx_http_hermes_gen_str(g, &ngx_http_hermes_reject_names[i]);
+        yajl_gen_integer(g, st->rpc_rejected_total[i]);
+    }
+    yajl_gen_map_close(g);
+
+    ngx_http_hermes_gen_counter("zone_bytes_used", st->zone_bytes_used);
+    ngx_http_hermes_gen_counter("zone_bytes_total", st->zone_bytes_total);
+    yajl_gen_map_close(g);
+
+#undef ngx_http_hermes_gen_counter
+
+    b = ngx_http_hermes_json_take(pool, g, 1);
+
+    yajl_gen_free(g);
+
+    return b;
+}
+
+
+ngx_buf_t *
+ngx_http_hermes_prometheus_stats(ngx_pool_t *pool,
+    ngx_http_hermes_stats_t *st, ngx_uint_t max_kernels, ngx_str_t *zone)
+{
+    u_char      *p;
+    ngx_buf_t   *b;
+    ngx_uint_t   i;
+
+    b = ngx_create_temp_buf(pool, 4096 + 32 * zone->len);
+    if (b == NULL) {
+        return NULL;
+    }
+
+    p = b->last;
+
+#define ngx_http_hermes_prom(name, type, help, v)                             \
+    p = ngx_sprintf(p, "# HELP hermes_" name " " help "\n"                    \
+                    "# TYPE hermes_" name " " type "\n"                       \
+                    "hermes_" name "{zone=\"%V\"} %uA\n", zone,              \
+                    (ngx_atomic_uint_t) (v))
+
+    ngx_http_hermes_prom("kernels", "gauge", "Kernels in the registry.",
+                         st->kernels);
+    ngx_http_hermes_prom("running", "gauge", "Kernels running a cell.",
+                         st->running);
+    ngx_http_hermes_prom("max_kernels", "gauge", "The registry's cap.",
+                         max_kernels);
+    ngx_http_hermes_prom("spawned_total", "counter", "Kernels started.",
+                         st->spawned_total);
+    ngx_http_hermes_prom("spawn_failures_total", "counter",
+                         "Kernels that failed to start.",
+                         st->spawn_failures_total);
+    ngx_http_hermes_prom("evicted_idle_total", "counter",
+                         "Kernels reaped after idle_timeout.",
+                         st->evicted_idle_total);
+    ngx_http_hermes_prom("evicted_cap_total", "counter",
+                         "Kernels evicted beyond max_kernels or for memory.",
+                         st->evicted_cap_total);
+    ngx_http_hermes_prom("killed_timeout_total", "counter",
+                         "Kernels killed at a cell timeout.",
+                         st->killed_timeout_total);
+    ngx_http_hermes_prom("tool_calls_total", "counter",
+                         "Tool calls dispatched.", st->tool_calls_total);
+
+    p = ngx_sprintf(p, "# HELP hermes_cells_total Cells by final status.\n"
+                       "# TYPE hermes_cells_total counter\n");
+    for (i = 0; i < NGX_HTTP_HERMES_CELL_NSTATUS; i++) {
+        p = ngx_sprintf(p, "hermes_cells_total{zone=\"%V\",status=\"%V\"} %ui\n",
+                        zone, &ngx_http_hermes_cell_status_names[i],
+                        st->cells_total[i]);
+    }
+
+    p = ngx_sprintf(p, "# HELP hermes_rpc_rejected_total "
+                       "RPC requests removed unanswered.\n"
+                       "# TYPE hermes_rpc_rejected_total counter\n");
+    for (i = 0; i < NGX_HTTP_HERMES_RPC_NREJECT; i++) {
+        p = ngx_sprintf(p, "hermes_rpc_rejected_total{zone=\"%V\",reason=\"%V\"} %ui\n",
+                        zone, &ngx_http_hermes_reject_names[i],
+                        st->rpc_rejected_total[i]);
+    }
+
+    ngx_http_hermes_prom("zone_bytes_used", "gauge",
+                         "Shared memory in use.", st->zone_bytes_used);
+    ngx_http_hermes_prom("zone_bytes_total", "gauge",
+                         "Shared memory size.", st->zone_bytes_total);
+
+#undef ngx_http_hermes_prom
+
+    b->last = p;
+
+    return b;
+}

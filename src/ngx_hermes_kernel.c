@@ -49,6 +49,7 @@ static ngx_int_t ngx_http_hermes_spawn_run(ngx_http_hermes_spawn_t *s,
     size_t out_size, const char *step);
 static void ngx_http_hermes_kill_thread(void *data, ngx_log_t *log);
 static void ngx_http_hermes_kill_event(ngx_event_t *ev);
+static void ngx_http_hermes_sweep_handler(ngx_event_t *ev);
 
 
 ngx_int_t
@@ -356,4 +357,93 @@ ngx_http_hermes_kill_event(ngx_event_t *ev)
                    "hermes: killed kernel %P, removed \"%s\"", k->pid, k->dir);
 
     ngx_free(k);
+}
+
+
+void
+ngx_http_hermes_kernel_kill_victims(ngx_thread_pool_t *tp,
+    ngx_http_hermes_victims_t *victims, ngx_log_t *log)
+{
+    ngx_uint_t                 i;
+    ngx_http_hermes_victim_t  *v;
+
+    for (i = 0; i < victims->n; i++) {
+        v = &victims->v[i];
+
+        ngx_log_error(NGX_LOG_INFO, log, 0,
+                      "hermes: evicting kernel \"%s\" (pid %P)",
+                      v->dir, v->pid);
+
+        if (ngx_http_hermes_kernel_kill(tp, v->dir, v->dir_len, v->pid, log)
+            != NGX_OK)
+        {
+            ngx_log_error(NGX_LOG_ERR, log, 0,
+                          "hermes: could not kill kernel \"%s\"", v->dir);
+        }
+    }
+
+    victims->n = 0;
+}
+
+
+/*
+ * Every worker sweeps every zone: reclaims turns of dead workers, reaps
+ * idle kernels, keeps the cap.  Cancelable: a worker that shuts down does
+ * not wait for it.
+ */
+
+ngx_int_t
+ngx_http_hermes_kernel_init_process(ngx_cycle_t *cycle, ngx_array_t *zones)
+{
+    ngx_uint_t               i;
+    ngx_event_t             *ev;
+    ngx_shm_zone_t         **z;
+    ngx_http_hermes_zone_t  *zone;
+
+    z = zones->elts;
+
+    for (i = 0; i < zones->nelts; i++) {
+        zone = z[i]->data;
+
+        ev = ngx_pcalloc(cycle->pool, sizeof(ngx_event_t));
+        if (ev == NULL) {
+            return NGX_ERROR;
+        }
+
+        ev->handler = ngx_http_hermes_sweep_handler;
+        ev->data = zone;
+        ev->log = cycle->log;
+        ev->cancelable = 1;
+
+        zone->sweep_event = ev;
+
+        /* spread the workers' sweeps over the interval */
+        ngx_add_timer(ev, zone->sweep / 2 + ngx_random() % zone->sweep);
+    }
+
+    return NGX_OK;
+}
+
+
+static void
+ngx_http_hermes_sweep_handler(ngx_event_t *ev)
+{
+    ngx_http_hermes_zone_t *zone = ev->data;
+
+    ngx_uint_t                 full;
+    ngx_http_hermes_victims_t  victims;
+
+    victims.n = 0;
+    full = 1;
+
+    do {
+        ngx_http_hermes_registry_sweep(zone, &victims, full);
+        full = (victims.n == NGX_HTTP_HERMES_VICTIMS);
+        ngx_http_hermes_kernel_kill_victims(zone->thread_pool, &victims,
+                                            ev->log);
+    } while (full);
+
+    if (!ngx_exiting) {
+        ngx_add_timer(ev, zone->sweep);
+    }
 }

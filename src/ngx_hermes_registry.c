@@ -30,6 +30,21 @@ static void ngx_http_hermes_registry_snapshot(ngx_http_hermes_node_t *kn,
     ngx_http_hermes_kernel_ref_t *ref);
 static void ngx_http_hermes_registry_delete(ngx_http_hermes_zone_t *zone,
     ngx_http_hermes_node_t *kn);
+static void ngx_http_hermes_registry_set_state(ngx_http_hermes_zone_t *zone,
+    ngx_http_hermes_node_t *kn, ngx_uint_t state);
+static void ngx_http_hermes_registry_end_turn(ngx_http_hermes_zone_t *zone,
+    ngx_http_hermes_node_t *kn);
+static ngx_int_t ngx_http_hermes_registry_evict(ngx_http_hermes_zone_t *zone,
+    ngx_http_hermes_node_t *kn, ngx_http_hermes_victims_t *victims);
+static ngx_uint_t ngx_http_hermes_registry_evict_lru(
+    ngx_http_hermes_zone_t *zone, ngx_http_hermes_victims_t *victims,
+    ngx_uint_t tombstones);
+static void ngx_http_hermes_registry_sweep_locked(
+    ngx_http_hermes_zone_t *zone, ngx_http_hermes_victims_t *victims,
+    ngx_uint_t full);
+static void ngx_http_hermes_registry_reclaim(ngx_http_hermes_zone_t *zone,
+    ngx_http_hermes_node_t *kn, ngx_http_hermes_victims_t *victims,
+    uint64_t now);
 
 
 #define ngx_http_hermes_node_key(kn)   ((kn)->data)
@@ -173,65 +188,74 @@ ngx_http_hermes_registry_lookup(ngx_http_hermes_zone_t *zone, ngx_str_t *key,
 
 ngx_int_t
 ngx_http_hermes_registry_acquire(ngx_http_hermes_zone_t *zone,
-    ngx_http_hermes_kernel_ref_t *ref, ngx_str_t *root, ngx_uint_t queue)
+    ngx_http_hermes_kernel_ref_t *ref, ngx_str_t *root, ngx_uint_t queue,
+    ngx_http_hermes_victims_t *victims)
 {
     size_t                   n, dir_len;
     uint32_t                 hash;
     ngx_int_t                rc;
+    ngx_uint_t               tries;
     ngx_http_hermes_node_t  *kn;
 
     hash = ngx_crc32_short(ref->key.data, ref->key.len);
 
     ngx_shmtx_lock(&zone->shpool->mutex);
 
+    /* every execute reaps idle kernels and keeps the cap */
+    ngx_http_hermes_registry_sweep_locked(zone, victims, 0);
+
     kn = ngx_http_hermes_registry_lookup(zone, &ref->key, hash);
 
-    if (kn) {
-        if (ngx_http_hermes_pending(kn) > queue) {
-            ngx_shmtx_unlock(&zone->shpool->mutex);
-            return NGX_HTTP_HERMES_ACQ_QUEUE_FULL;
+    if (kn == NULL) {
+        dir_len = root->len + sizeof("/hermes_rkernel_") - 1
+                  + NGX_HTTP_HERMES_ID_LEN;
+
+        n = offsetof(ngx_http_hermes_node_t, data) + ref->key.len + dir_len;
+
+        for (tries = 0; /* void */; tries++) {
+            kn = ngx_slab_alloc_locked(zone->shpool, n);
+
+            if (kn || tries == NGX_HTTP_HERMES_VICTIMS
+                || !ngx_http_hermes_registry_evict_lru(zone, victims, 1))
+            {
+                break;
+            }
         }
 
-        ref->ticket = kn->ticket_next++;
-        ref->gen = kn->gen;
+        if (kn == NULL) {
+            ngx_shmtx_unlock(&zone->shpool->mutex);
+            return NGX_HTTP_HERMES_ACQ_NOMEM;
+        }
 
-        rc = ngx_http_hermes_registry_turn(zone, kn, ref, root);
+        ngx_memzero(kn, offsetof(ngx_http_hermes_node_t, data));
 
+        kn->node.key = hash;
+        kn->key_len = (uint16_t) ref->key.len;
+        kn->owner_len = (uint16_t) ref->owner.len;
+        kn->dir_len = (uint16_t) dir_len;
+        kn->gen = randombytes_random();
+        kn->created = ngx_http_hermes_now_ms();
+        kn->last_used = kn->created;
+        kn->turn_at = kn->created;
+        kn->state = NGX_HTTP_HERMES_STATE_LOST;
+
+        ngx_memcpy(kn->data, ref->key.data, ref->key.len);
+
+        ngx_rbtree_insert(&zone->sh->rbtree, &kn->node);
+        ngx_queue_insert_head(&zone->sh->lru, &kn->queue);
+
+    } else if (ngx_http_hermes_pending(kn) > queue) {
         ngx_shmtx_unlock(&zone->shpool->mutex);
-        return rc;
+        return NGX_HTTP_HERMES_ACQ_QUEUE_FULL;
     }
-
-    dir_len = root->len + sizeof("/hermes_rkernel_") - 1
-              + NGX_HTTP_HERMES_ID_LEN;
-
-    n = offsetof(ngx_http_hermes_node_t, data) + ref->key.len + dir_len;
-
-    kn = ngx_slab_alloc_locked(zone->shpool, n);
-    if (kn == NULL) {
-        ngx_shmtx_unlock(&zone->shpool->mutex);
-        return NGX_HTTP_HERMES_ACQ_NOMEM;
-    }
-
-    ngx_memzero(kn, offsetof(ngx_http_hermes_node_t, data));
-
-    kn->node.key = hash;
-    kn->key_len = (uint16_t) ref->key.len;
-    kn->owner_len = (uint16_t) ref->owner.len;
-    kn->dir_len = (uint16_t) dir_len;
-    kn->gen = randombytes_random();
-    kn->created = (uint64_t) ngx_time() * 1000;
-    kn->last_used = kn->created;
-    kn->state = NGX_HTTP_HERMES_STATE_LOST;
-
-    ngx_memcpy(kn->data, ref->key.data, ref->key.len);
-
-    ngx_rbtree_insert(&zone->sh->rbtree, &kn->node);
-    ngx_queue_insert_head(&zone->sh->lru, &kn->queue);
 
     ref->ticket = kn->ticket_next++;
     ref->gen = kn->gen;
 
     rc = ngx_http_hermes_registry_turn(zone, kn, ref, root);
+
+    /* a new kernel may take the registry over the cap: make room */
+    ngx_http_hermes_registry_sweep_locked(zone, victims, 0);
 
     ngx_shmtx_unlock(&zone->shpool->mutex);
 
@@ -252,7 +276,8 @@ ngx_http_hermes_registry_turn(ngx_http_hermes_zone_t *zone,
 
     kn->claimed = 1;
     kn->holder = ngx_pid;
-    kn->last_used = ngx_http_hermes_now_ms();
+    kn->turn_at = ngx_http_hermes_now_ms();
+    kn->last_used = kn->turn_at;
 
     ngx_queue_remove(&kn->queue);
     ngx_queue_insert_head(&zone->sh->lru, &kn->queue);
@@ -265,14 +290,16 @@ ngx_http_hermes_registry_turn(ngx_http_hermes_zone_t *zone,
         ref->spawn = 1;
 
         ngx_http_hermes_registry_new_kernel(kn, root);
-        kn->state = NGX_HTTP_HERMES_STATE_SPAWNING;
+        ngx_http_hermes_registry_set_state(zone, kn,
+                                           NGX_HTTP_HERMES_STATE_SPAWNING);
 
         ngx_http_hermes_registry_snapshot(kn, ref);
 
         return NGX_HTTP_HERMES_ACQ_SPAWN;
     }
 
-    kn->state = NGX_HTTP_HERMES_STATE_RUNNING;
+    ngx_http_hermes_registry_set_state(zone, kn,
+                                       NGX_HTTP_HERMES_STATE_RUNNING);
     kn->cell_seq++;
 
     ref->reused = 1;
@@ -281,6 +308,28 @@ ngx_http_hermes_registry_turn(ngx_http_hermes_zone_t *zone,
     ngx_http_hermes_registry_snapshot(kn, ref);
 
     return NGX_HTTP_HERMES_ACQ_RUN;
+}
+
+
+/* "kernels" counts entries with a kernel: all but tombstones */
+
+static void
+ngx_http_hermes_registry_set_state(ngx_http_hermes_zone_t *zone,
+    ngx_http_hermes_node_t *kn, ngx_uint_t state)
+{
+    ngx_uint_t  was, is;
+
+    was = (kn->state != NGX_HTTP_HERMES_STATE_LOST);
+    is = (state != NGX_HTTP_HERMES_STATE_LOST);
+
+    if (was && !is) {
+        zone->sh->kernels--;
+
+    } else if (!was && is) {
+        zone->sh->kernels++;
+    }
+
+    kn->state = (uint8_t) state;
 }
 
 
@@ -376,6 +425,7 @@ ngx_http_hermes_registry_mine(ngx_http_hermes_zone_t *zone,
 
     if (kn == NULL || kn->gen != ref->gen
         || kn->ticket_serving != ref->ticket || !kn->claimed
+        || kn->holder != ngx_pid
         || ngx_memcmp(kn->kernel_id, ref->kernel_id, NGX_HTTP_HERMES_ID_LEN)
            != 0)
     {
@@ -403,10 +453,9 @@ ngx_http_hermes_registry_renew(ngx_http_hermes_zone_t *zone,
         return NGX_DECLINED;
     }
 
-    zone->sh->kernels--;
-
     ngx_http_hermes_registry_new_kernel(kn, root);
-    kn->state = NGX_HTTP_HERMES_STATE_SPAWNING;
+    ngx_http_hermes_registry_set_state(zone, kn,
+                                       NGX_HTTP_HERMES_STATE_SPAWNING);
 
     ngx_http_hermes_registry_snapshot(kn, ref);
 
@@ -437,12 +486,13 @@ ngx_http_hermes_registry_spawned(ngx_http_hermes_zone_t *zone,
 
     kn->pid = ref->pid;
     kn->had_kernel = 1;
-    kn->state = NGX_HTTP_HERMES_STATE_RUNNING;
     kn->cell_seq = 1;
+    ngx_http_hermes_registry_set_state(zone, kn,
+                                       NGX_HTTP_HERMES_STATE_RUNNING);
+
     ref->cell_id = 1;
     ref->execution_count = 0;
 
-    zone->sh->kernels++;
     zone->sh->spawned_total++;
 
     ngx_shmtx_unlock(&zone->shpool->mutex);
@@ -473,45 +523,51 @@ ngx_http_hermes_registry_release(ngx_http_hermes_zone_t *zone,
         return;
     }
 
-    kn->ticket_serving++;
-    kn->claimed = 0;
-    kn->holder = 0;
-    kn->last_used = ngx_http_hermes_now_ms();
-
-    if (how == NGX_HTTP_HERMES_RELEASE_DONE) {
-        kn->state = NGX_HTTP_HERMES_STATE_IDLE;
-        kn->execution_count = (uint32_t) execution_count;
-
-        ngx_shmtx_unlock(&zone->shpool->mutex);
-        return;
-    }
-
-    if (kn->state != NGX_HTTP_HERMES_STATE_SPAWNING) {
-        zone->sh->kernels--;
-    }
-
     if (how == NGX_HTTP_HERMES_RELEASE_GONE
         && kn->state == NGX_HTTP_HERMES_STATE_SPAWNING)
     {
         zone->sh->spawn_failures_total++;
     }
 
-    if (how == NGX_HTTP_HERMES_RELEASE_GONE
-        && ngx_http_hermes_pending(kn) == 0)
+    ngx_http_hermes_registry_end_turn(zone, kn);
+
+    if (how == NGX_HTTP_HERMES_RELEASE_DONE) {
+        ngx_http_hermes_registry_set_state(zone, kn,
+                                           NGX_HTTP_HERMES_STATE_IDLE);
+        kn->execution_count = (uint32_t) execution_count;
+
+    } else if (how == NGX_HTTP_HERMES_RELEASE_GONE
+               && ngx_http_hermes_pending(kn) == 0)
     {
         ngx_http_hermes_registry_delete(zone, kn);
 
-        ngx_shmtx_unlock(&zone->shpool->mutex);
-        return;
+    } else {
+        /* a tombstone: the next turn spawns afresh, reporting state_lost */
+
+        ngx_http_hermes_registry_set_state(zone, kn,
+                                           NGX_HTTP_HERMES_STATE_LOST);
+        kn->had_kernel = (how == NGX_HTTP_HERMES_RELEASE_LOST);
+        kn->pid = 0;
     }
 
-    /* a tombstone: the next turn spawns afresh, reporting state_lost */
-
-    kn->state = NGX_HTTP_HERMES_STATE_LOST;
-    kn->had_kernel = (how == NGX_HTTP_HERMES_RELEASE_LOST);
-    kn->pid = 0;
-
     ngx_shmtx_unlock(&zone->shpool->mutex);
+}
+
+
+/* the idle clock restarts when a turn ends; the next ticket is served */
+
+static void
+ngx_http_hermes_registry_end_turn(ngx_http_hermes_zone_t *zone,
+    ngx_http_hermes_node_t *kn)
+{
+    kn->ticket_serving++;
+    kn->claimed = 0;
+    kn->holder = 0;
+    kn->last_used = ngx_http_hermes_now_ms();
+    kn->turn_at = kn->last_used;
+
+    ngx_queue_remove(&kn->queue);
+    ngx_queue_insert_head(&zone->sh->lru, &kn->queue);
 }
 
 
@@ -519,8 +575,374 @@ static void
 ngx_http_hermes_registry_delete(ngx_http_hermes_zone_t *zone,
     ngx_http_hermes_node_t *kn)
 {
+    ngx_http_hermes_registry_set_state(zone, kn, NGX_HTTP_HERMES_STATE_LOST);
+
     ngx_queue_remove(&kn->queue);
     ngx_rbtree_delete(&zone->sh->rbtree, &kn->node);
     ngx_slab_free_locked(zone->shpool, kn);
 }
 
+
+/* remove an entry; its kernel, if any, goes on the list to kill */
+
+static ngx_int_t
+ngx_http_hermes_registry_evict(ngx_http_hermes_zone_t *zone,
+    ngx_http_hermes_node_t *kn, ngx_http_hermes_victims_t *victims)
+{
+    ngx_http_hermes_victim_t  *v;
+
+    if (kn->state != NGX_HTTP_HERMES_STATE_LOST) {
+        if (victims->n == NGX_HTTP_HERMES_VICTIMS) {
+            return NGX_DECLINED;
+        }
+
+        v = &victims->v[victims->n++];
+        v->dir_len = ngx_min(kn->dir_len, NGX_HTTP_HERMES_DIR_MAX - 1);
+        ngx_memcpy(v->dir, ngx_http_hermes_node_dir(kn), v->dir_len);
+        v->dir[v->dir_len] = '\0';
+        v->pid = kn->pid;
+    }
+
+    ngx_http_hermes_registry_delete(zone, kn);
+
+    return NGX_OK;
+}
+
+
+/* the least recently used entry without a running or queued cell */
+
+static ngx_uint_t
+ngx_http_hermes_registry_evict_lru(ngx_http_hermes_zone_t *zone,
+    ngx_http_hermes_victims_t *victims, ngx_uint_t tombstones)
+{
+    ngx_queue_t             *q;
+    ngx_http_hermes_node_t  *kn;
+
+    for (q = ngx_queue_last(&zone->sh->lru);
+         q != ngx_queue_sentinel(&zone->sh->lru);
+         q = ngx_queue_prev(q))
+    {
+        kn = ngx_queue_data(q, ngx_http_hermes_node_t, queue);
+
+        if (ngx_http_hermes_pending(kn)
+            || (!tombstones && kn->state == NGX_HTTP_HERMES_STATE_LOST))
+        {
+            continue;
+        }
+
+        if (kn->state != NGX_HTTP_HERMES_STATE_LOST) {
+            zone->sh->evicted_cap_total++;
+        }
+
+        return ngx_http_hermes_registry_evict(zone, kn, victims) == NGX_OK;
+    }
+
+    return 0;
+}
+
+
+/*
+ * Called locked.  "full" (the periodic sweep) first reclaims turns held by
+ * workers that died; then idle entries are reaped (the LRU is ordered by
+ * last use, so the walk stops at the first that is not idle long enough),
+ * then the least recently used kernels beyond max_kernels are evicted.
+ * Entries with a running or queued cell are never touched.
+ */
+
+static void
+ngx_http_hermes_registry_sweep_locked(ngx_http_hermes_zone_t *zone,
+    ngx_http_hermes_victims_t *victims, ngx_uint_t full)
+{
+    uint64_t                 now;
+    ngx_queue_t             *q, *prev;
+    ngx_http_hermes_node_t  *kn;
+
+    now = ngx_http_hermes_now_ms();
+
+    if (full) {
+        for (q = ngx_queue_head(&zone->sh->lru);
+             q != ngx_queue_sentinel(&zone->sh->lru);
+             q = ngx_queue_next(q))
+        {
+            kn = ngx_queue_data(q, ngx_http_hermes_node_t, queue);
+
+            if (ngx_http_hermes_pending(kn)) {
+                ngx_http_hermes_registry_reclaim(zone, kn, victims, now);
+            }
+        }
+    }
+
+    for (q = ngx_queue_last(&zone->sh->lru);
+         q != ngx_queue_sentinel(&zone->sh->lru);
+         q = prev)
+    {
+        prev = ngx_queue_prev(q);
+        kn = ngx_queue_data(q, ngx_http_hermes_node_t, queue);
+
+        if (ngx_http_hermes_pending(kn)) {
+            continue;
+        }
+
+        /* workers' clocks differ by a tick: compare signed */
+        if ((int64_t) (now - kn->last_used) < (int64_t) zone->idle_timeout) {
+            break;
+        }
+
+        if (kn->state != NGX_HTTP_HERMES_STATE_LOST) {
+            zone->sh->evicted_idle_total++;
+        }
+
+        if (ngx_http_hermes_registry_evict(zone, kn, victims) != NGX_OK) {
+            return;
+        }
+    }
+
+    while (zone->sh->kernels > zone->max_kernels) {
+        if (!ngx_http_hermes_registry_evict_lru(zone, victims, 0)) {
+            break;
+        }
+    }
+}
+
+
+/*
+ * A turn whose worker died is never ended by it: a claimed one is ended
+ * here (a spawn in progress leaves nothing worth keeping), and an unclaimed
+ * one that nobody took within a second belonged to a dead waiter.
+ */
+
+static void
+ngx_http_hermes_registry_reclaim(ngx_http_hermes_zone_t *zone,
+    ngx_http_hermes_node_t *kn, ngx_http_hermes_victims_t *victims,
+    uint64_t now)
+{
+    ngx_http_hermes_victim_t  *v;
+
+    if (kn->claimed) {
+        if (kn->holder == ngx_pid
+            || kill(kn->holder, 0) == 0 || ngx_errno != ESRCH)
+        {
+            return;
+        }
+
+        ngx_log_error(NGX_LOG_WARN, ngx_cycle->log, 0,
+                      "hermes: worker %P died holding kernel %*s, reclaimed",
+                      kn->holder, (size_t) NGX_HTTP_HERMES_ID_LEN,
+                      kn->kernel_id);
+
+        if (kn->state == NGX_HTTP_HERMES_STATE_SPAWNING) {
+            if (victims->n == NGX_HTTP_HERMES_VICTIMS) {
+                return;
+            }
+
+            v = &victims->v[victims->n++];
+            v->dir_len = ngx_min(kn->dir_len, NGX_HTTP_HERMES_DIR_MAX - 1);
+            ngx_memcpy(v->dir, ngx_http_hermes_node_dir(kn), v->dir_len);
+            v->dir[v->dir_len] = '\0';
+            v->pid = 0;
+
+            ngx_http_hermes_registry_set_state(zone, kn,
+                                               NGX_HTTP_HERMES_STATE_LOST);
+            kn->had_kernel = 0;
+
+        } else {
+            /* the kernel finishes that cell on its own; the next waits */
+            ngx_http_hermes_registry_set_state(zone, kn,
+                                               NGX_HTTP_HERMES_STATE_IDLE);
+        }
+
+        ngx_http_hermes_registry_end_turn(zone, kn);
+        return;
+    }
+
+    if ((int64_t) (now - kn->turn_at) > 1000) {
+        kn->ticket_serving++;
+        kn->turn_at = now;
+    }
+}
+
+
+void
+ngx_http_hermes_registry_sweep(ngx_http_hermes_zone_t *zone,
+    ngx_http_hermes_victims_t *victims, ngx_uint_t full)
+{
+    ngx_shmtx_lock(&zone->shpool->mutex);
+    ngx_http_hermes_registry_sweep_locked(zone, victims, full);
+    ngx_shmtx_unlock(&zone->shpool->mutex);
+}
+
+
+/* the owner's kernels, copied out for listing */
+
+ngx_int_t
+ngx_http_hermes_registry_list(ngx_http_hermes_zone_t *zone, ngx_str_t *owner,
+    ngx_array_t *out)
+{
+    u_char                      *p;
+    uint64_t                     now;
+    ngx_queue_t                 *q;
+    ngx_http_hermes_node_t      *kn;
+    ngx_http_hermes_listing_t   *l;
+
+    now = ngx_http_hermes_now_ms();
+
+    ngx_shmtx_lock(&zone->shpool->mutex);
+
+    for (q = ngx_queue_head(&zone->sh->lru);
+         q != ngx_queue_sentinel(&zone->sh->lru);
+         q = ngx_queue_next(q))
+    {
+        kn = ngx_queue_data(q, ngx_http_hermes_node_t, queue);
+
+        if (kn->state == NGX_HTTP_HERMES_STATE_LOST
+            || kn->owner_len != owner->len
+            || ngx_memcmp(kn->data, owner->data, owner->len) != 0)
+        {
+            continue;
+        }
+
+        l = ngx_array_push(out);
+        if (l == NULL) {
+            ngx_shmtx_unlock(&zone->shpool->mutex);
+            return NGX_ERROR;
+        }
+
+        /* key: owner \0 backend-tag \0 session */
+        p = kn->data + kn->owner_len + 1 + NGX_HTTP_HERMES_BACKEND_TAG_LEN + 1;
+
+        l->session.len = kn->data + kn->key_len - p;
+        l->session.data = ngx_pnalloc(out->pool, l->session.len);
+        if (l->session.data == NULL) {
+            ngx_shmtx_unlock(&zone->shpool->mutex);
+            return NGX_ERROR;
+        }
+
+        ngx_memcpy(l->session.data, p, l->session.len);
+        ngx_memcpy(l->kernel_id, kn->kernel_id, NGX_HTTP_HERMES_ID_LEN);
+
+        l->state = kn->state;
+        l->execution_count = kn->execution_count;
+        l->created = kn->created;
+        l->last_used = kn->last_used;
+        l->running_for = (kn->state == NGX_HTTP_HERMES_STATE_RUNNING)
+                         ? now - kn->turn_at : 0;
+    }
+
+    ngx_shmtx_unlock(&zone->shpool->mutex);
+
+    return NGX_OK;
+}
+
+
+/*
+ * Shut down the owner's kernels of a session: NGX_OK, NGX_DECLINED (none),
+ * NGX_BUSY (a cell runs or waits, and not forced).
+ */
+
+ngx_int_t
+ngx_http_hermes_registry_shutdown(ngx_http_hermes_zone_t *zone,
+    ngx_str_t *owner, ngx_str_t *session, ngx_uint_t force,
+    ngx_http_hermes_victims_t *victims)
+{
+    u_char                  *p;
+    ngx_int_t                rc;
+    ngx_uint_t               pass;
+    ngx_queue_t             *q, *next;
+    ngx_http_hermes_node_t  *kn;
+
+    rc = NGX_DECLINED;
+
+    ngx_shmtx_lock(&zone->shpool->mutex);
+
+    /* pass 0 looks for running cells, pass 1 removes */
+
+    for (pass = force ? 1 : 0; pass < 2; pass++) {
+
+        for (q = ngx_queue_head(&zone->sh->lru);
+             q != ngx_queue_sentinel(&zone->sh->lru);
+             q = next)
+        {
+            next = ngx_queue_next(q);
+            kn = ngx_queue_data(q, ngx_http_hermes_node_t, queue);
+
+            p = kn->data + kn->owner_len + 1
+                + NGX_HTTP_HERMES_BACKEND_TAG_LEN + 1;
+
+            if (kn->state == NGX_HTTP_HERMES_STATE_LOST
+                || kn->owner_len != owner->len
+                || ngx_memcmp(kn->data, owner->data, owner->len) != 0
+                || (size_t) (kn->data + kn->key_len - p) != session->len
+                || ngx_memcmp(p, session->data, session->len) != 0)
+            {
+                continue;
+            }
+
+            if (pass == 0) {
+                if (ngx_http_hermes_pending(kn)) {
+                    ngx_shmtx_unlock(&zone->shpool->mutex);
+                    return NGX_BUSY;
+                }
+
+                continue;
+            }
+
+            if (ngx_http_hermes_registry_evict(zone, kn, victims) == NGX_OK) {
+                rc = NGX_OK;
+            }
+        }
+    }
+
+    ngx_shmtx_unlock(&zone->shpool->mutex);
+
+    return rc;
+}
+
+
+void
+ngx_http_hermes_registry_stats(ngx_http_hermes_zone_t *zone,
+    ngx_http_hermes_stats_t *st)
+{
+    ngx_uint_t               i;
+    ngx_queue_t             *q;
+    ngx_http_hermes_sh_t    *sh;
+    ngx_http_hermes_node_t  *kn;
+
+    sh = zone->sh;
+
+    ngx_shmtx_lock(&zone->shpool->mutex);
+
+    st->kernels = sh->kernels;
+    st->running = 0;
+
+    for (q = ngx_queue_head(&sh->lru);
+         q != ngx_queue_sentinel(&sh->lru);
+         q = ngx_queue_next(q))
+    {
+        kn = ngx_queue_data(q, ngx_http_hermes_node_t, queue);
+
+        if (kn->state == NGX_HTTP_HERMES_STATE_RUNNING) {
+            st->running++;
+        }
+    }
+
+    st->spawned_total = sh->spawned_total;
+    st->spawn_failures_total = sh->spawn_failures_total;
+    st->evicted_idle_total = sh->evicted_idle_total;
+    st->evicted_cap_total = sh->evicted_cap_total;
+    st->killed_timeout_total = sh->killed_timeout_total;
+    st->tool_calls_total = sh->tool_calls_total;
+
+    for (i = 0; i < NGX_HTTP_HERMES_CELL_NSTATUS; i++) {
+        st->cells_total[i] = sh->cells_total[i];
+    }
+
+    for (i = 0; i < NGX_HTTP_HERMES_RPC_NREJECT; i++) {
+        st->rpc_rejected_total[i] = sh->rpc_rejected_total[i];
+    }
+
+    st->zone_bytes_total = zone->shm_zone->shm.size;
+    st->zone_bytes_used = zone->shm_zone->shm.size
+                          - zone->shpool->pfree * ngx_pagesize;
+
+    ngx_shmtx_unlock(&zone->shpool->mutex);
+}

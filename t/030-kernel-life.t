@@ -72,9 +72,20 @@ $r = $t->execute('/v1/execute', { session => 'dies', code => "z = 1" });
 $kid = $r->{result}{kernel}{kernel_id};
 $pid = runner_pid($kid);
 kill 'KILL', $pid;
-ok(wait_until(sub { !pid_alive($pid) }, 5), 'kernel killed from outside');
+# dead means every thread gone (they hold the files), not just the leader
+sub all_threads_gone {
+    my ($pid) = @_;
+    for my $stat (glob "/proc/$pid/task/*/stat") {
+        open my $fh, '<', $stat or next;
+        my $line = <$fh> // next;
+        return 0 unless $line =~ /\) [ZX] /;
+    }
+    return 1;
+}
+ok(wait_until(sub { !pid_alive($pid) && all_threads_gone($pid) }, 5),
+    'kernel killed from outside');
 $r = $t->execute('/v1/execute', { session => 'dies', code => "print('z' in globals())" });
-is($r->{result}{status}, 'success', 'dead kernel replaced');
+is($r->{result}{status}, 'success', 'dead kernel replaced') or diag explain $r->{events};
 is($r->{result}{kernel}{state_lost}, JSON::PP::true, 'replaced: state_lost');
 is($r->{result}{output}, "False\n", 'replaced: fresh state');
 
