@@ -15,7 +15,7 @@ static ngx_http_output_body_filter_pt    ngx_http_next_body_filter;
 
 
 static ngx_int_t ngx_http_hermes_owner(ngx_http_request_t *r,
-    ngx_str_t *owner);
+    ngx_str_t *owner, ngx_int_t *rc);
 static void ngx_http_hermes_execute_body(ngx_http_request_t *r);
 static ngx_int_t ngx_http_hermes_send_buf(ngx_http_request_t *r,
     ngx_uint_t status, const char *type, ngx_buf_t *b);
@@ -89,8 +89,7 @@ ngx_http_hermes_execute_body(ngx_http_request_t *r)
 
     hlcf = ngx_http_get_module_loc_conf(r, ngx_http_hermes_module);
 
-    rc = ngx_http_hermes_owner(r, &owner);
-    if (rc != NGX_OK) {
+    if (ngx_http_hermes_owner(r, &owner, &rc) != NGX_OK) {
         ngx_http_finalize_request(r, rc);
         return;
     }
@@ -140,10 +139,13 @@ ngx_http_hermes_execute_body(ngx_http_request_t *r)
 }
 
 
-/* who the caller is; an error status has been answered when not NGX_OK */
+/*
+ * Who the caller is.  NGX_DECLINED: there is none, the answer is under
+ * way and *rc is what the handler returns for it.
+ */
 
 static ngx_int_t
-ngx_http_hermes_owner(ngx_http_request_t *r, ngx_str_t *owner)
+ngx_http_hermes_owner(ngx_http_request_t *r, ngx_str_t *owner, ngx_int_t *rc)
 {
     ngx_http_hermes_loc_conf_t  *hlcf;
 
@@ -155,19 +157,22 @@ ngx_http_hermes_owner(ngx_http_request_t *r, ngx_str_t *owner)
     }
 
     if (ngx_http_complex_value(r, hlcf->owner, owner) != NGX_OK) {
-        return NGX_HTTP_INTERNAL_SERVER_ERROR;
+        *rc = NGX_HTTP_INTERNAL_SERVER_ERROR;
+        return NGX_DECLINED;
     }
 
     if (owner->len == 0) {
-        return ngx_http_hermes_send_error(r, NGX_HTTP_UNAUTHORIZED,
-                                          "unauthorized",
-                                          "no owner for this request");
+        *rc = ngx_http_hermes_send_error(r, NGX_HTTP_UNAUTHORIZED,
+                                         "unauthorized",
+                                         "no owner for this request");
+        return NGX_DECLINED;
     }
 
     if (owner->len > NGX_HTTP_HERMES_OWNER_MAX) {
-        return ngx_http_hermes_send_error(r, NGX_HTTP_BAD_REQUEST,
-                                          "invalid_owner",
-                                          "the owner is over 128 bytes");
+        *rc = ngx_http_hermes_send_error(r, NGX_HTTP_BAD_REQUEST,
+                                         "invalid_owner",
+                                         "the owner is over 128 bytes");
+        return NGX_DECLINED;
     }
 
     return NGX_OK;
@@ -498,8 +503,7 @@ ngx_http_hermes_kernels_handler(ngx_http_request_t *r)
                                           "use GET or DELETE");
     }
 
-    rc = ngx_http_hermes_owner(r, &owner);
-    if (rc != NGX_OK) {
+    if (ngx_http_hermes_owner(r, &owner, &rc) != NGX_OK) {
         return rc;
     }
 

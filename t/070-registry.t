@@ -1,0 +1,186 @@
+#!/usr/bin/perl
+# The registry: the cap never evicts a running kernel, one spawn per key,
+# the queue limit, owner isolation on list/delete/execute, the counters.
+
+use strict;
+use warnings;
+
+use Test::More;
+use Time::HiRes qw(time sleep);
+
+use Hermes::Test;
+
+my $t = Hermes::Test->new;
+$t->write_conf(<<'CONF');
+    hermes_zone kernels:1m max_kernels=2 idle_timeout=10m sweep=500ms;
+    hermes_backend local root=%%KROOT%%;
+
+    server {
+        listen 127.0.0.1:%%PORT_0%%;
+
+        location = /v1/execute {
+            hermes_execute;
+            hermes_owner $http_x_owner;
+            hermes_queue 1;
+        }
+
+        location /v1/kernels {
+            hermes_kernels;
+            hermes_owner $http_x_owner;
+        }
+
+        location = /v1/status {
+            hermes_status;
+        }
+    }
+CONF
+$t->run;
+
+my %alice = (headers => { 'X-Owner' => 'alice' });
+my %bob = (headers => { 'X-Owner' => 'bob' });
+
+sub run_cell { my ($s, $code, %o) = @_; $t->execute('/v1/execute', { session => $s, code => $code }, %alice, %o) }
+sub status { $t->http('GET', '/v1/status')->{json} }
+sub dir_of { my ($k) = @_; $t->kroot . "/hermes_rkernel_$k" }
+sub runner_pid {
+    my ($kid) = @_;
+    for my $pid (procs_matching(qr/kernel_runner\.py/)) {
+        return $pid if (readlink("/proc/$pid/cwd") // '') =~ /$kid$/;
+    }
+    return undef;
+}
+
+# --- cap 2, three sessions, one mid-cell: the running one survives, the LRU
+#     idle one goes
+
+my $kA = run_cell('A', "a = 1")->{result}{kernel}{kernel_id};
+my $kB = run_cell('B', "b = 1")->{result}{kernel}{kernel_id};
+my $pidB = runner_pid($kB);
+my $long = $t->execute_async('/v1/execute', { session => 'A',
+    code => "import time\ntime.sleep(2)\nprint(a)" }, %alice);
+ok(wait_until(sub { (status()->{running} // 0) == 1 }, 5), 'A is mid-cell');
+
+# A is the least recently used kernel, but it is running: B goes
+my $r = run_cell('C', "c = 1");
+is($r->{result}{status}, 'success', 'third session runs');
+my $kC = $r->{result}{kernel}{kernel_id};
+ok(wait_until(sub { !pid_alive($pidB) }, 5), 'the LRU idle kernel (B) was killed');
+ok(wait_until(sub { !-d dir_of($kB) }, 5), 'and its directory removed');
+ok(-d dir_of($kA), 'the running kernel (A) is still there');
+$r = $long->wait;
+is($r->{result}{output}, "1\n", 'the running cell finished on its kernel');
+is(status()->{evicted_cap_total}, 1, 'evicted_cap_total 1');
+is(status()->{kernels}, 2, 'back at the cap');
+
+$r = run_cell('B', "print('b' in globals())");
+is($r->{result}{output}, "False\n", 'the evicted session starts afresh');
+
+# --- all running: the registry goes over the cap while they run, and comes
+#     back under it once they end
+
+my @bg = map { $t->execute_async('/v1/execute', { session => "run$_",
+    code => "import time\ntime.sleep(1.5)\nprint('done')" }, %alice) } 1 .. 3;
+ok(wait_until(sub { (status()->{running} // 0) == 3 }, 10), 'three running at once');
+is(status()->{kernels}, 3, 'over the cap while they run (3 > 2)');
+is($_->wait->{result}{output}, "done\n", 'a running cell over the cap finished') for @bg;
+ok(wait_until(sub { status()->{kernels} == 2 }, 5), 'back under the cap after the sweep');
+
+# --- two concurrent first requests for one key spawn exactly one kernel
+
+my $spawned = status()->{spawned_total};
+my @first = map { $t->execute_async('/v1/execute', { session => 'twin',
+    code => "import os\nprint(os.getpid())" }, %alice) } 1 .. 2;
+my @res = map { $_->wait } @first;
+is($res[0]{result}{status}, 'success', 'first of two: success');
+is($res[1]{result}{status}, 'success', 'second of two: success');
+is($res[0]{result}{kernel}{kernel_id}, $res[1]{result}{kernel}{kernel_id}, 'one kernel for both');
+is(status()->{spawned_total}, $spawned + 1, 'spawned_total moved by one');
+is(join(',', sort map { $_->{result}{kernel}{reused} ? 1 : 0 } @res), '0,1',
+    'one spawned it, the other reused it');
+
+# --- cells of one kernel run one at a time; past hermes_queue: 429
+
+my $q1 = $t->execute_async('/v1/execute', { session => 'busy',
+    code => "import time\nt0 = time.time()\ntime.sleep(1.5)" }, %alice);
+ok(wait_until(sub { (status()->{running} // 0) >= 1 }, 5), 'busy kernel running');
+sleep 0.3;
+my $q2 = $t->execute_async('/v1/execute', { session => 'busy',
+    code => "import time\nprint(round(time.time() - t0, 1) >= 1.4)" }, %alice);
+sleep 0.5;
+$r = run_cell('busy', "1");
+is($r->{status}, 429, 'queue full: 429');
+is($r->{json}{error}{code}, 'queue_full', 'queue_full');
+is($r->{headers}{'retry-after'}, '1', 'Retry-After');
+is($q1->wait->{result}{status}, 'success', 'the running cell finished');
+is($q2->wait->{result}{output}, "True\n", 'the queued cell ran after it, in order');
+
+# --- owners: one never sees, runs on or shuts down another's kernel
+
+$r = run_cell('shared-name', "secret = 'alice'");
+my $kAlice = $r->{result}{kernel}{kernel_id};
+
+my $list = $t->http('GET', '/v1/kernels', headers => { 'X-Owner' => 'alice' })->{json};
+my ($entry) = grep { $_->{session} eq 'shared-name' } @{ $list->{kernels} };
+ok($entry, 'alice lists her kernel');
+is($entry->{kernel_id}, $kAlice, 'listing: kernel id');
+is($entry->{state}, 'idle', 'listing: state');
+is($entry->{backend}, 'local', 'listing: backend');
+ok($entry->{host}, 'listing: host');
+is($entry->{execution_count}, 1, 'listing: execution_count');
+
+$list = $t->http('GET', '/v1/kernels', headers => { 'X-Owner' => 'bob' })->{json};
+is_deeply($list->{kernels}, [], 'bob sees none of them');
+
+$r = $t->http('DELETE', '/v1/kernels/shared-name', headers => { 'X-Owner' => 'bob' });
+is($r->{status}, 404, "bob can't delete alice's kernel: 404");
+
+$r = $t->execute('/v1/execute', { session => 'shared-name', code => "print(globals().get('secret'))" }, %bob);
+is($r->{result}{output}, "None\n", "bob's cell runs on his own kernel");
+isnt($r->{result}{kernel}{kernel_id}, $kAlice, 'a different kernel');
+$r = run_cell('shared-name', "print(secret)");
+is($r->{result}{output}, "alice\n", "alice's kernel kept her state");
+
+$r = $t->http('GET', '/v1/kernels');
+is($r->{status}, 401, 'no owner: 401');
+
+# --- delete: 409 while a cell runs, ?force=1 kills it anyway, 204
+
+my $pidAlice = runner_pid($kAlice);
+my $running = $t->execute_async('/v1/execute', { session => 'shared-name',
+    code => "import time\ntime.sleep(5)" }, %alice);
+ok(wait_until(sub {
+    my $l = $t->http('GET', '/v1/kernels', %alice)->{json};
+    grep { $_->{session} eq 'shared-name' && $_->{state} eq 'running' } @{ $l->{kernels} };
+}, 5), 'listing shows it running');
+$r = $t->http('DELETE', '/v1/kernels/shared-name', %alice);
+is($r->{status}, 409, 'delete while running: 409');
+is($r->{json}{error}{code}, 'cell_running', 'cell_running');
+my $t0 = time;
+$r = $t->http('DELETE', '/v1/kernels/shared-name?force=1', %alice);
+is($r->{status}, 204, 'forced delete: 204');
+$r = $running->wait;
+is($r->{result}{status}, 'error', 'the killed cell ends with an error');
+ok(time - $t0 < 3, 'at once, not at its end');
+ok(wait_until(sub { !pid_alive($pidAlice) }, 5), 'kernel process killed');
+ok(wait_until(sub { !-d dir_of($kAlice) }, 5), 'kernel directory removed');
+$r = $t->http('DELETE', '/v1/kernels/shared-name', %alice);
+is($r->{status}, 404, 'gone: 404');
+
+# --- counters and formats
+
+my $st = status();
+ok($st->{cells_total}{success} >= 10, 'cells_total{success} counted');
+ok($st->{cells_total}{error} >= 1, 'cells_total{error} counted');
+is($st->{max_kernels}, 2, 'max_kernels');
+ok($st->{zone_bytes_used} > 0 && $st->{zone_bytes_used} <= $st->{zone_bytes_total},
+    'zone bytes');
+ok(exists $st->{rpc_rejected_total}{bad_token}, 'rpc_rejected_total by reason');
+$r = $t->http('GET', '/v1/status?format=prometheus');
+like($r->{headers}{'content-type'}, qr{^text/plain}, 'prometheus content type');
+like($r->{content}, qr/^hermes_kernels\{zone="kernels"\} \d+$/m, 'prometheus gauge');
+like($r->{content}, qr/^hermes_cells_total\{zone="kernels",status="success"\} \d+$/m,
+    'prometheus labelled counter');
+like($r->{content}, qr/^# TYPE hermes_spawned_total counter$/m, 'prometheus TYPE lines');
+
+$t->stop;
+done_testing;
