@@ -14,6 +14,7 @@ my $t = Hermes::Test->new;
 $t->write_conf(<<'CONF');
     hermes_zone kernels:1m max_kernels=2 idle_timeout=10m sweep=500ms;
     hermes_backend local root=%%KROOT%%;
+    log_format hermes '$hermes_session $hermes_kernel_id $hermes_cell_status $hermes_cell_ms';
 
     server {
         listen 127.0.0.1:%%PORT_0%%;
@@ -22,6 +23,7 @@ $t->write_conf(<<'CONF');
             hermes_execute;
             hermes_owner $http_x_owner;
             hermes_queue 1;
+            access_log %%PREFIX%%/logs/hermes.log hermes;
         }
 
         location /v1/kernels {
@@ -181,6 +183,13 @@ like($r->{content}, qr/^hermes_kernels\{zone="kernels"\} \d+$/m, 'prometheus gau
 like($r->{content}, qr/^hermes_cells_total\{zone="kernels",status="success"\} \d+$/m,
     'prometheus labelled counter');
 like($r->{content}, qr/^# TYPE hermes_spawned_total counter$/m, 'prometheus TYPE lines');
+
+# --- access log variables
+
+open my $log, '<', $t->prefix . '/logs/hermes.log' or die;
+my @lines = <$log>;
+ok((grep { /^A $kA success \d+$/ } @lines), 'access log: session, kernel id, status, ms');
+ok((grep { /^busy - - -$/ } @lines), 'access log: the 429 has a session, no kernel, no cell');
 
 $t->stop;
 done_testing;
