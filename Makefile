@@ -16,7 +16,8 @@ PKGS       := nginx nginx-dev libssh-dev libyajl-dev libsodium-dev \
               curl perl gcc make
 
 SRCS       := config ngx_hermes_module.c $(wildcard src/*.c src/*.h)
-REMOTE_PY  := src/remote/kernel_runner.py src/remote/hermes_tools.py
+REMOTE_PY  := src/remote/kernel_runner.py src/remote/hermes_tools.py \
+              src/remote/hermes_relay.py
 GEN        := build/gen/ngx_hermes_remote.c
 
 MODULE      = build/ngx_http_hermes_module.so

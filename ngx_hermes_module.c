@@ -24,8 +24,10 @@ static char *ngx_http_hermes_backend(ngx_conf_t *cf, ngx_command_t *cmd,
     void *conf);
 static char *ngx_http_hermes_content(ngx_conf_t *cf, ngx_command_t *cmd,
     void *conf);
-static ngx_http_hermes_backend_conf_t *ngx_http_hermes_backend_local(
-    ngx_conf_t *cf, ngx_str_t *root);
+static ngx_http_hermes_backend_conf_t *ngx_http_hermes_backend_create(
+    ngx_conf_t *cf, ngx_uint_t type, ngx_str_t *root);
+static void ngx_http_hermes_backend_tag(ngx_http_hermes_backend_conf_t *bcf,
+    ngx_str_t *spec);
 
 
 static char  *ngx_http_hermes_handler_names[] = {
@@ -189,7 +191,7 @@ ngx_http_hermes_init_process(ngx_cycle_t *cycle)
         return NGX_OK;
     }
 
-    if (ngx_http_hermes_kernel_init_process(cycle, &hmcf->zones) != NGX_OK) {
+    if (ngx_http_hermes_kernel_init_process(cycle, hmcf) != NGX_OK) {
         return NGX_ERROR;
     }
 
@@ -201,6 +203,7 @@ static void
 ngx_http_hermes_exit_process(ngx_cycle_t *cycle)
 {
     ngx_http_hermes_cell_exit_process(cycle);
+    ngx_http_hermes_kernel_exit_process(cycle);
 }
 
 
@@ -215,7 +218,10 @@ ngx_http_hermes_create_main_conf(ngx_conf_t *cf)
     }
 
     if (ngx_array_init(&hmcf->zones, cf->pool, 2, sizeof(ngx_shm_zone_t *))
-        != NGX_OK)
+        != NGX_OK
+        || ngx_array_init(&hmcf->backends, cf->pool, 4,
+                          sizeof(ngx_http_hermes_backend_conf_t *))
+           != NGX_OK)
     {
         return NULL;
     }
@@ -287,7 +293,9 @@ ngx_http_hermes_merge_loc_conf(ngx_conf_t *cf, void *parent, void *child)
     if (conf->backend == NULL) {
         ngx_str_set(&root, "/tmp");
 
-        conf->backend = ngx_http_hermes_backend_local(cf, &root);
+        conf->backend = ngx_http_hermes_backend_create(cf,
+                                               NGX_HTTP_HERMES_BACKEND_LOCAL,
+                                               &root);
         if (conf->backend == NULL) {
             return NGX_CONF_ERROR;
         }
@@ -507,15 +515,24 @@ ngx_http_hermes_zone(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
 }
 
 
-/* hermes_backend local [root=PATH] */
+/*
+ * hermes_backend local [root=PATH];
+ * hermes_backend ssh host=HOST[:PORT] [host=...] user=NAME identity=FILE
+ *                known_hosts=FILE [root=PATH] [connect_timeout=TIME];
+ */
 
 static char *
 ngx_http_hermes_backend(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
 {
     ngx_http_hermes_loc_conf_t *hlcf = conf;
 
-    ngx_str_t   *value, root;
-    ngx_uint_t   i;
+    u_char                           *p, *host;
+    ngx_int_t                         port;
+    ngx_str_t                        *value, root, name, v;
+    ngx_uint_t                        i, type;
+    ngx_file_info_t                   fi;
+    ngx_http_hermes_ssh_host_t      **h;
+    ngx_http_hermes_backend_conf_t    ssh;
 
     if (hlcf->backend) {
         return "is duplicate";
@@ -523,14 +540,30 @@ ngx_http_hermes_backend(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
 
     value = cf->args->elts;
 
-    if (ngx_strcmp(value[1].data, "local") != 0) {
+    if (ngx_strcmp(value[1].data, "local") == 0) {
+        type = NGX_HTTP_HERMES_BACKEND_LOCAL;
+
+    } else if (ngx_strcmp(value[1].data, "ssh") == 0) {
+        type = NGX_HTTP_HERMES_BACKEND_SSH;
+
+    } else {
         ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
-                           "unknown hermes_backend \"%V\": \"local\" expected",
-                           &value[1]);
+                           "unknown hermes_backend \"%V\": \"local\" or "
+                           "\"ssh\" expected", &value[1]);
         return NGX_CONF_ERROR;
     }
 
     ngx_str_set(&root, "/tmp");
+    ngx_memzero(&ssh, sizeof(ngx_http_hermes_backend_conf_t));
+    ssh.connect_timeout = 10000;
+
+    if (type == NGX_HTTP_HERMES_BACKEND_SSH) {
+        ssh.hosts = ngx_array_create(cf->pool, 2,
+                                     sizeof(ngx_http_hermes_ssh_host_t *));
+        if (ssh.hosts == NULL) {
+            return NGX_CONF_ERROR;
+        }
+    }
 
     for (i = 2; i < cf->args->nelts; i++) {
 
@@ -540,26 +573,186 @@ ngx_http_hermes_backend(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
             continue;
         }
 
+        if (type != NGX_HTTP_HERMES_BACKEND_SSH) {
+            goto invalid;
+        }
+
+        if (ngx_strncmp(value[i].data, "host=", 5) == 0) {
+            name.data = value[i].data + 5;
+            name.len = value[i].len - 5;
+
+            p = ngx_strlchr(name.data, name.data + name.len, ':');
+            port = 22;
+
+            if (p) {
+                port = ngx_atoi(p + 1, name.data + name.len - p - 1);
+                if (port < 1 || port > 65535) {
+                    ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                                       "invalid hermes_backend host \"%V\": "
+                                       "bad port", &name);
+                    return NGX_CONF_ERROR;
+                }
+            }
+
+            v.data = name.data;
+            v.len = (p ? p : name.data + name.len) - name.data;
+
+            if (v.len == 0 || ssh.hosts->nelts == 64) {
+                ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                                   "invalid hermes_backend host \"%V\"",
+                                   &name);
+                return NGX_CONF_ERROR;
+            }
+
+            host = ngx_pstrdup(cf->pool, &v);
+            p = ngx_pnalloc(cf->pool, v.len + 1);
+            if (host == NULL || p == NULL) {
+                return NGX_CONF_ERROR;
+            }
+
+            ngx_memcpy(p, host, v.len);
+            p[v.len] = '\0';
+
+            h = ngx_array_push(ssh.hosts);
+            if (h == NULL) {
+                return NGX_CONF_ERROR;
+            }
+
+            *h = ngx_http_hermes_ssh_host_create(cf->pool, &v, p, port);
+            if (*h == NULL) {
+                return NGX_CONF_ERROR;
+            }
+
+            continue;
+        }
+
+        if (ngx_strncmp(value[i].data, "user=", 5) == 0) {
+            ssh.user.data = value[i].data + 5;
+            ssh.user.len = value[i].len - 5;
+            continue;
+        }
+
+        if (ngx_strncmp(value[i].data, "identity=", 9) == 0) {
+            ssh.identity.data = value[i].data + 9;
+            ssh.identity.len = value[i].len - 9;
+            continue;
+        }
+
+        if (ngx_strncmp(value[i].data, "known_hosts=", 12) == 0) {
+            ssh.known_hosts.data = value[i].data + 12;
+            ssh.known_hosts.len = value[i].len - 12;
+            continue;
+        }
+
+        if (ngx_strncmp(value[i].data, "connect_timeout=", 16) == 0) {
+            v.data = value[i].data + 16;
+            v.len = value[i].len - 16;
+
+            ssh.connect_timeout = ngx_parse_time(&v, 0);
+
+            if (ssh.connect_timeout == (ngx_msec_t) NGX_ERROR
+                || ssh.connect_timeout < 1000)
+            {
+                ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                                   "invalid hermes_backend connect_timeout "
+                                   "\"%V\": a time of at least 1s expected",
+                                   &v);
+                return NGX_CONF_ERROR;
+            }
+
+            continue;
+        }
+
+    invalid:
+
         ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
                            "invalid hermes_backend parameter \"%V\"",
                            &value[i]);
         return NGX_CONF_ERROR;
     }
 
-    hlcf->backend = ngx_http_hermes_backend_local(cf, &root);
+    hlcf->backend = ngx_http_hermes_backend_create(cf, type, &root);
     if (hlcf->backend == NULL) {
         return NGX_CONF_ERROR;
     }
+
+    if (type == NGX_HTTP_HERMES_BACKEND_LOCAL) {
+        return NGX_CONF_OK;
+    }
+
+    if (ssh.hosts->nelts == 0 || ssh.user.len == 0 || ssh.identity.len == 0
+        || ssh.known_hosts.len == 0)
+    {
+        ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                           "hermes_backend ssh needs host=, user=, "
+                           "identity= and known_hosts=");
+        return NGX_CONF_ERROR;
+    }
+
+    /* the files must be there now: a typo should fail nginx -t */
+
+    if (ngx_file_info(ssh.identity.data, &fi) == NGX_FILE_ERROR) {
+        ngx_conf_log_error(NGX_LOG_EMERG, cf, ngx_errno,
+                           "hermes_backend identity \"%V\"", &ssh.identity);
+        return NGX_CONF_ERROR;
+    }
+
+    if (ngx_file_info(ssh.known_hosts.data, &fi) == NGX_FILE_ERROR) {
+        ngx_conf_log_error(NGX_LOG_EMERG, cf, ngx_errno,
+                           "hermes_backend known_hosts \"%V\"",
+                           &ssh.known_hosts);
+        return NGX_CONF_ERROR;
+    }
+
+    hlcf->backend->hosts = ssh.hosts;
+    hlcf->backend->user = ssh.user;
+    hlcf->backend->identity = ssh.identity;
+    hlcf->backend->known_hosts = ssh.known_hosts;
+    hlcf->backend->connect_timeout = ssh.connect_timeout;
+
+    /* the tag: every argument that makes this a different place */
+
+    p = ngx_pnalloc(cf->pool, 1024);
+    if (p == NULL) {
+        return NGX_CONF_ERROR;
+    }
+
+    v.data = p;
+    p = ngx_slprintf(p, v.data + 1024, "ssh %V@%V", &ssh.user, &root);
+
+    h = ssh.hosts->elts;
+    for (i = 0; i < ssh.hosts->nelts; i++) {
+        p = ngx_slprintf(p, v.data + 1024, " %V",
+                         ngx_http_hermes_ssh_host_name(h[i]));
+    }
+
+    v.len = p - v.data;
+
+    ngx_http_hermes_backend_tag(hlcf->backend, &v);
 
     return NGX_CONF_OK;
 }
 
 
-static ngx_http_hermes_backend_conf_t *
-ngx_http_hermes_backend_local(ngx_conf_t *cf, ngx_str_t *root)
+static void
+ngx_http_hermes_backend_tag(ngx_http_hermes_backend_conf_t *bcf,
+    ngx_str_t *spec)
 {
-    u_char                          *p, hash[NGX_HTTP_HERMES_BACKEND_TAG_LEN / 2];
-    ngx_http_hermes_backend_conf_t  *bcf;
+    u_char  hash[NGX_HTTP_HERMES_BACKEND_TAG_LEN / 2];
+
+    crypto_generichash(hash, sizeof(hash), spec->data, spec->len, NULL, 0);
+    ngx_hex_dump(bcf->tag, hash, sizeof(hash));
+}
+
+
+static ngx_http_hermes_backend_conf_t *
+ngx_http_hermes_backend_create(ngx_conf_t *cf, ngx_uint_t type,
+    ngx_str_t *root)
+{
+    u_char                           *p;
+    ngx_str_t                         spec;
+    ngx_http_hermes_main_conf_t      *hmcf;
+    ngx_http_hermes_backend_conf_t   *bcf, **b;
 
     while (root->len > 1 && root->data[root->len - 1] == '/') {
         root->len--;
@@ -594,12 +787,26 @@ ngx_http_hermes_backend_local(ngx_conf_t *cf, ngx_str_t *root)
         return NULL;
     }
 
-    bcf->type = NGX_HTTP_HERMES_BACKEND_LOCAL;
+    bcf->type = type;
     bcf->root = *root;
 
-    crypto_generichash(hash, sizeof(hash), root->data, root->len,
-                       (const u_char *) "local", 5);
-    ngx_hex_dump(bcf->tag, hash, sizeof(hash));
+    spec.data = ngx_pnalloc(cf->pool, root->len + sizeof("local "));
+    if (spec.data == NULL) {
+        return NULL;
+    }
+
+    spec.len = ngx_sprintf(spec.data, "local %V", root) - spec.data;
+
+    ngx_http_hermes_backend_tag(bcf, &spec);
+
+    hmcf = ngx_http_conf_get_module_main_conf(cf, ngx_http_hermes_module);
+
+    b = ngx_array_push(&hmcf->backends);
+    if (b == NULL) {
+        return NULL;
+    }
+
+    *b = bcf;
 
     return bcf;
 }

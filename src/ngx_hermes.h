@@ -42,16 +42,40 @@ extern ngx_http_hermes_remote_file_t  ngx_http_hermes_remote_files[];
 /* configuration */
 
 typedef enum {
-    NGX_HTTP_HERMES_BACKEND_LOCAL = 1
+    NGX_HTTP_HERMES_BACKEND_LOCAL = 1,
+    NGX_HTTP_HERMES_BACKEND_SSH
 } ngx_http_hermes_backend_type_e;
 
+
+typedef struct ngx_http_hermes_ssh_host_s  ngx_http_hermes_ssh_host_t;
 
 typedef struct {
     ngx_uint_t                    type;
     ngx_str_t                     root;
     /* identifies the backend in registry keys: a hash of its arguments */
     u_char                        tag[NGX_HTTP_HERMES_BACKEND_TAG_LEN];
+
+    /* ssh */
+    ngx_array_t                  *hosts;        /* ngx_http_hermes_ssh_host_t * */
+    ngx_str_t                     user;         /* NUL-terminated */
+    ngx_str_t                     identity;
+    ngx_str_t                     known_hosts;
+    ngx_msec_t                    connect_timeout;
 } ngx_http_hermes_backend_conf_t;
+
+
+/* a backend connection for one thread pool task (ssh: one session) */
+
+typedef struct {
+    ngx_http_hermes_backend_conf_t *bcf;
+    ngx_uint_t                    host;
+    struct ssh_session_struct    *session;
+    u_char                        err[256];
+    unsigned                      unavailable:1;
+} ngx_http_hermes_conn_t;
+
+/* a host that failed is skipped for new kernels this long */
+#define NGX_HTTP_HERMES_SSH_RETRY     30000
 
 
 typedef struct ngx_http_hermes_sh_s  ngx_http_hermes_sh_t;
@@ -70,6 +94,7 @@ typedef struct {
 
 typedef struct {
     ngx_array_t                   zones;        /* ngx_shm_zone_t * */
+    ngx_array_t                   backends;     /* backend_conf_t * */
 } ngx_http_hermes_main_conf_t;
 
 
@@ -168,6 +193,8 @@ typedef struct {
     u_char                        kernel_id[NGX_HTTP_HERMES_ID_LEN];
     ngx_uint_t                    state;
     ngx_uint_t                    execution_count;
+    ngx_uint_t                    host;
+    u_char                        tag[NGX_HTTP_HERMES_BACKEND_TAG_LEN];
     uint64_t                      created;
     uint64_t                      last_used;
     uint64_t                      running_for;
@@ -182,6 +209,8 @@ typedef struct {
     u_char                        dir[NGX_HTTP_HERMES_DIR_MAX];
     size_t                        dir_len;
     ngx_pid_t                     pid;
+    ngx_uint_t                    host;
+    u_char                        tag[NGX_HTTP_HERMES_BACKEND_TAG_LEN];
 } ngx_http_hermes_victim_t;
 
 typedef struct {
@@ -219,16 +248,15 @@ typedef struct {
     uint32_t                      gen;          /* tells a reused key */
 
     uint8_t                       state;
-    uint8_t                       backend_type;
+    uint8_t                       host;         /* index in the backend */
     unsigned                      claimed:1;    /* serving ticket runs */
     unsigned                      had_kernel:1; /* a lost one: state_lost */
 
     uint16_t                      key_len;
     uint16_t                      owner_len;
     uint16_t                      dir_len;
-    uint16_t                      host_len;
 
-    u_char                        data[1];      /* key, dir, host */
+    u_char                        data[1];      /* key, dir */
 } ngx_http_hermes_node_t;
 
 
@@ -244,6 +272,7 @@ typedef struct {
     u_char                        dir[NGX_HTTP_HERMES_DIR_MAX];
     size_t                        dir_len;
     ngx_pid_t                     pid;
+    ngx_uint_t                    host;
 
     uint32_t                      gen;
     uint32_t                      ticket;
@@ -287,6 +316,8 @@ ngx_int_t ngx_http_hermes_registry_shutdown(ngx_http_hermes_zone_t *zone,
     ngx_http_hermes_victims_t *victims);
 void ngx_http_hermes_registry_stats(ngx_http_hermes_zone_t *zone,
     ngx_http_hermes_stats_t *st);
+void ngx_http_hermes_registry_place(ngx_http_hermes_zone_t *zone,
+    ngx_http_hermes_kernel_ref_t *ref, ngx_http_hermes_backend_conf_t *bcf);
 ngx_int_t ngx_http_hermes_registry_poll(ngx_http_hermes_zone_t *zone,
     ngx_http_hermes_kernel_ref_t *ref, ngx_str_t *root);
 ngx_int_t ngx_http_hermes_registry_renew(ngx_http_hermes_zone_t *zone,
@@ -325,6 +356,26 @@ ngx_int_t ngx_http_hermes_local_write_file(u_char *dir, const char *name,
 ngx_int_t ngx_http_hermes_local_wake(u_char *dir, ngx_log_t *log);
 ngx_int_t ngx_http_hermes_local_wait_ready(u_char *dir, ngx_pid_t pid,
     ngx_msec_t timeout);
+ngx_int_t ngx_http_hermes_ready_pid(u_char *buf, ngx_pid_t pid);
+
+
+/* the ssh backend: sessions per worker and host, commands, cell relays */
+
+ngx_int_t ngx_http_hermes_ssh_init(void);
+ngx_http_hermes_ssh_host_t *ngx_http_hermes_ssh_host_create(ngx_pool_t *pool,
+    ngx_str_t *name, u_char *host, ngx_uint_t port);
+ngx_str_t *ngx_http_hermes_ssh_host_name(ngx_http_hermes_ssh_host_t *h);
+ngx_uint_t ngx_http_hermes_ssh_pick_host(ngx_http_hermes_backend_conf_t *bcf,
+    ngx_uint_t *count);
+void ngx_http_hermes_conn_take(ngx_http_hermes_conn_t *conn,
+    ngx_http_hermes_backend_conf_t *bcf, ngx_uint_t host);
+void ngx_http_hermes_conn_give(ngx_http_hermes_conn_t *conn);
+ngx_int_t ngx_http_hermes_ssh_exec(ngx_http_hermes_conn_t *conn,
+    ngx_http_hermes_cmd_t *cmd);
+ngx_int_t ngx_http_hermes_ssh_relay(ngx_thread_pool_t *tp,
+    ngx_http_hermes_conn_t *conn, u_char *dir, uint32_t id, ngx_pid_t pid,
+    u_char *req, size_t req_len, ngx_socket_t fd, ngx_log_t *log);
+void ngx_http_hermes_ssh_exit_process(ngx_http_hermes_backend_conf_t *bcf);
 
 
 /* kernel lifecycle: spawn and kill, in the thread pool */
@@ -338,12 +389,16 @@ ngx_int_t ngx_http_hermes_kernel_spawn(ngx_http_hermes_loc_conf_t *hlcf,
     ngx_http_hermes_zone_t *zone, ngx_http_hermes_kernel_ref_t *ref,
     ngx_pool_t *pool, ngx_http_hermes_spawn_done_pt done, void *data,
     ngx_log_t *log);
-ngx_int_t ngx_http_hermes_kernel_kill(ngx_thread_pool_t *tp, u_char *dir,
+ngx_int_t ngx_http_hermes_kernel_kill(ngx_thread_pool_t *tp,
+    ngx_http_hermes_backend_conf_t *bcf, ngx_uint_t host, u_char *dir,
     size_t dir_len, ngx_pid_t pid, ngx_log_t *log);
 void ngx_http_hermes_kernel_kill_victims(ngx_thread_pool_t *tp,
     ngx_http_hermes_victims_t *victims, ngx_log_t *log);
 ngx_int_t ngx_http_hermes_kernel_init_process(ngx_cycle_t *cycle,
-    ngx_array_t *zones);
+    ngx_http_hermes_main_conf_t *hmcf);
+void ngx_http_hermes_kernel_exit_process(ngx_cycle_t *cycle);
+ngx_int_t ngx_http_hermes_backend_exec(ngx_http_hermes_conn_t *conn,
+    ngx_http_hermes_cmd_t *cmd);
 
 
 /* JSON: requests in, results and errors out (yajl) */

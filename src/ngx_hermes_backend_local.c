@@ -331,10 +331,9 @@ ngx_int_t
 ngx_http_hermes_local_wait_ready(u_char *dir, ngx_pid_t pid,
     ngx_msec_t timeout)
 {
-    u_char           path[NGX_HTTP_HERMES_DIR_MAX + 16], buf[64], *p, *q;
+    u_char           path[NGX_HTTP_HERMES_DIR_MAX + 16], buf[64];
     ssize_t          n;
     ngx_fd_t         fd;
-    ngx_int_t        got;
     ngx_msec_t       waited, delay;
     struct timespec  ts;
 
@@ -356,20 +355,7 @@ ngx_http_hermes_local_wait_ready(u_char *dir, ngx_pid_t pid,
 
             if (n > 0) {
                 buf[n] = '\0';
-                p = (u_char *) ngx_strstr(buf, "\"pid\":");
-
-                if (p) {
-                    p += sizeof("\"pid\":") - 1;
-                    while (*p == ' ') {
-                        p++;
-                    }
-
-                    for (q = p; *q >= '0' && *q <= '9'; q++) { /* void */ }
-
-                    got = ngx_atoi(p, q - p);
-
-                    return (got == pid) ? NGX_OK : NGX_ERROR;
-                }
+                return ngx_http_hermes_ready_pid(buf, pid);
             }
         }
 
@@ -383,4 +369,31 @@ ngx_http_hermes_local_wait_ready(u_char *dir, ngx_pid_t pid,
     }
 
     return NGX_ERROR;
+}
+
+
+/* "ready" holds {"pid":N}: NGX_OK when N is the pid that was started */
+
+ngx_int_t
+ngx_http_hermes_ready_pid(u_char *buf, ngx_pid_t pid)
+{
+    u_char     *p, *q;
+    ngx_int_t   got;
+
+    p = (u_char *) ngx_strstr(buf, "\"pid\":");
+    if (p == NULL) {
+        return NGX_ERROR;
+    }
+
+    p += sizeof("\"pid\":") - 1;
+
+    while (*p == ' ') {
+        p++;
+    }
+
+    for (q = p; *q >= '0' && *q <= '9'; q++) { /* void */ }
+
+    got = ngx_atoi(p, q - p);
+
+    return (got == pid) ? NGX_OK : NGX_ERROR;
 }

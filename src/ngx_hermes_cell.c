@@ -49,6 +49,9 @@ typedef struct {
     off_t                           out_off;
     ngx_connection_t               *pidfd;
 
+    ngx_connection_t               *relay;      /* ssh: the relay's output */
+    ngx_buf_t                      *rbuf;
+
     ngx_chain_t                    *free;
     ngx_chain_t                    *busy;
 
@@ -67,6 +70,16 @@ static void ngx_http_hermes_cell_spawned(void *data, ngx_int_t rc,
     ngx_pid_t pid, const char *err);
 static ngx_int_t ngx_http_hermes_cell_spawn(ngx_http_hermes_cell_t *cell);
 static void ngx_http_hermes_cell_run(ngx_http_hermes_cell_t *cell);
+static ngx_int_t ngx_http_hermes_cell_started(ngx_http_hermes_cell_t *cell);
+static void ngx_http_hermes_cell_respawn(ngx_http_hermes_cell_t *cell);
+static void ngx_http_hermes_cell_ship_failed(ngx_http_hermes_cell_t *cell);
+static void ngx_http_hermes_cell_run_relay(ngx_http_hermes_cell_t *cell);
+static void ngx_http_hermes_cell_relay_handler(ngx_event_t *ev);
+static void ngx_http_hermes_cell_relay_end(ngx_http_hermes_cell_t *cell);
+static void ngx_http_hermes_cell_forward(ngx_http_hermes_cell_t *cell,
+    u_char *p, size_t n);
+static void ngx_http_hermes_cell_result(ngx_http_hermes_cell_t *cell,
+    u_char *data, size_t n);
 static void ngx_http_hermes_cell_pump(ngx_http_hermes_cell_t *cell);
 static ngx_int_t ngx_http_hermes_cell_read_out(ngx_http_hermes_cell_t *cell,
     ngx_uint_t all);
@@ -360,6 +373,9 @@ ngx_http_hermes_cell_wait_handler(ngx_event_t *ev)
 static ngx_int_t
 ngx_http_hermes_cell_spawn(ngx_http_hermes_cell_t *cell)
 {
+    ngx_http_hermes_registry_place(cell->zone, &cell->ref,
+                                   cell->hlcf->backend);
+
     return ngx_http_hermes_kernel_spawn(cell->hlcf, cell->zone, &cell->ref,
                                         cell->pool,
                                         ngx_http_hermes_cell_spawned, cell,
@@ -384,8 +400,17 @@ ngx_http_hermes_cell_spawned(void *data, ngx_int_t rc, ngx_pid_t pid,
 
         ngx_http_hermes_registry_release(cell->zone, &cell->ref,
                                          NGX_HTTP_HERMES_RELEASE_GONE, 0);
-        ngx_http_hermes_cell_error(cell, NGX_HTTP_BAD_GATEWAY, "spawn_failed",
-                                   "could not start a kernel");
+
+        if (rc == NGX_DECLINED) {
+            ngx_http_hermes_cell_error(cell, NGX_HTTP_BAD_GATEWAY,
+                                       "backend_unavailable",
+                                       "the kernel host cannot be reached");
+        } else {
+            ngx_http_hermes_cell_error(cell, NGX_HTTP_BAD_GATEWAY,
+                                       "spawn_failed",
+                                       "could not start a kernel");
+        }
+
         goto done;
     }
 
@@ -393,9 +418,8 @@ ngx_http_hermes_cell_spawned(void *data, ngx_int_t rc, ngx_pid_t pid,
 
     if (ngx_http_hermes_registry_spawned(cell->zone, &cell->ref) != NGX_OK) {
         /* shut down while spawning */
-        (void) ngx_http_hermes_kernel_kill(cell->hlcf->thread_pool,
-                                           cell->ref.dir, cell->ref.dir_len,
-                                           pid, cell->log);
+        cell->ref.pid = pid;
+        ngx_http_hermes_cell_kill(cell);
         ngx_http_hermes_cell_error(cell, NGX_HTTP_BAD_GATEWAY, "spawn_failed",
                                    "the kernel was shut down while starting");
         goto done;
@@ -424,6 +448,11 @@ ngx_http_hermes_cell_run(ngx_http_hermes_cell_t *cell)
     ngx_buf_t           *b;
     ngx_int_t            rc;
     ngx_connection_t    *c;
+
+    if (cell->hlcf->backend->type == NGX_HTTP_HERMES_BACKEND_SSH) {
+        ngx_http_hermes_cell_run_relay(cell);
+        return;
+    }
 
     /* 1. watch cells/ before anything can appear in it */
 
@@ -515,30 +544,8 @@ ngx_http_hermes_cell_run(ngx_http_hermes_cell_t *cell)
 
     /* 4. the stream opens with the kernel line */
 
-    if (!cell->req.json_answer) {
-        if (ngx_http_hermes_cell_send_header(cell) == NGX_OK && cell->r) {
-            b = ngx_create_temp_buf(cell->r->pool, 512);
-            if (b == NULL) {
-                ngx_http_hermes_cell_fail(cell, NGX_HTTP_HERMES_CELL_ERROR,
-                                          "out of memory");
-                return;
-            }
-
-            b->last = ngx_sprintf(b->last,
-                          "{\"type\":\"kernel\",\"session\":\"%V\","
-                          "\"kernel_id\":\"%*s\",\"reused\":%s,"
-                          "\"execution_count\":%uD,\"state_lost\":%s,"
-                          "\"state_reset\":%s}\n",
-                          &cell->req.session,
-                          (size_t) NGX_HTTP_HERMES_ID_LEN, cell->ref.kernel_id,
-                          cell->ref.reused ? "true" : "false",
-                          cell->ref.execution_count + 1,
-                          cell->ref.state_lost ? "true" : "false",
-                          cell->req.reset ? "true" : "false");
-            b->flush = 1;
-
-            (void) ngx_http_hermes_cell_send(cell, b);
-        }
+    if (ngx_http_hermes_cell_started(cell) != NGX_OK) {
+        return;
     }
 
     ngx_http_hermes_cell_pump(cell);
@@ -546,8 +553,73 @@ ngx_http_hermes_cell_run(ngx_http_hermes_cell_t *cell)
 
 dead:
 
-    /* the kernel died between cells: a fresh one, state_lost */
+    ngx_http_hermes_cell_respawn(cell);
+    return;
 
+died:
+
+    ngx_http_hermes_cell_fail(cell, NGX_HTTP_HERMES_CELL_ERROR,
+                              "the kernel died before the cell started");
+    return;
+
+ship_failed:
+
+    ngx_http_hermes_cell_ship_failed(cell);
+}
+
+
+/* the kernel line: the cell is on its kernel, the stream starts */
+
+static ngx_int_t
+ngx_http_hermes_cell_started(ngx_http_hermes_cell_t *cell)
+{
+    ngx_buf_t  *b;
+
+    if (cell->ctx) {
+        ngx_memcpy(cell->ctx->kernel_id, cell->ref.kernel_id,
+                   NGX_HTTP_HERMES_ID_LEN);
+        cell->ctx->has_kernel = 1;
+    }
+
+    if (cell->req.json_answer) {
+        return NGX_OK;
+    }
+
+    if (ngx_http_hermes_cell_send_header(cell) != NGX_OK || cell->r == NULL) {
+        return NGX_OK;
+    }
+
+    b = ngx_create_temp_buf(cell->r->pool, 512);
+    if (b == NULL) {
+        ngx_http_hermes_cell_fail(cell, NGX_HTTP_HERMES_CELL_ERROR,
+                                  "out of memory");
+        return NGX_ERROR;
+    }
+
+    b->last = ngx_sprintf(b->last,
+                  "{\"type\":\"kernel\",\"session\":\"%V\","
+                  "\"kernel_id\":\"%*s\",\"reused\":%s,"
+                  "\"execution_count\":%uD,\"state_lost\":%s,"
+                  "\"state_reset\":%s}\n",
+                  &cell->req.session,
+                  (size_t) NGX_HTTP_HERMES_ID_LEN, cell->ref.kernel_id,
+                  cell->ref.reused ? "true" : "false",
+                  cell->ref.execution_count + 1,
+                  cell->ref.state_lost ? "true" : "false",
+                  cell->req.reset ? "true" : "false");
+    b->flush = 1;
+
+    (void) ngx_http_hermes_cell_send(cell, b);
+
+    return NGX_OK;
+}
+
+
+/* the kernel died between cells: a fresh one, state_lost */
+
+static void
+ngx_http_hermes_cell_respawn(ngx_http_hermes_cell_t *cell)
+{
     ngx_log_error(NGX_LOG_WARN, cell->log, 0,
                   "hermes: kernel %*s of session \"%V\" is gone, "
                   "starting a new one",
@@ -566,17 +638,14 @@ dead:
         ngx_http_hermes_cell_error(cell, NGX_HTTP_BAD_GATEWAY,
                                    "spawn_failed", "could not start a kernel");
     }
+}
 
-    return;
 
-died:
+/* the cell could not be handed over: the kernel is killed and evicted */
 
-    ngx_http_hermes_cell_fail(cell, NGX_HTTP_HERMES_CELL_ERROR,
-                              "the kernel died before the cell started");
-    return;
-
-ship_failed:
-
+static void
+ngx_http_hermes_cell_ship_failed(ngx_http_hermes_cell_t *cell)
+{
     ngx_log_error(NGX_LOG_ERR, cell->log, 0,
                   "hermes: shipping cell %uD to kernel %*s failed",
                   cell->ref.cell_id, (size_t) NGX_HTTP_HERMES_ID_LEN,
@@ -596,6 +665,318 @@ ship_failed:
     ngx_str_set(&cell->res.error, "could not ship the cell to its kernel");
     ngx_http_hermes_cell_answer(cell);
 }
+
+
+/*
+ * The ssh backend: a relay task ships the cell and copies what
+ * hermes_relay.py prints into a socketpair read here: "\x1f\n" when the
+ * cell is shipped, cell_out's event lines, then "\x1e" and the result.
+ */
+
+static void
+ngx_http_hermes_cell_run_relay(ngx_http_hermes_cell_t *cell)
+{
+    int                     sv[2];
+    ngx_buf_t              *b;
+    ngx_connection_t       *c;
+    ngx_http_hermes_conn_t  conn;
+
+    b = ngx_http_hermes_json_cell_request(cell->pool, cell->ref.cell_id,
+                                          &cell->req,
+                                          cell->hlcf->max_output,
+                                          cell->hlcf->max_stream);
+    if (b == NULL) {
+        goto failed;
+    }
+
+    cell->rbuf = ngx_create_temp_buf(cell->pool, NGX_HTTP_HERMES_OUT_CHUNK);
+    if (cell->rbuf == NULL) {
+        goto failed;
+    }
+
+    if (socketpair(AF_UNIX, SOCK_STREAM|SOCK_CLOEXEC, 0, sv) == -1) {
+        ngx_log_error(NGX_LOG_ERR, cell->log, ngx_errno,
+                      "hermes: socketpair() failed");
+        goto failed;
+    }
+
+    if (ngx_nonblocking(sv[0]) == -1) {
+        close(sv[0]);
+        close(sv[1]);
+        goto failed;
+    }
+
+    c = ngx_get_connection(sv[0], cell->log);
+    if (c == NULL) {
+        close(sv[0]);
+        close(sv[1]);
+        goto failed;
+    }
+
+    c->data = cell;
+    c->read->handler = ngx_http_hermes_cell_relay_handler;
+    c->read->log = cell->log;
+    cell->relay = c;
+
+    if (ngx_handle_read_event(c->read, 0) != NGX_OK) {
+        close(sv[1]);
+        goto failed;
+    }
+
+    ngx_http_hermes_conn_take(&conn, cell->hlcf->backend, cell->ref.host);
+
+    if (ngx_http_hermes_ssh_relay(cell->hlcf->thread_pool, &conn,
+                                  cell->ref.dir, cell->ref.cell_id,
+                                  cell->ref.pid, b->pos, b->last - b->pos,
+                                  sv[1], cell->log)
+        != NGX_OK)
+    {
+        ngx_http_hermes_conn_give(&conn);
+        close(sv[1]);
+        goto failed;
+    }
+
+    ngx_add_timer(&cell->timer, cell->timeout);
+
+    return;
+
+failed:
+
+    ngx_http_hermes_cell_ship_failed(cell);
+}
+
+
+static void
+ngx_http_hermes_cell_relay_handler(ngx_event_t *ev)
+{
+    ngx_connection_t        *rc = ev->data;
+    ngx_http_hermes_cell_t  *cell = rc->data;
+
+    u_char            *p, *nl, *m;
+    size_t             size, limit;
+    ssize_t            n;
+    ngx_buf_t         *b, *nb;
+    ngx_connection_t  *c;
+
+    c = cell->r ? cell->r->connection : NULL;
+    b = cell->rbuf;
+    limit = 6 * cell->hlcf->max_output + 2 * NGX_HTTP_HERMES_OUT_CHUNK;
+
+    for ( ;; ) {
+
+        if (b->last == b->end) {
+            /* a result or a line bigger than the buffer: grow it */
+
+            size = 2 * (b->end - b->start);
+
+            if (size > limit) {
+                ngx_http_hermes_cell_fail(cell, NGX_HTTP_HERMES_CELL_ERROR,
+                                          "the kernel wrote an unreadable "
+                                          "result");
+                goto done;
+            }
+
+            nb = ngx_create_temp_buf(cell->pool, size);
+            if (nb == NULL) {
+                ngx_http_hermes_cell_fail(cell, NGX_HTTP_HERMES_CELL_ERROR,
+                                          "out of memory");
+                goto done;
+            }
+
+            nb->last = ngx_cpymem(nb->pos, b->pos, b->last - b->pos);
+            cell->rbuf = nb;
+            b = nb;
+        }
+
+        n = recv(rc->fd, b->last, b->end - b->last, 0);
+
+        if (n == -1) {
+            if (ngx_socket_errno == NGX_EAGAIN) {
+                break;
+            }
+
+            if (ngx_socket_errno == NGX_EINTR) {
+                continue;
+            }
+
+            n = 0;
+        }
+
+        if (n == 0) {
+            ngx_http_hermes_cell_relay_end(cell);
+            goto done;
+        }
+
+        b->last += n;
+
+        /* "\x1f\n": shipped, the stream starts */
+
+        if (!cell->shipped && b->last - b->pos >= 2 && b->pos[0] == '\x1f') {
+            b->pos += 2;
+            cell->shipped = 1;
+
+            if (ngx_http_hermes_cell_started(cell) != NGX_OK) {
+                goto done;
+            }
+        }
+
+        if (!cell->shipped || cell->res_ready) {
+            continue;
+        }
+
+        /* forward whole event lines, up to the result's marker */
+
+        m = ngx_strlchr(b->pos, b->last, '\x1e');
+
+        if (m) {
+            nl = m;
+            cell->res_ready = 1;
+
+        } else {
+            for (nl = b->last; nl > b->pos && nl[-1] != '\n'; nl--) {
+                /* void */
+            }
+        }
+
+        if (nl > b->pos) {
+            if (cell->r && !cell->req.json_answer) {
+                ngx_http_hermes_cell_forward(cell, b->pos, nl - b->pos);
+            }
+
+            b->pos = nl;
+        }
+
+        /* keep the buffer's head free for what follows */
+
+        if (!cell->res_ready && b->pos > b->start) {
+            p = b->pos;
+            b->pos = b->start;
+            b->last = ngx_movemem(b->start, p, b->last - p);
+        }
+    }
+
+    if (ngx_handle_read_event(ev, 0) != NGX_OK) {
+        ngx_http_hermes_cell_fail(cell, NGX_HTTP_HERMES_CELL_ERROR,
+                                  "the relay failed");
+    }
+
+done:
+
+    if (c) {
+        ngx_http_run_posted_requests(c);
+    }
+}
+
+
+/* the relay closed: a result, a dead kernel, or a broken connection */
+
+static void
+ngx_http_hermes_cell_relay_end(ngx_http_hermes_cell_t *cell)
+{
+    u_char     *p;
+    size_t      n;
+    ngx_buf_t  *b;
+
+    b = cell->rbuf;
+
+    if (!cell->res_ready) {
+        if (b->last - b->pos > 0 && b->pos[0] == '\x1e'
+            && ngx_strlcasestrn(b->pos, b->last, (u_char *) "\"dead\"", 5))
+        {
+            ngx_http_hermes_cell_respawn(cell);
+            return;
+        }
+
+        if (!cell->shipped) {
+            ngx_http_hermes_cell_ship_failed(cell);
+            return;
+        }
+
+        ngx_http_hermes_cell_fail(cell, NGX_HTTP_HERMES_CELL_ERROR,
+                                  "the connection to the kernel host broke "
+                                  "during the cell");
+        return;
+    }
+
+    /* b->pos is at the marker */
+
+    p = b->pos + 1;
+    n = b->last - p;
+
+    if (ngx_strlcasestrn(p, p + ngx_min(n, 20), (u_char *) "\"relay\"", 6)) {
+        ngx_log_error(NGX_LOG_WARN, cell->log, 0,
+                      "hermes: kernel %*s of session \"%V\" died during "
+                      "cell %uD", (size_t) NGX_HTTP_HERMES_ID_LEN,
+                      cell->ref.kernel_id, &cell->req.session,
+                      cell->ref.cell_id);
+
+        ngx_http_hermes_cell_fail(cell, NGX_HTTP_HERMES_CELL_ERROR,
+                                  "the kernel died while running the cell; "
+                                  "its state is lost");
+        return;
+    }
+
+    ngx_http_hermes_cell_result(cell, p, n);
+}
+
+
+/* copy event lines into the request's buffers and send them */
+
+static void
+ngx_http_hermes_cell_forward(ngx_http_hermes_cell_t *cell, u_char *p,
+    size_t n)
+{
+    size_t        k;
+    ngx_buf_t    *b;
+    ngx_chain_t  *cl, *out, **ll;
+
+    out = NULL;
+    ll = &out;
+
+    while (n) {
+        cl = ngx_chain_get_free_buf(cell->r->pool, &cell->free);
+        if (cl == NULL) {
+            return;
+        }
+
+        b = cl->buf;
+
+        if (b->start == NULL) {
+            b->start = ngx_palloc(cell->r->pool, NGX_HTTP_HERMES_OUT_CHUNK);
+            if (b->start == NULL) {
+                return;
+            }
+
+            b->end = b->start + NGX_HTTP_HERMES_OUT_CHUNK;
+            b->tag = (ngx_buf_tag_t) &ngx_http_hermes_module;
+            b->temporary = 1;
+        }
+
+        k = ngx_min(n, (size_t) (b->end - b->start));
+
+        b->pos = b->start;
+        b->last = ngx_cpymem(b->start, p, k);
+        b->flush = 0;
+
+        p += k;
+        n -= k;
+
+        *ll = cl;
+        ll = &cl->next;
+    }
+
+    *ll = NULL;
+
+    if (out == NULL) {
+        return;
+    }
+
+    for (cl = out; cl->next; cl = cl->next) { /* void */ }
+    cl->buf->flush = 1;
+
+    (void) ngx_http_hermes_cell_send_chain(cell, out);
+}
+
 
 
 static void
@@ -807,7 +1188,6 @@ ngx_http_hermes_cell_finish(ngx_http_hermes_cell_t *cell)
     u_char           path[NGX_HTTP_HERMES_DIR_MAX + 64], *data;
     ssize_t          n;
     ngx_fd_t         fd;
-    ngx_int_t        rc;
     ngx_file_info_t  fi;
 
     ngx_http_hermes_cell_path(cell, path, sizeof(path), "cell_res");
@@ -842,13 +1222,40 @@ ngx_http_hermes_cell_finish(ngx_http_hermes_cell_t *cell)
         goto unreadable;
     }
 
-    rc = ngx_http_hermes_json_parse_result(cell->pool, data, n, &cell->res);
-    if (rc != NGX_OK) {
-        goto unreadable;
-    }
-
     if (cell->r && !cell->req.json_answer) {
         (void) ngx_http_hermes_cell_read_out(cell, 1);
+    }
+
+    ngx_http_hermes_cell_result(cell, data, n);
+    return;
+
+unreadable:
+
+    ngx_log_error(NGX_LOG_ERR, cell->log, ngx_errno,
+                  "hermes: unreadable result \"%s\"", path);
+
+    ngx_http_hermes_cell_fail(cell, NGX_HTTP_HERMES_CELL_ERROR,
+                              "the kernel wrote an unreadable result");
+}
+
+
+/* the runner's result, whichever way it came: answer, end the turn */
+
+static void
+ngx_http_hermes_cell_result(ngx_http_hermes_cell_t *cell, u_char *data,
+    size_t n)
+{
+    if (ngx_http_hermes_json_parse_result(cell->pool, data, n, &cell->res)
+        != NGX_OK)
+    {
+        ngx_log_error(NGX_LOG_ERR, cell->log, 0,
+                      "hermes: unreadable result of cell %uD of kernel %*s",
+                      cell->ref.cell_id, (size_t) NGX_HTTP_HERMES_ID_LEN,
+                      cell->ref.kernel_id);
+
+        ngx_http_hermes_cell_fail(cell, NGX_HTTP_HERMES_CELL_ERROR,
+                                  "the kernel wrote an unreadable result");
+        return;
     }
 
     if (cell->res.ended) {
@@ -864,15 +1271,6 @@ ngx_http_hermes_cell_finish(ngx_http_hermes_cell_t *cell)
     }
 
     ngx_http_hermes_cell_answer(cell);
-    return;
-
-unreadable:
-
-    ngx_log_error(NGX_LOG_ERR, cell->log, ngx_errno,
-                  "hermes: unreadable result \"%s\"", path);
-
-    ngx_http_hermes_cell_fail(cell, NGX_HTTP_HERMES_CELL_ERROR,
-                              "the kernel wrote an unreadable result");
 }
 
 
@@ -1028,9 +1426,10 @@ ngx_http_hermes_cell_died_handler(ngx_event_t *ev)
 static void
 ngx_http_hermes_cell_kill(ngx_http_hermes_cell_t *cell)
 {
-    if (ngx_http_hermes_kernel_kill(cell->hlcf->thread_pool, cell->ref.dir,
-                                    cell->ref.dir_len, cell->ref.pid,
-                                    cell->log)
+    if (ngx_http_hermes_kernel_kill(cell->hlcf->thread_pool,
+                                    cell->hlcf->backend, cell->ref.host,
+                                    cell->ref.dir, cell->ref.dir_len,
+                                    cell->ref.pid, cell->log)
         != NGX_OK)
     {
         ngx_log_error(NGX_LOG_ERR, cell->log, 0,
@@ -1232,6 +1631,11 @@ ngx_http_hermes_cell_end(ngx_http_hermes_cell_t *cell)
 
     if (cell->pidfd) {
         ngx_close_connection(cell->pidfd);
+    }
+
+    if (cell->relay) {
+        /* the relay task sees the socket closed and stops */
+        ngx_close_connection(cell->relay);
     }
 
     ngx_queue_remove(&cell->queue);

@@ -23,6 +23,7 @@
 
 
 struct ngx_http_hermes_spawn_s {
+    ngx_http_hermes_conn_t         conn;
     u_char                         dir[NGX_HTTP_HERMES_DIR_MAX];
     u_char                         env[256];
     size_t                         env_len;
@@ -36,10 +37,16 @@ struct ngx_http_hermes_spawn_s {
 
 typedef struct {
     ngx_thread_task_t              task;
+    ngx_http_hermes_conn_t         conn;
     u_char                         dir[NGX_HTTP_HERMES_DIR_MAX];
     ngx_pid_t                      pid;
     ngx_log_t                     *log;
+    unsigned                       failed:1;
 } ngx_http_hermes_kill_t;
+
+
+/* per worker: the backends of its cycle, to kill what the sweep evicts */
+static ngx_http_hermes_main_conf_t  *ngx_http_hermes_main_conf;
 
 
 static void ngx_http_hermes_spawn_thread(void *data, ngx_log_t *log);
@@ -70,6 +77,8 @@ ngx_http_hermes_kernel_spawn(ngx_http_hermes_loc_conf_t *hlcf,
     }
 
     s = task->ctx;
+
+    ngx_http_hermes_conn_take(&s->conn, hlcf->backend, ref->host);
 
     ngx_memcpy(s->dir, ref->dir, ref->dir_len + 1);
     s->done = done;
@@ -116,7 +125,7 @@ ngx_http_hermes_spawn_thread(void *data, ngx_log_t *log)
     ngx_http_hermes_spawn_t *s = data;
 
     u_char                         *d, *p, *last;
-    ngx_int_t                       pid;
+    ngx_int_t                       pid, rc;
     ngx_http_hermes_remote_file_t  *rf;
     u_char                          cmd[NGX_HTTP_HERMES_CMD_MAX];
     u_char                          out[256];
@@ -210,12 +219,32 @@ ngx_http_hermes_spawn_thread(void *data, ngx_log_t *log)
 
     /* 5. alive: the runner says "ready" with its pid */
 
-    if (ngx_http_hermes_local_wait_ready(d, s->pid,
-                                         NGX_HTTP_HERMES_READY_TIMEOUT)
-        != NGX_OK)
-    {
-        ngx_snprintf(s->err, sizeof(s->err),
-                     "the kernel did not start (see \"%s/runner.log\")%Z", d);
+    if (s->conn.bcf->type == NGX_HTTP_HERMES_BACKEND_LOCAL) {
+        rc = ngx_http_hermes_local_wait_ready(d, s->pid,
+                                              NGX_HTTP_HERMES_READY_TIMEOUT);
+
+    } else {
+        *ngx_slprintf(cmd, last,
+                      "i=0; while [ $i -lt 1000 ] && [ ! -s '%s/ready' ]"
+                      " && kill -0 %P 2>/dev/null;"
+                      " do sleep 0.01; i=$((i+1)); done;"
+                      " cat '%s/ready' && kill -0 %P",
+                      d, s->pid, d, s->pid) = '\0';
+
+        rc = ngx_http_hermes_spawn_run(s, cmd, NULL, 0, out, sizeof(out),
+                                       "ready");
+        if (rc == NGX_OK) {
+            rc = ngx_http_hermes_ready_pid(out, s->pid);
+        }
+    }
+
+    if (rc != NGX_OK) {
+        if (s->rc != NGX_DECLINED) {
+            ngx_snprintf(s->err, sizeof(s->err),
+                         "the kernel did not start (see \"%s/runner.log\")%Z",
+                         d);
+        }
+
         goto failed;
     }
 
@@ -224,14 +253,24 @@ ngx_http_hermes_spawn_thread(void *data, ngx_log_t *log)
 
 failed:
 
-    if (s->pid) {
-        (void) kill(-s->pid, SIGKILL);
+    if (s->conn.unavailable) {
+        /* nothing can be cleaned up on a host we cannot reach */
+        s->rc = NGX_DECLINED;
+        return;
     }
 
-    *ngx_slprintf(cmd, last, "rm -rf -- '%s'", d) = '\0';
+    if (s->pid) {
+        *ngx_slprintf(cmd, last, "kill -9 -%P 2>/dev/null; rm -rf -- '%s'",
+                      s->pid, d) = '\0';
+
+    } else {
+        *ngx_slprintf(cmd, last, "rm -rf -- '%s'", d) = '\0';
+    }
 
     (void) ngx_http_hermes_spawn_run(s, cmd, NULL, 0, out, sizeof(out),
                                      NULL);
+
+    s->rc = NGX_ERROR;
 }
 
 
@@ -252,7 +291,7 @@ ngx_http_hermes_spawn_run(ngx_http_hermes_spawn_t *s, u_char *cmd,
     c.out_size = out_size - 1;
     c.timeout = NGX_HTTP_HERMES_CMD_TIMEOUT;
 
-    rc = ngx_http_hermes_local_exec(&c);
+    rc = ngx_http_hermes_backend_exec(&s->conn, &c);
 
     out[c.out_len] = '\0';
 
@@ -260,9 +299,17 @@ ngx_http_hermes_spawn_run(ngx_http_hermes_spawn_t *s, u_char *cmd,
         return rc;
     }
 
+    if (rc == NGX_DECLINED) {
+        /* the backend is unreachable: no step ran */
+        s->rc = NGX_DECLINED;
+        ngx_snprintf(s->err, sizeof(s->err), "%s%Z", s->conn.err);
+        return NGX_ERROR;
+    }
+
     if (rc != NGX_OK) {
         ngx_snprintf(s->err, sizeof(s->err), "%s: %s%Z", step,
-                     c.err ? strerror(c.err) : "failed");
+                     s->conn.err[0] ? (char *) s->conn.err
+                     : c.err ? strerror(c.err) : "failed");
         return NGX_ERROR;
     }
 
@@ -281,7 +328,23 @@ ngx_http_hermes_spawn_event(ngx_event_t *ev)
 {
     ngx_http_hermes_spawn_t *s = ev->data;
 
+    ngx_http_hermes_conn_give(&s->conn);
+
     s->done(s->data, s->rc, s->pid, (char *) s->err);
+}
+
+
+/* a command on the kernel's host: NGX_DECLINED when it is unreachable */
+
+ngx_int_t
+ngx_http_hermes_backend_exec(ngx_http_hermes_conn_t *conn,
+    ngx_http_hermes_cmd_t *cmd)
+{
+    if (conn->bcf->type == NGX_HTTP_HERMES_BACKEND_SSH) {
+        return ngx_http_hermes_ssh_exec(conn, cmd);
+    }
+
+    return ngx_http_hermes_local_exec(cmd);
 }
 
 
@@ -291,7 +354,8 @@ ngx_http_hermes_spawn_event(ngx_event_t *ev)
  */
 
 ngx_int_t
-ngx_http_hermes_kernel_kill(ngx_thread_pool_t *tp, u_char *dir,
+ngx_http_hermes_kernel_kill(ngx_thread_pool_t *tp,
+    ngx_http_hermes_backend_conf_t *bcf, ngx_uint_t host, u_char *dir,
     size_t dir_len, ngx_pid_t pid, ngx_log_t *log)
 {
     ngx_http_hermes_kill_t  *k;
@@ -309,12 +373,15 @@ ngx_http_hermes_kernel_kill(ngx_thread_pool_t *tp, u_char *dir,
     k->pid = pid;
     k->log = log;
 
+    ngx_http_hermes_conn_take(&k->conn, bcf, host);
+
     k->task.ctx = k;
     k->task.handler = ngx_http_hermes_kill_thread;
     k->task.event.handler = ngx_http_hermes_kill_event;
     k->task.event.data = k;
 
     if (ngx_thread_task_post(tp, &k->task) != NGX_OK) {
+        ngx_http_hermes_conn_give(&k->conn);
         ngx_free(k);
         return NGX_ERROR;
     }
@@ -329,14 +396,20 @@ ngx_http_hermes_kill_thread(void *data, ngx_log_t *log)
     ngx_http_hermes_kill_t *k = data;
 
     u_char                 out[256];
-    u_char                 cmd[NGX_HTTP_HERMES_DIR_MAX + 32];
+    u_char                 cmd[NGX_HTTP_HERMES_DIR_MAX + 64];
     ngx_http_hermes_cmd_t  c;
 
-    if (k->pid > 1) {
-        (void) kill(-k->pid, SIGKILL);
-    }
+    /* the whole process group, then the directory */
 
-    *ngx_slprintf(cmd, cmd + sizeof(cmd) - 1, "rm -rf -- '%s'", k->dir) = '\0';
+    if (k->pid > 1) {
+        *ngx_slprintf(cmd, cmd + sizeof(cmd) - 1,
+                      "kill -9 -%P 2>/dev/null; rm -rf -- '%s'",
+                      k->pid, k->dir) = '\0';
+
+    } else {
+        *ngx_slprintf(cmd, cmd + sizeof(cmd) - 1, "rm -rf -- '%s'", k->dir)
+            = '\0';
+    }
 
     ngx_memzero(&c, sizeof(ngx_http_hermes_cmd_t));
     c.cmd = (char *) cmd;
@@ -344,7 +417,11 @@ ngx_http_hermes_kill_thread(void *data, ngx_log_t *log)
     c.out_size = sizeof(out);
     c.timeout = NGX_HTTP_HERMES_CMD_TIMEOUT;
 
-    (void) ngx_http_hermes_local_exec(&c);
+    if (ngx_http_hermes_backend_exec(&k->conn, &c) != NGX_OK
+        || c.status != 0)
+    {
+        k->failed = 1;
+    }
 }
 
 
@@ -353,8 +430,19 @@ ngx_http_hermes_kill_event(ngx_event_t *ev)
 {
     ngx_http_hermes_kill_t *k = ev->data;
 
-    ngx_log_debug2(NGX_LOG_DEBUG_HTTP, k->log, 0,
-                   "hermes: killed kernel %P, removed \"%s\"", k->pid, k->dir);
+    if (k->failed) {
+        ngx_log_error(NGX_LOG_WARN, k->log, 0,
+                      "hermes: killing kernel %P in \"%s\" failed: %s",
+                      k->pid, k->dir,
+                      k->conn.err[0] ? (char *) k->conn.err : "command failed");
+
+    } else {
+        ngx_log_debug2(NGX_LOG_DEBUG_HTTP, k->log, 0,
+                       "hermes: killed kernel %P, removed \"%s\"",
+                       k->pid, k->dir);
+    }
+
+    ngx_http_hermes_conn_give(&k->conn);
 
     ngx_free(k);
 }
@@ -364,8 +452,11 @@ void
 ngx_http_hermes_kernel_kill_victims(ngx_thread_pool_t *tp,
     ngx_http_hermes_victims_t *victims, ngx_log_t *log)
 {
-    ngx_uint_t                 i;
-    ngx_http_hermes_victim_t  *v;
+    ngx_uint_t                        i, j;
+    ngx_http_hermes_victim_t         *v;
+    ngx_http_hermes_backend_conf_t  **bcfs, *bcf;
+
+    bcfs = ngx_http_hermes_main_conf->backends.elts;
 
     for (i = 0; i < victims->n; i++) {
         v = &victims->v[i];
@@ -374,7 +465,29 @@ ngx_http_hermes_kernel_kill_victims(ngx_thread_pool_t *tp,
                       "hermes: evicting kernel \"%s\" (pid %P)",
                       v->dir, v->pid);
 
-        if (ngx_http_hermes_kernel_kill(tp, v->dir, v->dir_len, v->pid, log)
+        /* the backend that made it, by its tag in the registry key */
+
+        bcf = NULL;
+
+        for (j = 0; j < ngx_http_hermes_main_conf->backends.nelts; j++) {
+            if (ngx_memcmp(bcfs[j]->tag, v->tag,
+                           NGX_HTTP_HERMES_BACKEND_TAG_LEN) == 0)
+            {
+                bcf = bcfs[j];
+                break;
+            }
+        }
+
+        if (bcf == NULL) {
+            ngx_log_error(NGX_LOG_WARN, log, 0,
+                          "hermes: kernel \"%s\" belongs to a backend no "
+                          "longer configured; it exits on its own idle "
+                          "timeout", v->dir);
+            continue;
+        }
+
+        if (ngx_http_hermes_kernel_kill(tp, bcf, v->host, v->dir, v->dir_len,
+                                        v->pid, log)
             != NGX_OK)
         {
             ngx_log_error(NGX_LOG_ERR, log, 0,
@@ -393,16 +506,25 @@ ngx_http_hermes_kernel_kill_victims(ngx_thread_pool_t *tp,
  */
 
 ngx_int_t
-ngx_http_hermes_kernel_init_process(ngx_cycle_t *cycle, ngx_array_t *zones)
+ngx_http_hermes_kernel_init_process(ngx_cycle_t *cycle,
+    ngx_http_hermes_main_conf_t *hmcf)
 {
     ngx_uint_t               i;
     ngx_event_t             *ev;
     ngx_shm_zone_t         **z;
     ngx_http_hermes_zone_t  *zone;
 
-    z = zones->elts;
+    ngx_http_hermes_main_conf = hmcf;
 
-    for (i = 0; i < zones->nelts; i++) {
+    if (ngx_http_hermes_ssh_init() != NGX_OK) {
+        ngx_log_error(NGX_LOG_ALERT, cycle->log, 0,
+                      "hermes: ssh_init() failed");
+        return NGX_ERROR;
+    }
+
+    z = hmcf->zones.elts;
+
+    for (i = 0; i < hmcf->zones.nelts; i++) {
         zone = z[i]->data;
 
         ev = ngx_pcalloc(cycle->pool, sizeof(ngx_event_t));
@@ -445,5 +567,25 @@ ngx_http_hermes_sweep_handler(ngx_event_t *ev)
 
     if (!ngx_exiting) {
         ngx_add_timer(ev, zone->sweep);
+    }
+}
+
+
+void
+ngx_http_hermes_kernel_exit_process(ngx_cycle_t *cycle)
+{
+    ngx_uint_t                        i;
+    ngx_http_hermes_backend_conf_t  **bcfs;
+
+    if (ngx_http_hermes_main_conf == NULL) {
+        return;
+    }
+
+    bcfs = ngx_http_hermes_main_conf->backends.elts;
+
+    for (i = 0; i < ngx_http_hermes_main_conf->backends.nelts; i++) {
+        if (bcfs[i]->type == NGX_HTTP_HERMES_BACKEND_SSH) {
+            ngx_http_hermes_ssh_exit_process(bcfs[i]);
+        }
     }
 }

@@ -36,6 +36,8 @@ static void ngx_http_hermes_registry_end_turn(ngx_http_hermes_zone_t *zone,
     ngx_http_hermes_node_t *kn);
 static ngx_int_t ngx_http_hermes_registry_evict(ngx_http_hermes_zone_t *zone,
     ngx_http_hermes_node_t *kn, ngx_http_hermes_victims_t *victims);
+static ngx_int_t ngx_http_hermes_registry_victim(ngx_http_hermes_node_t *kn,
+    ngx_http_hermes_victims_t *victims, ngx_pid_t pid);
 static ngx_uint_t ngx_http_hermes_registry_evict_lru(
     ngx_http_hermes_zone_t *zone, ngx_http_hermes_victims_t *victims,
     ngx_uint_t tombstones);
@@ -47,8 +49,12 @@ static void ngx_http_hermes_registry_reclaim(ngx_http_hermes_zone_t *zone,
     uint64_t now);
 
 
-#define ngx_http_hermes_node_key(kn)   ((kn)->data)
 #define ngx_http_hermes_node_dir(kn)   ((kn)->data + (kn)->key_len)
+
+/* the key is "owner \0 backend-tag \0 session" */
+#define ngx_http_hermes_node_tag(kn)   ((kn)->data + (kn)->owner_len + 1)
+#define ngx_http_hermes_node_session(kn)                                      \
+    (ngx_http_hermes_node_tag(kn) + NGX_HTTP_HERMES_BACKEND_TAG_LEN + 1)
 
 #define ngx_http_hermes_pending(kn)                                           \
     ((uint32_t) ((kn)->ticket_next - (kn)->ticket_serving))
@@ -378,6 +384,7 @@ ngx_http_hermes_registry_snapshot(ngx_http_hermes_node_t *kn,
     ref->dir[ref->dir_len] = '\0';
 
     ref->pid = kn->pid;
+    ref->host = kn->host;
     ref->cell_id = kn->cell_seq;
     ref->execution_count = kn->execution_count;
 }
@@ -485,6 +492,7 @@ ngx_http_hermes_registry_spawned(ngx_http_hermes_zone_t *zone,
     }
 
     kn->pid = ref->pid;
+    kn->host = (uint8_t) ref->host;
     kn->had_kernel = 1;
     kn->cell_seq = 1;
     ngx_http_hermes_registry_set_state(zone, kn,
@@ -589,21 +597,38 @@ static ngx_int_t
 ngx_http_hermes_registry_evict(ngx_http_hermes_zone_t *zone,
     ngx_http_hermes_node_t *kn, ngx_http_hermes_victims_t *victims)
 {
-    ngx_http_hermes_victim_t  *v;
-
-    if (kn->state != NGX_HTTP_HERMES_STATE_LOST) {
-        if (victims->n == NGX_HTTP_HERMES_VICTIMS) {
-            return NGX_DECLINED;
-        }
-
-        v = &victims->v[victims->n++];
-        v->dir_len = ngx_min(kn->dir_len, NGX_HTTP_HERMES_DIR_MAX - 1);
-        ngx_memcpy(v->dir, ngx_http_hermes_node_dir(kn), v->dir_len);
-        v->dir[v->dir_len] = '\0';
-        v->pid = kn->pid;
+    if (kn->state != NGX_HTTP_HERMES_STATE_LOST
+        && ngx_http_hermes_registry_victim(kn, victims, kn->pid) != NGX_OK)
+    {
+        return NGX_DECLINED;
     }
 
     ngx_http_hermes_registry_delete(zone, kn);
+
+    return NGX_OK;
+}
+
+
+/* what killing the kernel takes: its host, backend, directory, group */
+
+static ngx_int_t
+ngx_http_hermes_registry_victim(ngx_http_hermes_node_t *kn,
+    ngx_http_hermes_victims_t *victims, ngx_pid_t pid)
+{
+    ngx_http_hermes_victim_t  *v;
+
+    if (victims->n == NGX_HTTP_HERMES_VICTIMS) {
+        return NGX_DECLINED;
+    }
+
+    v = &victims->v[victims->n++];
+    v->dir_len = ngx_min(kn->dir_len, NGX_HTTP_HERMES_DIR_MAX - 1);
+    ngx_memcpy(v->dir, ngx_http_hermes_node_dir(kn), v->dir_len);
+    v->dir[v->dir_len] = '\0';
+    v->pid = pid;
+    v->host = kn->host;
+    ngx_memcpy(v->tag, ngx_http_hermes_node_tag(kn),
+               NGX_HTTP_HERMES_BACKEND_TAG_LEN);
 
     return NGX_OK;
 }
@@ -716,8 +741,6 @@ ngx_http_hermes_registry_reclaim(ngx_http_hermes_zone_t *zone,
     ngx_http_hermes_node_t *kn, ngx_http_hermes_victims_t *victims,
     uint64_t now)
 {
-    ngx_http_hermes_victim_t  *v;
-
     if (kn->claimed) {
         if (kn->holder == ngx_pid
             || kill(kn->holder, 0) == 0 || ngx_errno != ESRCH)
@@ -731,15 +754,9 @@ ngx_http_hermes_registry_reclaim(ngx_http_hermes_zone_t *zone,
                       kn->kernel_id);
 
         if (kn->state == NGX_HTTP_HERMES_STATE_SPAWNING) {
-            if (victims->n == NGX_HTTP_HERMES_VICTIMS) {
+            if (ngx_http_hermes_registry_victim(kn, victims, 0) != NGX_OK) {
                 return;
             }
-
-            v = &victims->v[victims->n++];
-            v->dir_len = ngx_min(kn->dir_len, NGX_HTTP_HERMES_DIR_MAX - 1);
-            ngx_memcpy(v->dir, ngx_http_hermes_node_dir(kn), v->dir_len);
-            v->dir[v->dir_len] = '\0';
-            v->pid = 0;
 
             ngx_http_hermes_registry_set_state(zone, kn,
                                                NGX_HTTP_HERMES_STATE_LOST);
@@ -807,8 +824,7 @@ ngx_http_hermes_registry_list(ngx_http_hermes_zone_t *zone, ngx_str_t *owner,
             return NGX_ERROR;
         }
 
-        /* key: owner \0 backend-tag \0 session */
-        p = kn->data + kn->owner_len + 1 + NGX_HTTP_HERMES_BACKEND_TAG_LEN + 1;
+        p = ngx_http_hermes_node_session(kn);
 
         l->session.len = kn->data + kn->key_len - p;
         l->session.data = ngx_pnalloc(out->pool, l->session.len);
@@ -821,6 +837,9 @@ ngx_http_hermes_registry_list(ngx_http_hermes_zone_t *zone, ngx_str_t *owner,
         ngx_memcpy(l->kernel_id, kn->kernel_id, NGX_HTTP_HERMES_ID_LEN);
 
         l->state = kn->state;
+        l->host = kn->host;
+        ngx_memcpy(l->tag, ngx_http_hermes_node_tag(kn),
+                   NGX_HTTP_HERMES_BACKEND_TAG_LEN);
         l->execution_count = kn->execution_count;
         l->created = kn->created;
         l->last_used = kn->last_used;
@@ -865,8 +884,7 @@ ngx_http_hermes_registry_shutdown(ngx_http_hermes_zone_t *zone,
             next = ngx_queue_next(q);
             kn = ngx_queue_data(q, ngx_http_hermes_node_t, queue);
 
-            p = kn->data + kn->owner_len + 1
-                + NGX_HTTP_HERMES_BACKEND_TAG_LEN + 1;
+            p = ngx_http_hermes_node_session(kn);
 
             if (kn->state == NGX_HTTP_HERMES_STATE_LOST
                 || kn->owner_len != owner->len
@@ -943,6 +961,58 @@ ngx_http_hermes_registry_stats(ngx_http_hermes_zone_t *zone,
     st->zone_bytes_total = zone->shm_zone->shm.size;
     st->zone_bytes_used = zone->shm_zone->shm.size
                           - zone->shpool->pfree * ngx_pagesize;
+
+    ngx_shmtx_unlock(&zone->shpool->mutex);
+}
+
+
+/*
+ * Place a kernel about to be spawned: the backend's host with the fewest
+ * kernels (spawning ones included) among those that did not fail lately.
+ */
+
+void
+ngx_http_hermes_registry_place(ngx_http_hermes_zone_t *zone,
+    ngx_http_hermes_kernel_ref_t *ref, ngx_http_hermes_backend_conf_t *bcf)
+{
+    ngx_uint_t               n, *counts;
+    ngx_queue_t             *q;
+    ngx_http_hermes_node_t  *kn;
+    ngx_uint_t               local[64];
+
+    ref->host = 0;
+
+    if (bcf->type != NGX_HTTP_HERMES_BACKEND_SSH || bcf->hosts->nelts < 2) {
+        return;
+    }
+
+    n = ngx_min(bcf->hosts->nelts, 64);
+    counts = local;
+    ngx_memzero(counts, n * sizeof(ngx_uint_t));
+
+    ngx_shmtx_lock(&zone->shpool->mutex);
+
+    for (q = ngx_queue_head(&zone->sh->lru);
+         q != ngx_queue_sentinel(&zone->sh->lru);
+         q = ngx_queue_next(q))
+    {
+        kn = ngx_queue_data(q, ngx_http_hermes_node_t, queue);
+
+        if (kn->state != NGX_HTTP_HERMES_STATE_LOST
+            && kn->host < n
+            && ngx_memcmp(ngx_http_hermes_node_tag(kn), bcf->tag,
+                          NGX_HTTP_HERMES_BACKEND_TAG_LEN) == 0)
+        {
+            counts[kn->host]++;
+        }
+    }
+
+    ref->host = ngx_http_hermes_ssh_pick_host(bcf, counts);
+
+    kn = ngx_http_hermes_registry_mine(zone, ref);
+    if (kn) {
+        kn->host = (uint8_t) ref->host;
+    }
 
     ngx_shmtx_unlock(&zone->shpool->mutex);
 }

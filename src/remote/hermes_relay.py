@@ -1,0 +1,136 @@
+"""Relays one cell between the ssh backend and its kernel, over one channel.
+
+    python3 hermes_relay.py ID PID -1        ship the cell on stdin, then relay
+    python3 hermes_relay.py ID PID OFFSET    resume relaying from OFFSET
+
+Output, on stdout: "\\x1f\\n" once the cell is shipped, then the bytes of
+cells/cell_out_ID as the runner appends them, then "\\x1e" and the contents
+of cells/cell_res_ID.json.  When the kernel is gone before the cell was
+shipped the output is "\\x1e" {"relay": "dead"}; when it dies during the
+cell, "\\x1e" {"relay": "died"}.  JSON text never holds a raw 0x1e or 0x1f,
+so the markers cannot be confused with output.  The files are the truth:
+a relay that loses its channel is started again with the offset reached.
+"""
+
+import errno
+import os
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+CELLS = os.path.join(HERE, "cells")
+CHUNK = 65536
+
+
+def alive(pid):
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def write_file(path, data):
+    tmp = path + ".tmp"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+    try:
+        os.fchmod(fd, 0o600)
+        os.write(fd, data)
+    finally:
+        os.close(fd)
+    os.rename(tmp, path)
+
+
+def ship(cell, pid, req, out):
+    """Write the request, wake the runner; False when the kernel is gone."""
+    if not alive(pid):
+        return False
+    write_file(os.path.join(CELLS, "cell_req_%06d.json" % cell), req)
+    try:
+        fd = os.open(os.path.join(HERE, "wake"), os.O_WRONLY | os.O_NONBLOCK)
+    except OSError as e:
+        if e.errno in (errno.ENXIO, errno.ENOENT):
+            return False
+        raise
+    try:
+        os.write(fd, b"\0")
+    except BlockingIOError:
+        pass  # a full FIFO already holds a wake-up
+    finally:
+        os.close(fd)
+    out.write(b"\x1f\n")
+    out.flush()
+    return True
+
+
+def relay(cell, pid, offset, out):
+    out_path = os.path.join(CELLS, "cell_out_%06d" % cell)
+    res_path = os.path.join(CELLS, "cell_res_%06d.json" % cell)
+    fd = None
+    delay = 0.0005
+    while True:
+        if fd is None:
+            try:
+                fd = os.open(out_path, os.O_RDONLY)
+            except FileNotFoundError:
+                pass
+        moved = False
+        if fd is not None:
+            while True:
+                data = os.pread(fd, CHUNK, offset)
+                if not data:
+                    break
+                out.write(data)
+                offset += len(data)
+                moved = True
+            if moved:
+                out.flush()
+        if os.path.exists(res_path):
+            if fd is not None:
+                while True:
+                    data = os.pread(fd, CHUNK, offset)
+                    if not data:
+                        break
+                    out.write(data)
+                    offset += len(data)
+            with open(res_path, "rb") as f:
+                res = f.read()
+            out.write(b"\x1e" + res)
+            out.flush()
+            return
+        if moved:
+            delay = 0.0005
+            continue
+        if not alive(pid):
+            if os.path.exists(res_path):
+                continue
+            out.write(b'\x1e{"relay":"died"}')
+            out.flush()
+            return
+        # quick while output flows, backing off to 10 ms while the cell works
+        time.sleep(delay)
+        delay = min(delay * 2, 0.01)
+
+
+def main():
+    cell, pid, offset = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
+    out = sys.stdout.buffer
+    os.umask(0o077)
+    if offset < 0:
+        req = sys.stdin.buffer.read()
+        if not ship(cell, pid, req, out):
+            out.write(b'\x1e{"relay":"dead"}')
+            out.flush()
+            return 0
+        offset = 0
+    try:
+        relay(cell, pid, offset, out)
+    except BrokenPipeError:
+        pass
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
