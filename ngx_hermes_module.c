@@ -604,21 +604,20 @@ ngx_http_hermes_backend(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
                 return NGX_CONF_ERROR;
             }
 
-            host = ngx_pstrdup(cf->pool, &v);
-            p = ngx_pnalloc(cf->pool, v.len + 1);
-            if (host == NULL || p == NULL) {
+            host = ngx_pnalloc(cf->pool, v.len + 1);
+            if (host == NULL) {
                 return NGX_CONF_ERROR;
             }
 
-            ngx_memcpy(p, host, v.len);
-            p[v.len] = '\0';
+            ngx_memcpy(host, v.data, v.len);
+            host[v.len] = '\0';
 
             h = ngx_array_push(ssh.hosts);
             if (h == NULL) {
                 return NGX_CONF_ERROR;
             }
 
-            *h = ngx_http_hermes_ssh_host_create(cf->pool, &v, p, port);
+            *h = ngx_http_hermes_ssh_host_create(cf->pool, &v, host, port);
             if (*h == NULL) {
                 return NGX_CONF_ERROR;
             }

@@ -195,6 +195,8 @@ typedef struct {
     ngx_uint_t                    execution_count;
     ngx_uint_t                    host;
     u_char                        tag[NGX_HTTP_HERMES_BACKEND_TAG_LEN];
+    ngx_str_t                     backend_name;
+    ngx_str_t                     host_name;
     uint64_t                      created;
     uint64_t                      last_used;
     uint64_t                      running_for;
@@ -440,8 +442,7 @@ ngx_buf_t *ngx_http_hermes_json_result(ngx_pool_t *pool,
     ngx_uint_t as_tool_message);
 ngx_buf_t *ngx_http_hermes_json_error(ngx_pool_t *pool, ngx_str_t *code,
     ngx_str_t *message);
-ngx_buf_t *ngx_http_hermes_json_listing(ngx_pool_t *pool, ngx_array_t *list,
-    ngx_str_t *backend, ngx_str_t *host);
+ngx_buf_t *ngx_http_hermes_json_listing(ngx_pool_t *pool, ngx_array_t *list);
 ngx_buf_t *ngx_http_hermes_json_stats(ngx_pool_t *pool,
     ngx_http_hermes_stats_t *st, ngx_uint_t max_kernels);
 ngx_buf_t *ngx_http_hermes_prometheus_stats(ngx_pool_t *pool,

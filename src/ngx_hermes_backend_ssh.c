@@ -261,14 +261,16 @@ ngx_http_hermes_ssh_connect(ngx_http_hermes_conn_t *conn)
         || ssh_options_set(s, SSH_OPTIONS_TIMEOUT, &timeout) != SSH_OK)
     {
         ngx_snprintf(conn->err, sizeof(conn->err),
-                     "ssh options for %V: %s%Z", &h->name, ssh_get_error(s));
+                     "ssh options for %V:%ui: %s%Z", &h->name, h->port,
+                     ssh_get_error(s));
         ssh_free(s);
         return NGX_ERROR;
     }
 
     if (ssh_connect(s) != SSH_OK) {
-        ngx_snprintf(conn->err, sizeof(conn->err), "ssh connect to %V: %s%Z",
-                     &h->name, ssh_get_error(s));
+        ngx_snprintf(conn->err, sizeof(conn->err),
+                     "ssh connect to %V:%ui: %s%Z", &h->name, h->port,
+                     ssh_get_error(s));
         ssh_free(s);
         return NGX_ERROR;
     }
@@ -277,8 +279,8 @@ ngx_http_hermes_ssh_connect(ngx_http_hermes_conn_t *conn)
 
     if (known != SSH_KNOWN_HOSTS_OK) {
         ngx_snprintf(conn->err, sizeof(conn->err),
-                     "ssh host key of %V is %s in \"%V\": refused%Z",
-                     &h->name,
+                     "ssh host key of %V:%ui is %s in \"%V\": refused%Z",
+                     &h->name, h->port,
                      known == SSH_KNOWN_HOSTS_CHANGED ? "changed"
                      : known == SSH_KNOWN_HOSTS_OTHER ? "of another type"
                      : known == SSH_KNOWN_HOSTS_ERROR ? "unreadable"
@@ -305,8 +307,8 @@ ngx_http_hermes_ssh_connect(ngx_http_hermes_conn_t *conn)
 
     if (rc != SSH_AUTH_SUCCESS) {
         ngx_snprintf(conn->err, sizeof(conn->err),
-                     "ssh public key auth as %V at %V refused%Z",
-                     &bcf->user, &h->name);
+                     "ssh public key auth as %V at %V:%ui refused%Z",
+                     &bcf->user, &h->name, h->port);
         ssh_disconnect(s);
         ssh_free(s);
         return NGX_ERROR;

@@ -19,6 +19,8 @@ static ngx_int_t ngx_http_hermes_owner(ngx_http_request_t *r,
 static void ngx_http_hermes_execute_body(ngx_http_request_t *r);
 static ngx_int_t ngx_http_hermes_send_buf(ngx_http_request_t *r,
     ngx_uint_t status, const char *type, ngx_buf_t *b);
+static void ngx_http_hermes_name_backends(ngx_http_request_t *r,
+    ngx_array_t *list);
 static ngx_int_t ngx_http_hermes_variable(ngx_http_request_t *r,
     ngx_http_variable_value_t *v, uintptr_t data);
 static u_char *ngx_http_hermes_read_body(ngx_http_request_t *r,
@@ -469,13 +471,52 @@ ngx_http_hermes_get_ctx(ngx_http_request_t *r)
 }
 
 
+/* "local"/"localhost", or "ssh" and the host, from the entry's backend tag */
+
+static void
+ngx_http_hermes_name_backends(ngx_http_request_t *r, ngx_array_t *list)
+{
+    ngx_uint_t                        i, j;
+    ngx_http_hermes_listing_t        *l;
+    ngx_http_hermes_ssh_host_t      **hosts;
+    ngx_http_hermes_main_conf_t      *hmcf;
+    ngx_http_hermes_backend_conf_t  **bcfs, *bcf;
+
+    hmcf = ngx_http_get_module_main_conf(r, ngx_http_hermes_module);
+    bcfs = hmcf->backends.elts;
+    l = list->elts;
+
+    for (i = 0; i < list->nelts; i++) {
+        ngx_str_set(&l[i].backend_name, "local");
+        ngx_str_set(&l[i].host_name, "localhost");
+
+        for (j = 0; j < hmcf->backends.nelts; j++) {
+            bcf = bcfs[j];
+
+            if (bcf->type != NGX_HTTP_HERMES_BACKEND_SSH
+                || ngx_memcmp(bcf->tag, l[i].tag,
+                              NGX_HTTP_HERMES_BACKEND_TAG_LEN) != 0)
+            {
+                continue;
+            }
+
+            hosts = bcf->hosts->elts;
+            ngx_str_set(&l[i].backend_name, "ssh");
+            l[i].host_name = *ngx_http_hermes_ssh_host_name(
+                          hosts[l[i].host < bcf->hosts->nelts ? l[i].host : 0]);
+            break;
+        }
+    }
+}
+
+
 /* GET <loc>: the caller's kernels; DELETE <loc>/SESSION: shut one down */
 
 ngx_int_t
 ngx_http_hermes_kernels_handler(ngx_http_request_t *r)
 {
     ngx_int_t                    rc;
-    ngx_str_t                    owner, session, value, backend, host;
+    ngx_str_t                    owner, session, value;
     ngx_buf_t                   *b;
     ngx_uint_t                   force;
     ngx_array_t                  list;
@@ -519,10 +560,9 @@ ngx_http_hermes_kernels_handler(ngx_http_request_t *r)
             return NGX_HTTP_INTERNAL_SERVER_ERROR;
         }
 
-        ngx_str_set(&backend, "local");
-        ngx_str_set(&host, "localhost");
+        ngx_http_hermes_name_backends(r, &list);
 
-        b = ngx_http_hermes_json_listing(r->pool, &list, &backend, &host);
+        b = ngx_http_hermes_json_listing(r->pool, &list);
         if (b == NULL) {
             return NGX_HTTP_INTERNAL_SERVER_ERROR;
         }

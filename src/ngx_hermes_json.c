@@ -809,8 +809,7 @@ ngx_http_hermes_json_gen_ms(yajl_gen g, uint64_t ms)
 
 
 ngx_buf_t *
-ngx_http_hermes_json_listing(ngx_pool_t *pool, ngx_array_t *list,
-    ngx_str_t *backend, ngx_str_t *host)
+ngx_http_hermes_json_listing(ngx_pool_t *pool, ngx_array_t *list)
 {
     yajl_gen                    g;
     ngx_buf_t                  *b;
@@ -835,9 +834,9 @@ ngx_http_hermes_json_listing(ngx_pool_t *pool, ngx_array_t *list,
         ngx_http_hermes_gen_key(g, "kernel_id");
         yajl_gen_string(g, l[i].kernel_id, NGX_HTTP_HERMES_ID_LEN);
         ngx_http_hermes_gen_key(g, "backend");
-        ngx_http_hermes_gen_str(g, backend);
+        ngx_http_hermes_gen_str(g, &l[i].backend_name);
         ngx_http_hermes_gen_key(g, "host");
-        ngx_http_hermes_gen_str(g, host);
+        ngx_http_hermes_gen_str(g, &l[i].host_name);
         ngx_http_hermes_gen_key(g, "state");
         ngx_http_hermes_gen_str(g, &ngx_http_hermes_state_names[l[i].state]);
         ngx_http_hermes_gen_key(g, "execution_count");
