@@ -87,8 +87,11 @@ test-asan: asan
 	    prove -I t/lib t/
 	t/asan-check.pl build-asan/asan.* </dev/null
 
+unit: module
+	$(MAKE) -C t/unit run
+
 bench: module
 	bench/run.sh
 
 clean:
-	rm -rf build build-asan run .deps-ok
+	rm -rf build build-asan run .deps-ok t/unit/build

@@ -552,18 +552,21 @@ ngx_http_hermes_sweep_handler(ngx_event_t *ev)
 {
     ngx_http_hermes_zone_t *zone = ev->data;
 
-    ngx_uint_t                 full;
+    ngx_uint_t                 full, more;
     ngx_http_hermes_victims_t  victims;
+
+    /* the dead-worker walk once; then batches until nothing is left */
 
     victims.n = 0;
     full = 1;
 
     do {
         ngx_http_hermes_registry_sweep(zone, &victims, full);
-        full = (victims.n == NGX_HTTP_HERMES_VICTIMS);
+        full = 0;
+        more = (victims.n == NGX_HTTP_HERMES_VICTIMS);
         ngx_http_hermes_kernel_kill_victims(zone->thread_pool, &victims,
                                             ev->log);
-    } while (full);
+    } while (more);
 
     if (!ngx_exiting) {
         ngx_add_timer(ev, zone->sweep);

@@ -640,6 +640,7 @@ static ngx_uint_t
 ngx_http_hermes_registry_evict_lru(ngx_http_hermes_zone_t *zone,
     ngx_http_hermes_victims_t *victims, ngx_uint_t tombstones)
 {
+    ngx_uint_t               live;
     ngx_queue_t             *q;
     ngx_http_hermes_node_t  *kn;
 
@@ -655,11 +656,17 @@ ngx_http_hermes_registry_evict_lru(ngx_http_hermes_zone_t *zone,
             continue;
         }
 
-        if (kn->state != NGX_HTTP_HERMES_STATE_LOST) {
+        live = (kn->state != NGX_HTTP_HERMES_STATE_LOST);
+
+        if (ngx_http_hermes_registry_evict(zone, kn, victims) != NGX_OK) {
+            return 0;
+        }
+
+        if (live) {
             zone->sh->evicted_cap_total++;
         }
 
-        return ngx_http_hermes_registry_evict(zone, kn, victims) == NGX_OK;
+        return 1;
     }
 
     return 0;
