@@ -58,6 +58,7 @@ typedef struct {
     ngx_queue_t                     queue;      /* the worker's live cells */
 
     unsigned                        header_sent:1;
+    unsigned                        spawning:1;
     unsigned                        shipped:1;
     unsigned                        res_ready:1;
 } ngx_http_hermes_cell_t;
@@ -376,10 +377,24 @@ ngx_http_hermes_cell_spawn(ngx_http_hermes_cell_t *cell)
     ngx_http_hermes_registry_place(cell->zone, &cell->ref,
                                    cell->hlcf->backend);
 
-    return ngx_http_hermes_kernel_spawn(cell->hlcf, cell->zone, &cell->ref,
-                                        cell->pool,
-                                        ngx_http_hermes_cell_spawned, cell,
-                                        cell->log);
+    if (ngx_http_hermes_kernel_spawn(cell->hlcf, cell->zone, &cell->ref,
+                                     cell->pool,
+                                     ngx_http_hermes_cell_spawned, cell,
+                                     cell->log)
+        != NGX_OK)
+    {
+        return NGX_ERROR;
+    }
+
+    /*
+     * A pending timer keeps a worker that is shutting down alive until the
+     * spawn task, which holds this cell, is done.
+     */
+
+    cell->spawning = 1;
+    ngx_add_timer(&cell->timer, cell->timeout);
+
+    return NGX_OK;
 }
 
 
@@ -392,6 +407,12 @@ ngx_http_hermes_cell_spawned(void *data, ngx_int_t rc, ngx_pid_t pid,
     ngx_connection_t  *c;
 
     c = cell->r ? cell->r->connection : NULL;
+
+    cell->spawning = 0;
+
+    if (cell->timer.timer_set) {
+        ngx_del_timer(&cell->timer);
+    }
 
     if (rc != NGX_OK) {
         ngx_log_error(NGX_LOG_ERR, cell->log, 0,
@@ -1358,6 +1379,12 @@ ngx_http_hermes_cell_timeout_handler(ngx_event_t *ev)
 
     u_char            *msg;
     ngx_connection_t  *c;
+
+    if (cell->spawning) {
+        /* the spawn is bounded by its own command timeouts: wait for it */
+        ngx_add_timer(&cell->timer, 1000);
+        return;
+    }
 
     c = cell->r ? cell->r->connection : NULL;
 

@@ -76,6 +76,10 @@ is($st, 0, 'make -C t/unit builds registry_scale') or do {
 
 # --- the real registry --------------------------------------------------------
 
+# Timing on a shared 2-core machine is noisy: O(log n) measures about 3x
+# from 1k to 100k entries, linear would be 100x; 12x leaves room for noise.
+local $ENV{HERMES_SCALE_MAX_RATIO} = $ENV{HERMES_SCALE_MAX_RATIO} // 12;
+
 my $t0 = time;
 ($st, $out) = run_cmd(120, "$unit/build/registry_scale");
 my $took = time - $t0;
