@@ -21,6 +21,7 @@
 
 #define NGX_HTTP_HERMES_SSH_IDLE        16      /* sessions kept per host */
 #define NGX_HTTP_HERMES_SSH_READ_MS     1000
+#define NGX_HTTP_HERMES_SSH_RESUMES     6       /* 1.5 s of back-off */
 
 
 struct ngx_http_hermes_ssh_host_s {
@@ -569,7 +570,7 @@ ngx_http_hermes_ssh_relay_thread(void *data, ngx_log_t *log)
     ngx_http_hermes_relay_t *rl = data;
 
     int          n, tries;
-    u_char      *cmd, *p, *last, *m, buf[16384];
+    u_char      *cmd, *p, *last, *m, *resume, buf[16384];
     off_t        offset;
     size_t       len;
     ngx_uint_t   phase, header, ended;
@@ -583,7 +584,9 @@ ngx_http_hermes_ssh_relay_thread(void *data, ngx_log_t *log)
     offset = 0;
     cmd = rl->cmd;
 
-    for (tries = 0; tries < 2 && !ended; tries++) {
+    resume = rl->resume + ngx_strlen(rl->resume);
+
+    for (tries = 0; tries < NGX_HTTP_HERMES_SSH_RESUMES && !ended; tries++) {
 
         if (tries) {
             if (phase != 1) {
@@ -591,17 +594,21 @@ ngx_http_hermes_ssh_relay_thread(void *data, ngx_log_t *log)
                 break;
             }
 
-            p = rl->resume + ngx_strlen(rl->resume);
-            ngx_sprintf(p, " %O%Z", offset);
+            /* the host may be restarting its sshd: back off a little */
+            ngx_msleep(100 * tries);
+
+            ngx_sprintf(resume, " %O%Z", offset);
             cmd = rl->resume;
 
-            ssh_free(rl->conn.session);
-            rl->conn.session = NULL;
+            if (rl->conn.session) {
+                ssh_free(rl->conn.session);
+                rl->conn.session = NULL;
+            }
         }
 
         if (ngx_http_hermes_ssh_connect(&rl->conn) != NGX_OK) {
-            rl->conn.unavailable = 1;
-            break;
+            rl->conn.unavailable = (tries == 0);
+            continue;
         }
 
         ch = ssh_channel_new(rl->conn.session);
@@ -637,7 +644,8 @@ ngx_http_hermes_ssh_relay_thread(void *data, ngx_log_t *log)
 
             if (n == 0) {
                 if (ssh_channel_is_eof(ch)) {
-                    ended = 1;
+                    /* mid-stream, the relay was cut off: resume */
+                    ended = (phase != 1);
                     break;
                 }
 
