@@ -649,6 +649,13 @@ ngx_http_hermes_ssh_relay_thread(void *data, ngx_log_t *log)
                     break;
                 }
 
+                /* quiet: is the cell still there to read what comes? */
+
+                if (recv(rl->fd, buf, 1, MSG_PEEK|MSG_DONTWAIT) == 0) {
+                    ended = 1;
+                    break;
+                }
+
                 continue;
             }
 

@@ -43,6 +43,7 @@ typedef struct {
     ngx_event_t                     timer;      /* the cell's timeout */
     ngx_msec_t                      timeout;
     ngx_msec_t                      started;
+    ngx_uint_t                      spawn_tries;
 
     int                             wd;
     ngx_fd_t                        out_fd;
@@ -414,6 +415,20 @@ ngx_http_hermes_cell_spawned(void *data, ngx_int_t rc, ngx_pid_t pid,
         ngx_del_timer(&cell->timer);
     }
 
+    if (rc == NGX_DECLINED
+        && cell->hlcf->backend->type == NGX_HTTP_HERMES_BACKEND_SSH
+        && ++cell->spawn_tries < cell->hlcf->backend->hosts->nelts)
+    {
+        /* that host is down (and now skipped for a while): try another */
+
+        ngx_log_error(NGX_LOG_WARN, cell->log, 0,
+                      "hermes: %s; trying another host", err);
+
+        if (ngx_http_hermes_cell_spawn(cell) == NGX_OK) {
+            goto done;
+        }
+    }
+
     if (rc != NGX_OK) {
         ngx_log_error(NGX_LOG_ERR, cell->log, 0,
                       "hermes: spawning a kernel for session \"%V\" failed: "
@@ -701,6 +716,15 @@ ngx_http_hermes_cell_run_relay(ngx_http_hermes_cell_t *cell)
     ngx_buf_t              *b;
     ngx_connection_t       *c;
     ngx_http_hermes_conn_t  conn;
+
+    if (cell->relay) {
+        /* the kernel was found dead and replaced: a new relay */
+        ngx_close_connection(cell->relay);
+        cell->relay = NULL;
+    }
+
+    cell->shipped = 0;
+    cell->res_ready = 0;
 
     b = ngx_http_hermes_json_cell_request(cell->pool, cell->ref.cell_id,
                                           &cell->req,

@@ -21,6 +21,8 @@
 /* the runner outlives the registry's idle clock a little, then exits */
 #define NGX_HTTP_HERMES_RUNNER_GRACE  30
 
+#define NGX_HTTP_HERMES_KILL_RETRIES  5
+
 
 struct ngx_http_hermes_spawn_s {
     ngx_http_hermes_conn_t         conn;
@@ -41,6 +43,9 @@ typedef struct {
     u_char                         dir[NGX_HTTP_HERMES_DIR_MAX];
     ngx_pid_t                      pid;
     ngx_log_t                     *log;
+    ngx_thread_pool_t             *tp;
+    ngx_event_t                    retry;
+    ngx_uint_t                     tries;
     unsigned                       failed:1;
 } ngx_http_hermes_kill_t;
 
@@ -56,6 +61,7 @@ static ngx_int_t ngx_http_hermes_spawn_run(ngx_http_hermes_spawn_t *s,
     size_t out_size, const char *step);
 static void ngx_http_hermes_kill_thread(void *data, ngx_log_t *log);
 static void ngx_http_hermes_kill_event(ngx_event_t *ev);
+static void ngx_http_hermes_kill_retry(ngx_event_t *ev);
 static void ngx_http_hermes_sweep_handler(ngx_event_t *ev);
 
 
@@ -372,6 +378,7 @@ ngx_http_hermes_kernel_kill(ngx_thread_pool_t *tp,
     ngx_memcpy(k->dir, dir, dir_len);
     k->pid = pid;
     k->log = log;
+    k->tp = tp;
 
     ngx_http_hermes_conn_take(&k->conn, bcf, host);
 
@@ -429,6 +436,28 @@ static void
 ngx_http_hermes_kill_event(ngx_event_t *ev)
 {
     ngx_http_hermes_kill_t *k = ev->data;
+
+    if (k->failed && k->conn.unavailable
+        && k->tries < NGX_HTTP_HERMES_KILL_RETRIES)
+    {
+        /* the host is down: try again later, the kernel must go */
+
+        ngx_log_error(NGX_LOG_WARN, k->log, 0,
+                      "hermes: killing kernel %P in \"%s\" failed: %s; "
+                      "retrying", k->pid, k->dir, k->conn.err);
+
+        ngx_http_hermes_conn_give(&k->conn);
+
+        k->tries++;
+        k->failed = 0;
+        k->retry.handler = ngx_http_hermes_kill_retry;
+        k->retry.data = k;
+        k->retry.log = k->log;
+        k->retry.cancelable = 1;
+
+        ngx_add_timer(&k->retry, 2000 * k->tries);
+        return;
+    }
 
     if (k->failed) {
         ngx_log_error(NGX_LOG_WARN, k->log, 0,
@@ -590,5 +619,19 @@ ngx_http_hermes_kernel_exit_process(ngx_cycle_t *cycle)
         if (bcfs[i]->type == NGX_HTTP_HERMES_BACKEND_SSH) {
             ngx_http_hermes_ssh_exit_process(bcfs[i]);
         }
+    }
+}
+
+
+static void
+ngx_http_hermes_kill_retry(ngx_event_t *ev)
+{
+    ngx_http_hermes_kill_t *k = ev->data;
+
+    ngx_http_hermes_conn_take(&k->conn, k->conn.bcf, k->conn.host);
+
+    if (ngx_thread_task_post(k->tp, &k->task) != NGX_OK) {
+        ngx_http_hermes_conn_give(&k->conn);
+        ngx_free(k);
     }
 }

@@ -23,6 +23,14 @@ CHUNK = 65536
 
 
 def alive(pid):
+    """The kernel runs; a zombie (its parent may reap late) does not."""
+    try:
+        with open("/proc/%d/stat" % pid, "rb") as f:
+            return f.read().rsplit(b")", 1)[1].split()[0] not in (b"Z", b"X")
+    except FileNotFoundError:
+        return False
+    except OSError:
+        pass
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -65,6 +73,17 @@ def ship(cell, pid, req, out):
     return True
 
 
+def drain(fd, offset, out):
+    """Copy cell_out from offset to its current end; the new offset."""
+    while fd is not None:
+        data = os.pread(fd, CHUNK, offset)
+        if not data:
+            break
+        out.write(data)
+        offset += len(data)
+    return offset
+
+
 def relay(cell, pid, offset, out):
     out_path = os.path.join(CELLS, "cell_out_%06d" % cell)
     res_path = os.path.join(CELLS, "cell_res_%06d.json" % cell)
@@ -76,25 +95,14 @@ def relay(cell, pid, offset, out):
                 fd = os.open(out_path, os.O_RDONLY)
             except FileNotFoundError:
                 pass
-        moved = False
-        if fd is not None:
-            while True:
-                data = os.pread(fd, CHUNK, offset)
-                if not data:
-                    break
-                out.write(data)
-                offset += len(data)
-                moved = True
-            if moved:
-                out.flush()
+        start = offset
+        offset = drain(fd, offset, out)
+        moved = offset > start
+        if moved:
+            out.flush()
         if os.path.exists(res_path):
-            if fd is not None:
-                while True:
-                    data = os.pread(fd, CHUNK, offset)
-                    if not data:
-                        break
-                    out.write(data)
-                    offset += len(data)
+            # the runner closed cell_out before renaming the result into place
+            offset = drain(fd, offset, out)
             with open(res_path, "rb") as f:
                 res = f.read()
             out.write(b"\x1e" + res)
