@@ -377,7 +377,7 @@ ngx_http_hermes_kernel_kill(ngx_thread_pool_t *tp,
 
     ngx_memcpy(k->dir, dir, dir_len);
     k->pid = pid;
-    k->log = log;
+    k->log = ngx_cycle->log;     /* the task may outlive a request */
     k->tp = tp;
 
     ngx_http_hermes_conn_take(&k->conn, bcf, host);
