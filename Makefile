@@ -63,11 +63,12 @@ build-asan/nginx/Makefile: config .deps-ok
 
 $(MODULE): build/nginx/Makefile $(SRCS) $(GEN)
 	$(MAKE) -s -f $(TOP)/build/nginx/Makefile -C build/src modules
-	cp build/nginx/ngx_http_hermes_module.so $@
+	@# a new inode: a running nginx keeps its mapping of the old file
+	cp build/nginx/ngx_http_hermes_module.so $@.tmp && mv -f $@.tmp $@
 
 $(ASAN_MODULE): build-asan/nginx/Makefile $(SRCS) $(GEN)
 	$(MAKE) -s -f $(TOP)/build-asan/nginx/Makefile -C build-asan/src modules
-	cp build-asan/nginx/ngx_http_hermes_module.so $@
+	cp build-asan/nginx/ngx_http_hermes_module.so $@.tmp && mv -f $@.tmp $@
 
 module: deps $(MODULE)
 asan: deps $(ASAN_MODULE)
