@@ -26,14 +26,6 @@ $t->write_conf(<<'CONF');
 CONF
 $t->run;
 
-sub runner_pid {
-    my ($kid) = @_;
-    for my $pid (procs_matching(qr/kernel_runner\.py/)) {
-        my $cwd = readlink("/proc/$pid/cwd") // '';
-        return $pid if $cwd =~ /hermes_rkernel_$kid$/;
-    }
-    return undef;
-}
 
 # --- a timed-out cell kills its kernel's whole process group
 
@@ -72,16 +64,6 @@ $r = $t->execute('/v1/execute', { session => 'dies', code => "z = 1" });
 $kid = $r->{result}{kernel}{kernel_id};
 $pid = runner_pid($kid);
 kill 'KILL', $pid;
-# dead means every thread gone (they hold the files), not just the leader
-sub all_threads_gone {
-    my ($pid) = @_;
-    for my $stat (glob "/proc/$pid/task/*/stat") {
-        open my $fh, '<', $stat or next;
-        my $line = <$fh> // next;
-        return 0 unless $line =~ /\) [ZX] /;
-    }
-    return 1;
-}
 ok(wait_until(sub { !pid_alive($pid) && all_threads_gone($pid) }, 5),
     'kernel killed from outside');
 $r = $t->execute('/v1/execute', { session => 'dies', code => "print('z' in globals())" });

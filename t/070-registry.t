@@ -44,13 +44,6 @@ my %bob = (headers => { 'X-Owner' => 'bob' });
 sub run_cell { my ($s, $code, %o) = @_; $t->execute('/v1/execute', { session => $s, code => $code }, %alice, %o) }
 sub status { $t->http('GET', '/v1/status')->{json} }
 sub dir_of { my ($k) = @_; $t->kroot . "/hermes_rkernel_$k" }
-sub runner_pid {
-    my ($kid) = @_;
-    for my $pid (procs_matching(qr/kernel_runner\.py/)) {
-        return $pid if (readlink("/proc/$pid/cwd") // '') =~ /$kid$/;
-    }
-    return undef;
-}
 
 # --- cap 2, three sessions, one mid-cell: the running one survives, the LRU
 #     idle one goes

@@ -38,13 +38,6 @@ $t->run;
 
 sub run_cell { my ($s, $code, %o) = @_; $t->execute('/v1/execute', { session => $s, code => $code }, %o) }
 sub status { $t->http('GET', '/v1/status')->{json} }
-sub runner_pid {
-    my ($kid) = @_;
-    for my $pid (procs_matching(qr/kernel_runner\.py/)) {
-        return $pid if (readlink("/proc/$pid/cwd") // '') =~ /$kid$/;
-    }
-    return undef;
-}
 
 # --- idle reap: process and directory gone; a long cell is never reaped
 

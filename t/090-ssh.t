@@ -120,14 +120,6 @@ sub run_cell {
 
 sub dir_of { $t->kroot . "/hermes_rkernel_$_[0]" }
 
-sub runner_pid {
-    my ($kid) = @_;
-    return undef unless $kid;
-    for my $pid (procs_matching(qr/kernel_runner\.py/)) {
-        return $pid if (readlink("/proc/$pid/cwd") // '') =~ /hermes_rkernel_$kid$/;
-    }
-    return undef;
-}
 
 # the sshd port a process was started through (SSH_CONNECTION in its
 # initial environment), or undef for one not started over ssh
@@ -173,15 +165,6 @@ sub no_socket_leak {
         or diag "worker unix sockets: $before before, $now after";
 }
 
-sub all_threads_gone {
-    my ($pid) = @_;
-    for my $stat (glob "/proc/$pid/task/*/stat") {
-        open my $fh, '<', $stat or next;
-        my $line = <$fh> // next;
-        return 0 unless $line =~ /\) [ZX] /;
-    }
-    return 1;
-}
 
 sub listing {
     my $r = $t->http('GET', '/v1/kernels');

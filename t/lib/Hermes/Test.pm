@@ -41,6 +41,7 @@ use Errno qw(EINTR EAGAIN EWOULDBLOCK ESRCH);
 
 use Exporter 'import';
 our @EXPORT = qw(wait_until pid_alive procs_matching all_cmdlines all_environs
+                 runner_pid all_threads_gone
                  parse_chunked parse_ndjson ABORT_STREAM);
 our @EXPORT_OK = @EXPORT;
 
@@ -883,6 +884,27 @@ sub procs_matching {
 }
 
 # pid => raw /proc/PID/cmdline bytes (NULs kept)
+# the pid of the runner of kernel KID (its cwd is its kernel dir)
+sub runner_pid {
+    my ($kid) = @_;
+    return undef unless $kid;
+    for my $pid (procs_matching(qr/kernel_runner\.py/)) {
+        return $pid if (readlink("/proc/$pid/cwd") // '') =~ /hermes_rkernel_$kid$/;
+    }
+    return undef;
+}
+
+# dead means every thread gone (they hold the files), not just the leader
+sub all_threads_gone {
+    my ($pid) = @_;
+    for my $stat (glob "/proc/$pid/task/*/stat") {
+        open my $fh, '<', $stat or next;
+        my $line = <$fh> // next;
+        return 0 unless $line =~ /\) [ZX] /;
+    }
+    return 1;
+}
+
 sub all_cmdlines {
     my %r;
     for my $pid (_all_pids()) {
