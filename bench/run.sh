@@ -4,7 +4,9 @@
 #
 # Starts, each in its own temporary prefix and process group, on 127.0.0.1:
 #   - a hermes nginx (2 workers, local backend, kernels dir 0700,
-#     client_max_body_size 4m, hermes_max_stream 5m);
+#     client_max_body_size 4m, hermes_max_stream 5m) with two locations:
+#     /v1/execute with its kernels root in the prefix under /tmp (a disk
+#     filesystem here), /v1/execute-tmpfs with its root under /dev/shm;
 #   - Debian's jupyter-server with TCP_NODELAY set on the kernel websocket
 #     (set_nodelay(True) in ZMQChannelsHandler.open, from a
 #     jupyter_server_config.py), the variant SPEC section 6 compares with;
@@ -16,6 +18,7 @@
 #
 # Environment:
 #   BENCH_STOCK=0          skip the stock jupyter-server
+#   BENCH_TMPFS=0          skip the hermes location with its root on tmpfs
 #   BENCH_JUPYTER_PAR=N    also run the parallel test on jupyter with N
 #                          sessions (default 0: hermes only)
 #   BENCH_TIMEOUT=SECONDS  hard limit on bench.py (default 420)
@@ -48,15 +51,22 @@ fi
 # --- temporary prefix and cleanup ---------------------------------------------
 prefix=$(mktemp -d /tmp/hermes-bench.XXXXXXXX)
 chmod 700 "$prefix"
+# A second kernels root on tmpfs: the file protocol (a few files created,
+# renamed and deleted a cell) costs much more on a disk filesystem.
+shm=""
+if [ "${BENCH_TMPFS:-1}" = 1 ] && [ -d /dev/shm ] && [ -w /dev/shm ]; then
+    shm=$(mktemp -d /dev/shm/hermes-bench.XXXXXXXX)
+    chmod 700 "$shm"
+fi
 pids=()           # group leaders we started (setsid): nginx, jupyter x2
 
 # Kill, by pid, whatever still runs from our prefix: processes whose cwd is
 # under it (hermes kernels run in PREFIX/kernels/hermes_rkernel_*) or whose
 # command line names it (jupyter's kernels get -f PREFIX/.../kernel-*.json).
 kill_strays() {
-    "$PY" - "$prefix" <<'EOF' || true
+    "$PY" - "$prefix" $shm <<'EOF' || true
 import os, signal, sys
-prefix = sys.argv[1].rstrip("/") + "/"
+prefixes = [p.rstrip("/") + "/" for p in sys.argv[1:]]
 me = os.getpid()
 for d in os.listdir("/proc"):
     if not d.isdigit() or int(d) in (me, os.getppid()):
@@ -71,7 +81,7 @@ for d in os.listdir("/proc"):
             cmd = f.read().replace(b"\0", b" ").decode(errors="replace")
     except OSError:
         cmd = ""
-    if cwd.startswith(prefix) or prefix in cmd:
+    if any(cwd.startswith(p) or p in cmd for p in prefixes):
         try:
             os.kill(pid, signal.SIGKILL)
         except OSError:
@@ -103,6 +113,7 @@ cleanup() {
     kill_strays
     sleep 0.2
     kill_strays
+    [ -n "$shm" ] && rm -rf "$shm"
     if [ "${BENCH_KEEP:-0}" = 1 ] || [ $rc != 0 ]; then
         echo "bench: logs kept in $prefix" >&2
     else
@@ -139,6 +150,18 @@ cp "$module" "$prefix/nginx/ngx_http_hermes_module.so"
 chmod 700 "$prefix/kernels"
 user=""
 [ "$(id -u)" = 0 ] && user="user root;"
+shm_location=""
+if [ -n "$shm" ]; then
+    mkdir -p "$shm/kernels"
+    chmod 700 "$shm/kernels"
+    shm_location="
+        location = /v1/execute-tmpfs {
+            hermes_backend local root=$shm/kernels;
+            hermes_execute;
+            hermes_cell_timeout 60s;
+            hermes_max_stream 5m;
+        }"
+fi
 cat > "$prefix/nginx/nginx.conf" <<EOF
 load_module $prefix/nginx/ngx_http_hermes_module.so;
 $user
@@ -167,6 +190,7 @@ http {
             hermes_cell_timeout 60s;
             hermes_max_stream 5m;
         }
+$shm_location
     }
 }
 EOF
@@ -241,10 +265,11 @@ fi
 set +e
 timeout --kill-after=10 "${BENCH_TIMEOUT:-420}" "$PY" "$top/bench/bench.py" \
     --hermes "http://127.0.0.1:$hport/v1/execute" \
+    ${shm:+--hermes-tmpfs "http://127.0.0.1:$hport/v1/execute-tmpfs"} \
     --jupyter "http://127.0.0.1:$jport_nodelay" \
     ${stock_arg[@]+"${stock_arg[@]}"} \
     --jupyter-par "${BENCH_JUPYTER_PAR:-0}" \
-    --hermes-log "$prefix/nginx/logs/error.log" \
+    --hermes-log "$prefix/nginx/logs/error.log" --hermes-pid "$nginx_pid" \
     --out "$top/bench/results.json" &
 bench_pid=$!
 wait "$bench_pid"
