@@ -211,6 +211,8 @@ typedef struct {
     u_char                        dir[NGX_HTTP_HERMES_DIR_MAX];
     size_t                        dir_len;
     ngx_pid_t                     pid;
+    uint64_t                      start;        /* pid's start, clock ticks */
+    uint64_t                      ino;          /* the directory's inode */
     ngx_uint_t                    host;
     u_char                        tag[NGX_HTTP_HERMES_BACKEND_TAG_LEN];
 } ngx_http_hermes_victim_t;
@@ -235,6 +237,10 @@ typedef struct {
 
     ngx_pid_t                     pid;          /* kernel process group */
     ngx_pid_t                     holder;       /* worker running a cell */
+
+    /* what tells this kernel from a stranger reusing its pid or its path */
+    uint64_t                      start;        /* pid's start, clock ticks */
+    uint64_t                      ino;          /* the directory's inode */
 
     uint64_t                      created;      /* ms since the epoch */
     uint64_t                      last_used;
@@ -274,6 +280,8 @@ typedef struct {
     u_char                        dir[NGX_HTTP_HERMES_DIR_MAX];
     size_t                        dir_len;
     ngx_pid_t                     pid;
+    uint64_t                      start;
+    uint64_t                      ino;
     ngx_uint_t                    host;
 
     uint32_t                      gen;
@@ -285,6 +293,18 @@ typedef struct {
     unsigned                      reused:1;
     unsigned                      state_lost:1;
 } ngx_http_hermes_kernel_ref_t;
+
+
+/* what a spawn made: the id may differ from the one asked for (EEXIST) */
+
+typedef struct {
+    u_char                        kernel_id[NGX_HTTP_HERMES_ID_LEN];
+    u_char                        dir[NGX_HTTP_HERMES_DIR_MAX];
+    size_t                        dir_len;
+    ngx_pid_t                     pid;
+    uint64_t                      start;
+    uint64_t                      ino;
+} ngx_http_hermes_spawned_t;
 
 
 typedef enum {
@@ -325,7 +345,7 @@ ngx_int_t ngx_http_hermes_registry_poll(ngx_http_hermes_zone_t *zone,
 ngx_int_t ngx_http_hermes_registry_renew(ngx_http_hermes_zone_t *zone,
     ngx_http_hermes_kernel_ref_t *ref, ngx_str_t *root);
 ngx_int_t ngx_http_hermes_registry_spawned(ngx_http_hermes_zone_t *zone,
-    ngx_http_hermes_kernel_ref_t *ref);
+    ngx_http_hermes_kernel_ref_t *ref, ngx_http_hermes_spawned_t *k);
 void ngx_http_hermes_registry_release(ngx_http_hermes_zone_t *zone,
     ngx_http_hermes_kernel_ref_t *ref, ngx_uint_t how,
     ngx_uint_t execution_count);
@@ -359,6 +379,9 @@ ngx_int_t ngx_http_hermes_local_wake(u_char *dir, ngx_log_t *log);
 ngx_int_t ngx_http_hermes_local_wait_ready(u_char *dir, ngx_pid_t pid,
     ngx_msec_t timeout);
 ngx_int_t ngx_http_hermes_ready_pid(u_char *buf, ngx_pid_t pid);
+ngx_int_t ngx_http_hermes_proc_start(u_char *stat, size_t len,
+    uint64_t *start);
+ngx_int_t ngx_http_hermes_local_proc_start(ngx_pid_t pid, uint64_t *start);
 
 
 /* the ssh backend: sessions per worker and host, commands, cell relays */
@@ -385,15 +408,15 @@ void ngx_http_hermes_ssh_exit_process(ngx_http_hermes_backend_conf_t *bcf);
 typedef struct ngx_http_hermes_spawn_s  ngx_http_hermes_spawn_t;
 
 typedef void (*ngx_http_hermes_spawn_done_pt)(void *data, ngx_int_t rc,
-    ngx_pid_t pid, const char *err);
+    ngx_http_hermes_spawned_t *k, const char *err);
 
 ngx_int_t ngx_http_hermes_kernel_spawn(ngx_http_hermes_loc_conf_t *hlcf,
     ngx_http_hermes_zone_t *zone, ngx_http_hermes_kernel_ref_t *ref,
     ngx_pool_t *pool, ngx_http_hermes_spawn_done_pt done, void *data,
     ngx_log_t *log);
 ngx_int_t ngx_http_hermes_kernel_kill(ngx_thread_pool_t *tp,
-    ngx_http_hermes_backend_conf_t *bcf, ngx_uint_t host, u_char *dir,
-    size_t dir_len, ngx_pid_t pid, ngx_log_t *log);
+    ngx_http_hermes_backend_conf_t *bcf, ngx_http_hermes_victim_t *v,
+    ngx_log_t *log);
 void ngx_http_hermes_kernel_kill_victims(ngx_thread_pool_t *tp,
     ngx_http_hermes_victims_t *victims, ngx_log_t *log);
 ngx_int_t ngx_http_hermes_kernel_init_process(ngx_cycle_t *cycle,

@@ -397,3 +397,73 @@ ngx_http_hermes_ready_pid(u_char *buf, ngx_pid_t pid)
 
     return (got == pid) ? NGX_OK : NGX_ERROR;
 }
+
+
+/*
+ * The start time (field 22 of /proc/PID/stat, clock ticks after boot):
+ * with the pid, it names one process for good.  The command name may hold
+ * spaces and parentheses, so the fields are counted after the last ')'.
+ */
+
+ngx_int_t
+ngx_http_hermes_proc_start(u_char *stat, size_t len, uint64_t *start)
+{
+    u_char      *p, *last, *q;
+    ngx_uint_t   field;
+
+    last = stat + len;
+
+    for (p = last; p > stat && p[-1] != ')'; p--) { /* void */ }
+
+    if (p == stat) {
+        return NGX_ERROR;
+    }
+
+    /* p is past the ")": field 3, the state, comes first */
+
+    for (field = 3; p < last; field++) {
+        while (p < last && *p == ' ') {
+            p++;
+        }
+
+        for (q = p; q < last && *q != ' ' && *q != '\n'; q++) { /* void */ }
+
+        if (field == 22) {
+            if (q == p) {
+                return NGX_ERROR;
+            }
+
+            *start = (uint64_t) ngx_atoof(p, q - p);
+            return (*start == (uint64_t) NGX_ERROR) ? NGX_ERROR : NGX_OK;
+        }
+
+        p = q;
+    }
+
+    return NGX_ERROR;
+}
+
+
+ngx_int_t
+ngx_http_hermes_local_proc_start(ngx_pid_t pid, uint64_t *start)
+{
+    u_char    path[64], buf[1024];
+    ssize_t   n;
+    ngx_fd_t  fd;
+
+    ngx_sprintf(path, "/proc/%P/stat%Z", pid);
+
+    fd = open((char *) path, O_RDONLY|O_CLOEXEC);
+    if (fd == -1) {
+        return NGX_ERROR;
+    }
+
+    n = read(fd, buf, sizeof(buf));
+    close(fd);
+
+    if (n <= 0) {
+        return NGX_ERROR;
+    }
+
+    return ngx_http_hermes_proc_start(buf, n, start);
+}

@@ -69,7 +69,7 @@ static ngx_int_t ngx_http_hermes_cell_acquired(ngx_http_hermes_cell_t *cell,
     ngx_int_t rc);
 static void ngx_http_hermes_cell_wait_handler(ngx_event_t *ev);
 static void ngx_http_hermes_cell_spawned(void *data, ngx_int_t rc,
-    ngx_pid_t pid, const char *err);
+    ngx_http_hermes_spawned_t *k, const char *err);
 static ngx_int_t ngx_http_hermes_cell_spawn(ngx_http_hermes_cell_t *cell);
 static void ngx_http_hermes_cell_run(ngx_http_hermes_cell_t *cell);
 static ngx_int_t ngx_http_hermes_cell_started(ngx_http_hermes_cell_t *cell);
@@ -400,8 +400,8 @@ ngx_http_hermes_cell_spawn(ngx_http_hermes_cell_t *cell)
 
 
 static void
-ngx_http_hermes_cell_spawned(void *data, ngx_int_t rc, ngx_pid_t pid,
-    const char *err)
+ngx_http_hermes_cell_spawned(void *data, ngx_int_t rc,
+    ngx_http_hermes_spawned_t *k, const char *err)
 {
     ngx_http_hermes_cell_t *cell = data;
 
@@ -450,11 +450,15 @@ ngx_http_hermes_cell_spawned(void *data, ngx_int_t rc, ngx_pid_t pid,
         goto done;
     }
 
-    cell->ref.pid = pid;
-
-    if (ngx_http_hermes_registry_spawned(cell->zone, &cell->ref) != NGX_OK) {
+    if (ngx_http_hermes_registry_spawned(cell->zone, &cell->ref, k)
+        != NGX_OK)
+    {
         /* shut down while spawning */
-        cell->ref.pid = pid;
+        ngx_memcpy(cell->ref.dir, k->dir, k->dir_len + 1);
+        cell->ref.dir_len = k->dir_len;
+        cell->ref.pid = k->pid;
+        cell->ref.start = k->start;
+        cell->ref.ino = k->ino;
         ngx_http_hermes_cell_kill(cell);
         ngx_http_hermes_cell_error(cell, NGX_HTTP_BAD_GATEWAY, "spawn_failed",
                                    "the kernel was shut down while starting");
@@ -463,8 +467,8 @@ ngx_http_hermes_cell_spawned(void *data, ngx_int_t rc, ngx_pid_t pid,
 
     ngx_log_error(NGX_LOG_INFO, cell->log, 0,
                   "hermes: kernel %*s (pid %P) started for session \"%V\"",
-                  (size_t) NGX_HTTP_HERMES_ID_LEN, cell->ref.kernel_id, pid,
-                  &cell->req.session);
+                  (size_t) NGX_HTTP_HERMES_ID_LEN, cell->ref.kernel_id,
+                  cell->ref.pid, &cell->req.session);
 
     ngx_http_hermes_cell_run(cell);
 
@@ -1477,10 +1481,17 @@ ngx_http_hermes_cell_died_handler(ngx_event_t *ev)
 static void
 ngx_http_hermes_cell_kill(ngx_http_hermes_cell_t *cell)
 {
+    ngx_http_hermes_victim_t  v;
+
+    ngx_memcpy(v.dir, cell->ref.dir, cell->ref.dir_len);
+    v.dir_len = cell->ref.dir_len;
+    v.pid = cell->ref.pid;
+    v.start = cell->ref.start;
+    v.ino = cell->ref.ino;
+    v.host = cell->ref.host;
+
     if (ngx_http_hermes_kernel_kill(cell->hlcf->thread_pool,
-                                    cell->hlcf->backend, cell->ref.host,
-                                    cell->ref.dir, cell->ref.dir_len,
-                                    cell->ref.pid, cell->log)
+                                    cell->hlcf->backend, &v, cell->log)
         != NGX_OK)
     {
         ngx_log_error(NGX_LOG_ERR, cell->log, 0,

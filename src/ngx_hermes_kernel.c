@@ -23,25 +23,28 @@
 
 #define NGX_HTTP_HERMES_KILL_RETRIES  5
 
+/* kernel directories that may already exist before we give up */
+#define NGX_HTTP_HERMES_MKDIR_TRIES   4
+
 
 struct ngx_http_hermes_spawn_s {
     ngx_http_hermes_conn_t         conn;
-    u_char                         dir[NGX_HTTP_HERMES_DIR_MAX];
+    ngx_http_hermes_spawned_t      k;
+    ngx_str_t                      root;
     u_char                         env[256];
     size_t                         env_len;
-    ngx_pid_t                      pid;
     ngx_int_t                      rc;
     u_char                         err[256];
     ngx_http_hermes_spawn_done_pt  done;
     void                          *data;
+    unsigned                       made:1;
 };
 
 
 typedef struct {
     ngx_thread_task_t              task;
     ngx_http_hermes_conn_t         conn;
-    u_char                         dir[NGX_HTTP_HERMES_DIR_MAX];
-    ngx_pid_t                      pid;
+    ngx_http_hermes_victim_t       v;
     ngx_log_t                     *log;
     ngx_thread_pool_t             *tp;
     ngx_event_t                    retry;
@@ -56,6 +59,9 @@ static ngx_http_hermes_main_conf_t  *ngx_http_hermes_main_conf;
 
 static void ngx_http_hermes_spawn_thread(void *data, ngx_log_t *log);
 static void ngx_http_hermes_spawn_event(ngx_event_t *ev);
+static ngx_int_t ngx_http_hermes_spawn_check_dirs(ngx_http_hermes_spawn_t *s,
+    u_char *out);
+static void ngx_http_hermes_kernel_new_id(ngx_http_hermes_spawn_t *s);
 static ngx_int_t ngx_http_hermes_spawn_run(ngx_http_hermes_spawn_t *s,
     u_char *cmd, const u_char *in, size_t in_len, u_char *out,
     size_t out_size, const char *step);
@@ -86,7 +92,10 @@ ngx_http_hermes_kernel_spawn(ngx_http_hermes_loc_conf_t *hlcf,
 
     ngx_http_hermes_conn_take(&s->conn, hlcf->backend, ref->host);
 
-    ngx_memcpy(s->dir, ref->dir, ref->dir_len + 1);
+    ngx_memcpy(s->k.kernel_id, ref->kernel_id, NGX_HTTP_HERMES_ID_LEN);
+    ngx_memcpy(s->k.dir, ref->dir, ref->dir_len + 1);
+    s->k.dir_len = ref->dir_len;
+    s->root = hlcf->backend->root;
     s->done = done;
     s->data = data;
 
@@ -119,7 +128,7 @@ ngx_http_hermes_kernel_spawn(ngx_http_hermes_loc_conf_t *hlcf,
     }
 
     ngx_log_debug1(NGX_LOG_DEBUG_HTTP, log, 0,
-                   "hermes: spawning kernel in \"%s\"", s->dir);
+                   "hermes: spawning kernel in \"%s\"", s->k.dir);
 
     return NGX_OK;
 }
@@ -132,33 +141,67 @@ ngx_http_hermes_spawn_thread(void *data, ngx_log_t *log)
 
     u_char                         *d, *p, *last;
     ngx_int_t                       pid, rc;
+    ngx_uint_t                      tries;
     ngx_http_hermes_remote_file_t  *rf;
     u_char                          cmd[NGX_HTTP_HERMES_CMD_MAX];
-    u_char                          out[256];
+    u_char                          out[512];
 
-    d = s->dir;
+    d = s->k.dir;
     s->rc = NGX_ERROR;
-    s->pid = 0;
     last = cmd + sizeof(cmd) - 1;
 
-    /* 1. owner-only directories, verified: anything but 0700 fails */
+    /*
+     * 1. A directory of our own, never one found there: a co-tenant who
+     * read the name first may have made it.  mkdir without -p fails on
+     * any existing path; then a new id.  The root must keep others from
+     * renaming our directory away (not writable by them, or sticky).
+     */
 
-    *ngx_slprintf(cmd, last,
-                  "umask 077 && mkdir -p '%s/cells' '%s/rpc'"
-                  " && chmod 700 '%s' '%s/cells' '%s/rpc'"
-                  " && stat -c %%a '%s' '%s/cells' '%s/rpc'",
-                  d, d, d, d, d, d, d, d) = '\0';
+    for (tries = 0; /* void */; tries++) {
 
-    if (ngx_http_hermes_spawn_run(s, cmd, NULL, 0, out, sizeof(out),
-                                  "directory setup")
-        != NGX_OK)
-    {
-        goto failed;
+        *ngx_slprintf(cmd, last,
+            "umask 077; r='%V';"
+            " if [ -n \"$(find \"$r/\" -maxdepth 0 -perm /022 ! -perm -1000)\" ];"
+            " then echo \"the kernels root $r is writable by others without"
+            " the sticky bit\"; exit 3; fi;"
+            " if ! mkdir -m 700 -- '%s' 2>/dev/null; then"
+            " if [ -e '%s' ] || [ -L '%s' ]; then echo EEXIST; exit 4; fi;"
+            " mkdir -m 700 -- '%s'; exit 5; fi; echo made;"
+            " mkdir -m 700 -- '%s/cells' '%s/rpc'"
+            " && stat -c '%%F:%%u:%%a:%%i' -- '%s' '%s/cells' '%s/rpc'"
+            " && id -u",
+            &s->root, d, d, d, d, d, d, d, d, d) = '\0';
+
+        rc = ngx_http_hermes_spawn_run(s, cmd, NULL, 0, out, sizeof(out),
+                                       "directory setup");
+
+        /* only a directory this step made is ours to remove */
+        s->made = (ngx_strncmp(out, "made\n", 5) == 0);
+
+        if (rc == NGX_OK) {
+            break;
+        }
+
+        if (s->rc == NGX_DECLINED || ngx_strcmp(out, "EEXIST\n") != 0) {
+            goto failed;
+        }
+
+        if (tries == NGX_HTTP_HERMES_MKDIR_TRIES) {
+            ngx_snprintf(s->err, sizeof(s->err),
+                         "directory setup: %ui kernel directories in a row "
+                         "existed already: another user is making them%Z",
+                         tries + 1);
+            goto failed;
+        }
+
+        ngx_log_error(NGX_LOG_WARN, log, 0,
+                      "hermes: kernel directory \"%s\" exists, made by "
+                      "someone else; picking another id", d);
+
+        ngx_http_hermes_kernel_new_id(s);
     }
 
-    if (ngx_strcmp(out, "700\n700\n700\n") != 0) {
-        ngx_snprintf(s->err, sizeof(s->err),
-                     "directory setup: modes are not 0700: \"%s\"%Z", out);
+    if (ngx_http_hermes_spawn_check_dirs(s, out + 5) != NGX_OK) {
         goto failed;
     }
 
@@ -197,12 +240,13 @@ ngx_http_hermes_spawn_thread(void *data, ngx_log_t *log)
 
     /*
      * 4. start: the env is sourced in a subshell, so the token never
-     * enters the outer shell; the runner leads its own process group
+     * enters the outer shell; the runner leads its own process group;
+     * -I: no script directory, user site or PYTHON* variables on its path
      */
 
     *ngx_slprintf(cmd, last,
                   "umask 077 && cd '%s' && { ( set -a; . ./kernel.env; set +a;"
-                  " rm -f ./kernel.env; exec setsid python3 kernel_runner.py )"
+                  " rm -f ./kernel.env; exec setsid python3 -I kernel_runner.py )"
                   " >runner.log 2>&1 </dev/null & } && echo $!",
                   d) = '\0';
 
@@ -221,26 +265,40 @@ ngx_http_hermes_spawn_thread(void *data, ngx_log_t *log)
         goto failed;
     }
 
-    s->pid = (ngx_pid_t) pid;
+    s->k.pid = (ngx_pid_t) pid;
 
-    /* 5. alive: the runner says "ready" with its pid */
+    /*
+     * 5. alive: the runner says "ready" with its pid; the pid's start time
+     * tells it from a later process given the same pid
+     */
 
     if (s->conn.bcf->type == NGX_HTTP_HERMES_BACKEND_LOCAL) {
-        rc = ngx_http_hermes_local_wait_ready(d, s->pid,
+        rc = ngx_http_hermes_local_wait_ready(d, s->k.pid,
                                               NGX_HTTP_HERMES_READY_TIMEOUT);
+        if (rc == NGX_OK) {
+            rc = ngx_http_hermes_local_proc_start(s->k.pid, &s->k.start);
+        }
 
     } else {
         *ngx_slprintf(cmd, last,
                       "i=0; while [ $i -lt 1000 ] && [ ! -s '%s/ready' ]"
                       " && kill -0 %P 2>/dev/null;"
                       " do sleep 0.01; i=$((i+1)); done;"
-                      " cat '%s/ready' && kill -0 %P",
-                      d, s->pid, d, s->pid) = '\0';
+                      " cat '%s/ready' && kill -0 %P"
+                      " && echo && cat /proc/%P/stat",
+                      d, s->k.pid, d, s->k.pid, s->k.pid) = '\0';
 
         rc = ngx_http_hermes_spawn_run(s, cmd, NULL, 0, out, sizeof(out),
                                        "ready");
         if (rc == NGX_OK) {
-            rc = ngx_http_hermes_ready_pid(out, s->pid);
+            rc = ngx_http_hermes_ready_pid(out, s->k.pid);
+        }
+
+        if (rc == NGX_OK) {
+            /* "ready" has no newline of its own: the stat line follows */
+            p = (u_char *) ngx_strchr(out, '\n');
+            p = p ? p + 1 : out;
+            rc = ngx_http_hermes_proc_start(p, ngx_strlen(p), &s->k.start);
         }
     }
 
@@ -265,9 +323,15 @@ failed:
         return;
     }
 
-    if (s->pid) {
+    if (!s->made) {
+        /* the path is someone else's, or was never made */
+        s->rc = NGX_ERROR;
+        return;
+    }
+
+    if (s->k.pid) {
         *ngx_slprintf(cmd, last, "kill -9 -%P 2>/dev/null; rm -rf -- '%s'",
-                      s->pid, d) = '\0';
+                      s->k.pid, d) = '\0';
 
     } else {
         *ngx_slprintf(cmd, last, "rm -rf -- '%s'", d) = '\0';
@@ -277,6 +341,88 @@ failed:
                                      NULL);
 
     s->rc = NGX_ERROR;
+}
+
+
+/*
+ * "directory:UID:700:INO" for the kernel dir, cells/ and rpc/, then the
+ * uid we run as: real directories (stat does not follow a symlink), ours,
+ * owner-only.  Anything else fails, whatever made it so.
+ */
+
+static ngx_int_t
+ngx_http_hermes_spawn_check_dirs(ngx_http_hermes_spawn_t *s, u_char *out)
+{
+    u_char      *p, *nl, *uid, *f[4];
+    ngx_uint_t   i, n;
+
+    uid = NULL;
+
+    for (p = out, i = 0; i < 4; i++, p = nl + 1) {
+        nl = (u_char *) ngx_strchr(p, '\n');
+        if (nl == NULL) {
+            goto bad;
+        }
+
+        if (i == 3) {
+            uid = p;
+            *nl = '\0';
+            break;
+        }
+    }
+
+    for (p = out, i = 0; i < 3; i++) {
+        for (n = 0; n < 4; n++) {
+            f[n] = p;
+            while (*p != ':' && *p != '\n') {
+                p++;
+            }
+
+            if ((n < 3 && *p != ':') || (n == 3 && *p != '\n')) {
+                goto bad;
+            }
+
+            *p++ = '\0';
+        }
+
+        if (ngx_strcmp(f[0], "directory") != 0
+            || ngx_strcmp(f[1], uid) != 0
+            || ngx_strcmp(f[2], "700") != 0)
+        {
+            ngx_snprintf(s->err, sizeof(s->err),
+                         "directory setup: not an owner-only directory of "
+                         "uid %s: \"%s:%s:%s\"%Z", uid, f[0], f[1], f[2]);
+            return NGX_ERROR;
+        }
+
+        if (i == 0) {
+            s->k.ino = ngx_atoof(f[3], ngx_strlen(f[3]));
+        }
+    }
+
+    return NGX_OK;
+
+bad:
+
+    ngx_snprintf(s->err, sizeof(s->err),
+                 "directory setup: unexpected output \"%s\"%Z", out);
+
+    return NGX_ERROR;
+}
+
+
+/* a fresh id, and the directory named by it */
+
+static void
+ngx_http_hermes_kernel_new_id(ngx_http_hermes_spawn_t *s)
+{
+    u_char  id[NGX_HTTP_HERMES_ID_LEN / 2];
+
+    randombytes_buf(id, sizeof(id));
+    ngx_hex_dump(s->k.kernel_id, id, sizeof(id));
+
+    ngx_memcpy(s->k.dir + s->k.dir_len - NGX_HTTP_HERMES_ID_LEN,
+               s->k.kernel_id, NGX_HTTP_HERMES_ID_LEN);
 }
 
 
@@ -336,7 +482,7 @@ ngx_http_hermes_spawn_event(ngx_event_t *ev)
 
     ngx_http_hermes_conn_give(&s->conn);
 
-    s->done(s->data, s->rc, s->pid, (char *) s->err);
+    s->done(s->data, s->rc, &s->k, (char *) s->err);
 }
 
 
@@ -361,12 +507,12 @@ ngx_http_hermes_backend_exec(ngx_http_hermes_conn_t *conn,
 
 ngx_int_t
 ngx_http_hermes_kernel_kill(ngx_thread_pool_t *tp,
-    ngx_http_hermes_backend_conf_t *bcf, ngx_uint_t host, u_char *dir,
-    size_t dir_len, ngx_pid_t pid, ngx_log_t *log)
+    ngx_http_hermes_backend_conf_t *bcf, ngx_http_hermes_victim_t *v,
+    ngx_log_t *log)
 {
     ngx_http_hermes_kill_t  *k;
 
-    if (dir_len == 0 || dir_len >= NGX_HTTP_HERMES_DIR_MAX) {
+    if (v->dir_len == 0 || v->dir_len >= NGX_HTTP_HERMES_DIR_MAX) {
         return NGX_ERROR;
     }
 
@@ -375,12 +521,12 @@ ngx_http_hermes_kernel_kill(ngx_thread_pool_t *tp,
         return NGX_ERROR;
     }
 
-    ngx_memcpy(k->dir, dir, dir_len);
-    k->pid = pid;
+    k->v = *v;
+    k->v.dir[k->v.dir_len] = '\0';
     k->log = ngx_cycle->log;     /* the task may outlive a request */
     k->tp = tp;
 
-    ngx_http_hermes_conn_take(&k->conn, bcf, host);
+    ngx_http_hermes_conn_take(&k->conn, bcf, v->host);
 
     k->task.ctx = k;
     k->task.handler = ngx_http_hermes_kill_thread;
@@ -397,26 +543,42 @@ ngx_http_hermes_kernel_kill(ngx_thread_pool_t *tp,
 }
 
 
+/*
+ * The whole process group, then the directory; but only when they are
+ * still this kernel's.  A pid that now names a process started at another
+ * time is a stranger's (the kernel's pid was reused): no signal.  A pid
+ * that names no process at all may still be our group's id, and then
+ * only ours: the kernel reuses no pid its group members still hold.  A
+ * directory with another inode was made by someone else after ours went.
+ */
+
 static void
 ngx_http_hermes_kill_thread(void *data, ngx_log_t *log)
 {
     ngx_http_hermes_kill_t *k = data;
 
-    u_char                 out[256];
-    u_char                 cmd[NGX_HTTP_HERMES_DIR_MAX + 64];
-    ngx_http_hermes_cmd_t  c;
+    u_char                 *p, *last;
+    u_char                  out[256];
+    u_char                  cmd[NGX_HTTP_HERMES_DIR_MAX + 512];
+    ngx_http_hermes_cmd_t   c;
 
-    /* the whole process group, then the directory */
+    p = cmd;
+    last = cmd + sizeof(cmd) - 1;
 
-    if (k->pid > 1) {
-        *ngx_slprintf(cmd, cmd + sizeof(cmd) - 1,
-                      "kill -9 -%P 2>/dev/null; rm -rf -- '%s'",
-                      k->pid, k->dir) = '\0';
-
-    } else {
-        *ngx_slprintf(cmd, cmd + sizeof(cmd) - 1, "rm -rf -- '%s'", k->dir)
-            = '\0';
+    if (k->v.pid > 1) {
+        p = ngx_slprintf(p, last,
+                         "if s=$(cat /proc/%P/stat 2>/dev/null); then"
+                         " s=${s##*) }; set -- $s;"
+                         " [ \"${20}\" = '%uL' ] && kill -9 -%P;"
+                         " else kill -9 -%P; fi 2>/dev/null; ",
+                         k->v.pid, k->v.start, k->v.pid, k->v.pid);
     }
+
+    p = ngx_slprintf(p, last,
+                     "[ '%uL' = 0 ] || [ \"$(stat -c %%i -- '%s' 2>/dev/null)\""
+                     " = '%uL' ] && rm -rf -- '%s'; exit 0",
+                     k->v.ino, k->v.dir, k->v.ino, k->v.dir);
+    *p = '\0';
 
     ngx_memzero(&c, sizeof(ngx_http_hermes_cmd_t));
     c.cmd = (char *) cmd;
@@ -444,7 +606,7 @@ ngx_http_hermes_kill_event(ngx_event_t *ev)
 
         ngx_log_error(NGX_LOG_WARN, k->log, 0,
                       "hermes: killing kernel %P in \"%s\" failed: %s; "
-                      "retrying", k->pid, k->dir, k->conn.err);
+                      "retrying", k->v.pid, k->v.dir, k->conn.err);
 
         ngx_http_hermes_conn_give(&k->conn);
 
@@ -462,13 +624,13 @@ ngx_http_hermes_kill_event(ngx_event_t *ev)
     if (k->failed) {
         ngx_log_error(NGX_LOG_WARN, k->log, 0,
                       "hermes: killing kernel %P in \"%s\" failed: %s",
-                      k->pid, k->dir,
+                      k->v.pid, k->v.dir,
                       k->conn.err[0] ? (char *) k->conn.err : "command failed");
 
     } else {
         ngx_log_debug2(NGX_LOG_DEBUG_HTTP, k->log, 0,
                        "hermes: killed kernel %P, removed \"%s\"",
-                       k->pid, k->dir);
+                       k->v.pid, k->v.dir);
     }
 
     ngx_http_hermes_conn_give(&k->conn);
@@ -515,9 +677,7 @@ ngx_http_hermes_kernel_kill_victims(ngx_thread_pool_t *tp,
             continue;
         }
 
-        if (ngx_http_hermes_kernel_kill(tp, bcf, v->host, v->dir, v->dir_len,
-                                        v->pid, log)
-            != NGX_OK)
+        if (ngx_http_hermes_kernel_kill(tp, bcf, v, log) != NGX_OK)
         {
             ngx_log_error(NGX_LOG_ERR, log, 0,
                           "hermes: could not kill kernel \"%s\"", v->dir);

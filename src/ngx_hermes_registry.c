@@ -367,6 +367,8 @@ ngx_http_hermes_registry_new_kernel(ngx_http_hermes_node_t *kn,
     ngx_memcpy(p, kn->kernel_id, NGX_HTTP_HERMES_ID_LEN);
 
     kn->pid = 0;
+    kn->start = 0;
+    kn->ino = 0;
     kn->cell_seq = 0;
     kn->execution_count = 0;
 }
@@ -384,6 +386,8 @@ ngx_http_hermes_registry_snapshot(ngx_http_hermes_node_t *kn,
     ref->dir[ref->dir_len] = '\0';
 
     ref->pid = kn->pid;
+    ref->start = kn->start;
+    ref->ino = kn->ino;
     ref->host = kn->host;
     ref->cell_id = kn->cell_seq;
     ref->execution_count = kn->execution_count;
@@ -478,7 +482,7 @@ ngx_http_hermes_registry_renew(ngx_http_hermes_zone_t *zone,
 
 ngx_int_t
 ngx_http_hermes_registry_spawned(ngx_http_hermes_zone_t *zone,
-    ngx_http_hermes_kernel_ref_t *ref)
+    ngx_http_hermes_kernel_ref_t *ref, ngx_http_hermes_spawned_t *k)
 {
     ngx_http_hermes_node_t  *kn;
 
@@ -491,12 +495,23 @@ ngx_http_hermes_registry_spawned(ngx_http_hermes_zone_t *zone,
         return NGX_DECLINED;
     }
 
-    kn->pid = ref->pid;
+    /* the spawn may have picked another id: the path it asked for existed */
+
+    if (k->dir_len == kn->dir_len) {
+        ngx_memcpy(kn->kernel_id, k->kernel_id, NGX_HTTP_HERMES_ID_LEN);
+        ngx_memcpy(ngx_http_hermes_node_dir(kn), k->dir, k->dir_len);
+    }
+
+    kn->pid = k->pid;
+    kn->start = k->start;
+    kn->ino = k->ino;
     kn->host = (uint8_t) ref->host;
     kn->had_kernel = 1;
     kn->cell_seq = 1;
     ngx_http_hermes_registry_set_state(zone, kn,
                                        NGX_HTTP_HERMES_STATE_RUNNING);
+
+    ngx_http_hermes_registry_snapshot(kn, ref);
 
     ref->cell_id = 1;
     ref->execution_count = 0;
@@ -626,6 +641,8 @@ ngx_http_hermes_registry_victim(ngx_http_hermes_node_t *kn,
     ngx_memcpy(v->dir, ngx_http_hermes_node_dir(kn), v->dir_len);
     v->dir[v->dir_len] = '\0';
     v->pid = pid;
+    v->start = kn->start;
+    v->ino = kn->ino;
     v->host = kn->host;
     ngx_memcpy(v->tag, ngx_http_hermes_node_tag(kn),
                NGX_HTTP_HERMES_BACKEND_TAG_LEN);

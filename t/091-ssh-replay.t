@@ -31,13 +31,14 @@ plan skip_all => '/usr/bin/python3 not found' unless $PY;
 # the commands as documented (copied from docs/protocol.md, section Spawn)
 
 my %DOC = (
-    dirs  => 'umask 077 && mkdir -p DIR/cells DIR/rpc && chmod 700 DIR DIR/cells DIR/rpc && stat -c %a DIR DIR/cells DIR/rpc',
+    dirs  => 'umask 077; r=ROOT; if [ -n "$(find "$r/" -maxdepth 0 -perm /022 ! -perm -1000)" ]; then echo "the kernels root $r is writable by others without the sticky bit"; exit 3; fi; if ! mkdir -m 700 -- DIR 2>/dev/null; then if [ -e DIR ] || [ -L DIR ]; then echo EEXIST; exit 4; fi; mkdir -m 700 -- DIR; exit 5; fi; echo made; mkdir -m 700 -- DIR/cells DIR/rpc && stat -c %F:%u:%a:%i -- DIR DIR/cells DIR/rpc && id -u',
     ship  => 'umask 077 && cat > DIR/NAME.tmp && chmod 600 DIR/NAME.tmp && mv -f DIR/NAME.tmp DIR/NAME',
-    start => 'umask 077 && cd DIR && { ( set -a; . ./kernel.env; set +a; rm -f ./kernel.env; exec setsid python3 kernel_runner.py ) >runner.log 2>&1 </dev/null & } && echo $!',
+    start => 'umask 077 && cd DIR && { ( set -a; . ./kernel.env; set +a; rm -f ./kernel.env; exec setsid python3 -I kernel_runner.py ) >runner.log 2>&1 </dev/null & } && echo $!',
+    kill  => 'if s=$(cat /proc/PID/stat 2>/dev/null); then s=${s##*) }; set -- $s; [ "${20}" = START ] && kill -9 -PID; else kill -9 -PID; fi 2>/dev/null; [ INO = 0 ] || [ "$(stat -c %i -- DIR 2>/dev/null)" = INO ] && rm -rf -- DIR; exit 0',
 );
 
 my $docs = slurp($DOCS) // '';
-for my $k (qw(dirs ship start)) {
+for my $k (qw(dirs ship start kill)) {
     ok(index($docs, "`$DOC{$k}`") >= 0, "docs/protocol.md still documents the $k step as tested")
         or diag "expected in $DOCS:\n  `$DOC{$k}`";
 }
@@ -86,12 +87,14 @@ ok(scalar @kernel_c, "read the string literals of $C_KERNEL") or BAIL_OUT("no $C
 my %C;
 for my $r (@kernel_c) {
     my $s = $r->[0];
-    if ($s =~ /^umask 077 && mkdir /)                      { push @{ $C{dirs} }, $s }
+    if ($s =~ /^umask 077; r=/)                            { push @{ $C{dirs} }, $s }
     elsif ($s =~ /^umask 077 && cat > '?%s\/%V\.tmp/)      { push @{ $C{ship} }, $s }
     elsif ($s =~ /^umask 077 && cat > '?%s\/kernel\.env/)  { push @{ $C{env} }, $s }
     elsif ($s =~ /^umask 077 && cd .*kernel_runner\.py/)   { push @{ $C{start} }, $s }
     elsif ($s =~ /^HERMES_RPC_TOKEN=/)                     { push @{ $C{envfmt} }, $s }
     elsif ($s =~ /^kill -9 -%P\b.*rm -rf/)                 { push @{ $C{kill} }, $s }
+    elsif ($s =~ /^if s=\$\(cat \/proc\/%P\/stat/)           { push @{ $C{killpid} }, $s }
+    elsif ($s =~ /^\[ '%uL' = 0 \]/)                       { push @{ $C{killdir} }, $s }
 }
 # the kill command (kernel kill and failed-spawn cleanup) may be built in
 # more than one place, but always the same way
@@ -99,7 +102,7 @@ for my $r (@kernel_c) {
     my %k = map { $_ => 1 } @{ $C{kill} || [] };
     $C{kill} = [ keys %k ];
 }
-for my $k (qw(dirs ship env start envfmt kill)) {
+for my $k (qw(dirs ship env start envfmt kill killpid killdir)) {
     is(scalar @{ $C{$k} || [] }, 1, "exactly one $k format string in ngx_hermes_kernel.c")
         or diag explain $C{$k};
     $C{$k} = $C{$k}[0] // '';
@@ -114,9 +117,11 @@ sub c_to_doc {
     return $s;
 }
 
-# C format -> the command sent, for a directory and a file name
+# C format -> the command sent, for a directory and a file name (for the
+# directory step: the root)
 sub c_cmd {
     my ($f, $dir, $name) = @_;
+    $name //= $dir =~ s{/[^/]*$}{}r;
     my @bad = grep { !/^%[%sV]$/ } $f =~ /(%.)/gs;
     die "unexpected conversion(s) @bad in C format: $f\n" if @bad;
     die "directory holds a single quote: $dir\n" if $dir =~ /'/;
@@ -124,7 +129,13 @@ sub c_cmd {
     return $s;
 }
 
-is(c_to_doc($C{dirs}), $DOC{dirs}, 'C directory step = docs');
+is(c_to_doc($C{dirs}, 'ROOT'), $DOC{dirs}, 'C directory step = docs');
+{
+    (my $k = $C{killpid} . $C{killdir}) =~ s/%P/PID/g;
+    my $n = 0;
+    $k =~ s/%uL/$n++ ? 'INO' : 'START'/ge;
+    is(c_to_doc($k), $DOC{kill}, 'C kill command = docs');
+}
 is(c_to_doc($C{ship}), $DOC{ship}, 'C ship step = docs');
 is(c_to_doc($C{env}), $DOC{ship} =~ s/NAME/kernel.env/gr,
     'C kernel.env step = docs ("the same for kernel.env")');
@@ -266,6 +277,29 @@ sub env_payload {
     return $f;
 }
 
+# the kernel kill command for a pid, its start time and the dir's inode
+sub kill_cmd {
+    my ($pid, $start, $ino, $dir) = @_;
+    my $k = $C{killpid} . $C{killdir};
+    my $n = 0;
+    $k =~ s/%uL/$n++ ? $ino : $start/ge;
+    $k =~ s/%P/$pid/g;
+    return c_cmd($k, $dir);
+}
+
+sub proc_start {
+    my $s = slurp("/proc/$_[0]/stat") // return 0;
+    $s =~ s/.*\) //s;
+    return (split ' ', $s)[19];
+}
+
+sub dirs_out {
+    my ($dir) = @_;
+    my $uid = $>;
+    my $l = join '', map { my @s = lstat $_; "directory:$uid:700:$s[1]\n" } $dir, "$dir/cells", "$dir/rpc";
+    return "made\n$l$uid\n";
+}
+
 sub new_token { join '', map { sprintf '%02x', int rand 256 } 1 .. 32 }
 sub new_kid   { join '', map { sprintf '%02x', int rand 256 } 1 .. 16 }
 
@@ -296,7 +330,7 @@ for my $shell ('/bin/sh', '/bin/bash') {
     # 1. directories
     my $r = run_sh($shell, c_cmd($C{dirs}, $dir));
     is($r->{rc}, 0, "$sh: directory step exits 0") or diag $r->{err};
-    is($r->{out}, "700\n700\n700\n", "$sh: directory step prints 700 three times");
+    is($r->{out}, dirs_out($dir), "$sh: directory step: made, three owner-only directories and the uid");
     is(mode($dir), '700', "$sh: DIR 0700 under an outer umask 022");
     is(mode("$dir/cells"), '700', "$sh: DIR/cells 0700");
     is(mode("$dir/rpc"), '700', "$sh: DIR/rpc 0700");
@@ -362,10 +396,43 @@ for my $shell ('/bin/sh', '/bin/bash') {
     # exit code, and nothing of kernel.env reached the outer shell
     my $dir2 = "$root/hermes_rkernel_" . new_kid();
     my $token2 = new_token();
-    mkdir $dir2, 0755 or die;    # a left-over dir with a loose mode: fixed
     $r = run_sh($shell, c_cmd($C{dirs}, $dir2));
-    is($r->{out}, "700\n700\n700\n", "$sh: an existing 0755 DIR is made 0700");
-    is(mode($dir2), '700', "$sh: existing DIR 0700 now");
+    is($r->{rc}, 0, "$sh: a second directory");
+
+    # a path that exists, whatever it is, is never taken over or changed
+    for my $plant (qw(dir file symlink)) {
+        my $d = "$root/hermes_rkernel_" . new_kid();
+        if ($plant eq 'dir') { mkdir $d, 0755 or die }
+        elsif ($plant eq 'file') { open my $f, '>', $d or die; close $f }
+        else { mkdir "$d.target", 0755 or die; symlink "$d.target", $d or die }
+        $r = run_sh($shell, c_cmd($C{dirs}, $d));
+        is($r->{rc}, 4, "$sh: an existing $plant: exit 4");
+        is($r->{out}, "EEXIST\n", "$sh: an existing $plant: EEXIST, nothing else");
+        if ($plant eq 'symlink') {
+            is(mode("$d.target"), '755', "$sh: the symlink's target untouched");
+            ok(!-e "$d.target/cells", "$sh: nothing made through the symlink");
+        } elsif ($plant eq 'dir') {
+            is(mode($d), '755', "$sh: the existing dir untouched");
+            ok(!-e "$d/cells", "$sh: nothing made in it");
+        }
+    }
+
+    # a root others may write without the sticky bit: refused, nothing made
+    for my $m (0777, 0775, 01777) {
+        my $open = sprintf("$root/open-%o", $m);
+        mkdir $open or die;
+        chmod $m, $open;
+        my $d = "$open/hermes_rkernel_" . new_kid();
+        $r = run_sh($shell, c_cmd($C{dirs}, $d));
+        if ($m == 01777) {
+            is($r->{rc}, 0, "$sh: a sticky world-writable root (as /tmp) is fine");
+        } else {
+            is($r->{rc}, 3, sprintf("$sh: a %o root: exit 3", $m));
+            like($r->{out}, qr/writable by others without the sticky bit/, "$sh: ... and why");
+            ok(!-e $d, "$sh: ... nothing made");
+        }
+    }
+
     run_sh($shell, c_cmd($C{ship}, $dir2, 'kernel_runner.py'),
         stdin => standin_runner(sleep => 0, exit => 7));
     run_sh($shell, c_cmd($C{env}, $dir2), stdin => env_payload($token2, new_kid(), 0));
@@ -393,8 +460,19 @@ for my $shell ('/bin/sh', '/bin/bash') {
         $pid3 //= 0;
         ok(wait_until(sub { defined ready_pid($dir3) && procs_matching(qr/^sleep $child$/) }, 10),
             "$sh: a runner with a child is up");
-        (my $kill = $C{kill}) =~ s/%P/$pid3/g;
-        $r = run_sh($shell, c_cmd($kill, $dir3));
+        my $start3 = proc_start($pid3);
+        my $ino3 = (lstat $dir3)[1];
+
+        # a pid that names a process started at another time, a directory
+        # with another inode: a stranger's, left alone
+        $r = run_sh($shell, kill_cmd($pid3, $start3 + 1, $ino3 + 1, $dir3));
+        is($r->{rc}, 0, "$sh: the kill command exits 0") or diag $r->{err};
+        sleep 0.2;
+        ok(pid_alive($pid3), "$sh: kill: a pid started at another time is not signalled");
+        ok(procs_matching(qr/^sleep $child$/), "$sh: kill: nor its group");
+        ok(-d $dir3, "$sh: kill: a directory with another inode is not removed");
+
+        $r = run_sh($shell, kill_cmd($pid3, $start3, $ino3, $dir3));
         is($r->{rc}, 0, "$sh: the kill command exits 0") or diag $r->{err};
         ok(wait_until(sub { !pid_alive($pid3) }, 5), "$sh: kill: the runner is gone");
         ok(wait_until(sub { !procs_matching(qr/^sleep $child$/) }, 5), "$sh: kill: its child is gone (process group)");
@@ -405,7 +483,7 @@ for my $shell ('/bin/sh', '/bin/bash') {
     my $nope = "/proc/hermes-nope-$$/hermes_rkernel_$kid";
     $r = run_sh($shell, c_cmd($C{dirs}, $nope));
     isnt($r->{rc}, 0, "$sh: directory step under an unusable root fails");
-    isnt($r->{out}, "700\n700\n700\n", "$sh: and does not print 700 three times");
+    unlike($r->{out}, qr/^made/, "$sh: and does not say it made it");
     ok(!-e "/proc/hermes-nope-$$", "$sh: nothing created");
 
     my $gone = "$root/hermes_rkernel_" . new_kid();
@@ -427,7 +505,7 @@ for my $shell ('/bin/sh', '/bin/bash') {
     my $token = new_token();
     my $dir = "$root/hermes_rkernel_$kid";
     my $r = run_sh($shell, c_cmd($C{dirs}, $dir));
-    is($r->{out}, "700\n700\n700\n", 'real runner: dirs');
+    is($r->{out}, dirs_out($dir), 'real runner: dirs');
     for my $name ('kernel_runner.py', 'hermes_tools.py') {
         my $payload = slurp("$ROOT/src/remote/$name") // die "read $name";
         $r = run_sh($shell, c_cmd($C{ship}, $dir, $name), stdin => $payload);

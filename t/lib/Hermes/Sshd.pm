@@ -29,6 +29,9 @@ package Hermes::Sshd;
 # for (SSH_ORIGINAL_COMMAND) as one JSON string a line to $sshd->commands_file,
 # then execs `bash -c COMMAND`: the commands a client sends become checkable
 # (what the module runs over ssh) while behaving as without the wrapper.
+# With record => 1, an executable $sshd->hook_file (absent by default) runs
+# before each command, with SSH_ORIGINAL_COMMAND set: a co-tenant acting at
+# exactly the moment the module's command is about to run.
 #
 # Perl core modules only.  Stopped in DESTROY and END by the process that
 # made it (forked children never stop it).
@@ -107,6 +110,7 @@ sub new {
         _write($rec, <<"SH", 0700);
 #!/bin/bash
 /usr/bin/perl -MJSON::PP -e 'print JSON::PP->new->allow_nonref->ascii->encode(\$ENV{SSH_ORIGINAL_COMMAND} // ""), "\\n"' >>'$cf'
+[ -x '$dir/hook' ] && '$dir/hook' </dev/null >/dev/null 2>&1
 case "\${SSH_ORIGINAL_COMMAND-}" in
     sftp|internal-sftp) exec /usr/lib/openssh/sftp-server ;;
     '') exec /bin/bash -l ;;
@@ -125,6 +129,7 @@ SH
 }
 
 sub dir               { $_[0]{dir} }
+sub hook_file         { "$_[0]{dir}/hook" }
 sub port              { $_[0]{port} }
 sub pid               { $_[0]{pid} }
 sub identity          { "$_[0]{dir}/id_ed25519" }
