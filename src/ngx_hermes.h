@@ -373,9 +373,11 @@ typedef struct {
 
 
 ngx_int_t ngx_http_hermes_local_exec(ngx_http_hermes_cmd_t *cmd);
-ngx_int_t ngx_http_hermes_local_write_file(u_char *dir, const char *name,
+ngx_int_t ngx_http_hermes_local_write_at(ngx_fd_t dir, const char *name,
     u_char *data, size_t len, ngx_log_t *log);
-ngx_int_t ngx_http_hermes_local_wake(u_char *dir, ngx_log_t *log);
+ngx_fd_t ngx_http_hermes_local_open_at(ngx_fd_t dir, const char *name,
+    off_t *size);
+ngx_int_t ngx_http_hermes_local_wake(ngx_fd_t dir, ngx_log_t *log);
 ngx_int_t ngx_http_hermes_local_wait_ready(u_char *dir, ngx_pid_t pid,
     ngx_msec_t timeout);
 ngx_int_t ngx_http_hermes_ready_pid(u_char *buf, ngx_pid_t pid);
@@ -492,6 +494,7 @@ typedef struct {
     u_char                        kernel_id[NGX_HTTP_HERMES_ID_LEN];
     ngx_int_t                     cell_status;  /* -1: none */
     ngx_msec_t                    cell_ms;
+    void                         *cell;         /* its cell, while it runs */
     unsigned                      error_sent:1;
     unsigned                      has_kernel:1;
 } ngx_http_hermes_ctx_t;

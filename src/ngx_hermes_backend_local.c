@@ -4,7 +4,8 @@
  *
  * Commands run under /bin/sh with their payload on stdin (never on the
  * command line).  They block, so they run only in the thread pool.  Cell
- * files and the wake-up byte are quick local writes done in the event loop.
+ * files and the wake-up byte are quick local writes done in the event loop,
+ * none of which can block.
  */
 
 
@@ -232,25 +233,35 @@ ngx_http_hermes_local_exec(ngx_http_hermes_cmd_t *cmd)
 }
 
 
-/* NAME.tmp, 0600, then renamed into place: readers never see half a file */
+/*
+ * Files under a kernel dir are the cell's to replace: with a FIFO (an
+ * open that blocks the worker for good), a symlink, a directory.  Every
+ * open here is relative to a directory fd verified when the cell began,
+ * non-blocking, no-follow; only regular files are read.
+ */
+
+/* NAME.tmp, 0600, a new file, then renamed into place: NGX_DECLINED when
+ * the disk is full */
 
 ngx_int_t
-ngx_http_hermes_local_write_file(u_char *dir, const char *name, u_char *data,
+ngx_http_hermes_local_write_at(ngx_fd_t dir, const char *name, u_char *data,
     size_t len, ngx_log_t *log)
 {
-    u_char    path[NGX_HTTP_HERMES_DIR_MAX + 64];
-    u_char    tmp[NGX_HTTP_HERMES_DIR_MAX + 64];
-    ssize_t   n;
-    ngx_fd_t  fd;
+    u_char     tmp[128];
+    ssize_t    n;
+    ngx_fd_t   fd;
+    ngx_err_t  err;
 
-    ngx_snprintf(path, sizeof(path), "%s/%s%Z", dir, name);
-    ngx_snprintf(tmp, sizeof(tmp), "%s/%s.tmp%Z", dir, name);
+    ngx_snprintf(tmp, sizeof(tmp), "%s.tmp%Z", name);
 
-    fd = open((char *) tmp, O_WRONLY|O_CREAT|O_TRUNC|O_CLOEXEC|O_NOFOLLOW,
-              0600);
+    /* O_EXCL: a name already there (planted, or a symlink) is not ours */
+
+    fd = openat(dir, (char *) tmp,
+                O_WRONLY|O_CREAT|O_EXCL|O_NOFOLLOW|O_NONBLOCK|O_CLOEXEC,
+                0600);
     if (fd == -1) {
         ngx_log_error(NGX_LOG_ERR, log, ngx_errno,
-                      "hermes: open(\"%s\") failed", tmp);
+                      "hermes: openat(\"%s\") failed", tmp);
         return NGX_ERROR;
     }
 
@@ -258,15 +269,20 @@ ngx_http_hermes_local_write_file(u_char *dir, const char *name, u_char *data,
         n = write(fd, data, len);
 
         if (n == -1) {
-            if (ngx_errno == NGX_EINTR) {
+            err = ngx_errno;
+
+            if (err == NGX_EINTR) {
                 continue;
             }
 
-            ngx_log_error(NGX_LOG_ERR, log, ngx_errno,
-                          "hermes: write(\"%s\") failed", tmp);
             close(fd);
-            (void) unlink((char *) tmp);
-            return NGX_ERROR;
+            (void) unlinkat(dir, (char *) tmp, 0);
+
+            ngx_log_error(NGX_LOG_ERR, log, err,
+                          "hermes: write(\"%s\") failed", tmp);
+
+            return (err == ENOSPC || err == EDQUOT) ? NGX_DECLINED
+                                                    : NGX_ERROR;
         }
 
         data += n;
@@ -275,14 +291,49 @@ ngx_http_hermes_local_write_file(u_char *dir, const char *name, u_char *data,
 
     close(fd);
 
-    if (rename((char *) tmp, (char *) path) == -1) {
+    if (renameat(dir, (char *) tmp, dir, name) == -1) {
         ngx_log_error(NGX_LOG_ERR, log, ngx_errno,
                       "hermes: rename(\"%s\") failed", tmp);
-        (void) unlink((char *) tmp);
+        (void) unlinkat(dir, (char *) tmp, 0);
         return NGX_ERROR;
     }
 
     return NGX_OK;
+}
+
+
+/*
+ * A regular file under dir, for reading, or NGX_INVALID_FILE: errno
+ * NGX_ENOENT when it is not there (yet), NGX_EINVAL when it is something
+ * else than a regular file.
+ */
+
+ngx_fd_t
+ngx_http_hermes_local_open_at(ngx_fd_t dir, const char *name, off_t *size)
+{
+    ngx_fd_t         fd;
+    ngx_file_info_t  fi;
+
+    fd = openat(dir, name, O_RDONLY|O_NONBLOCK|O_NOFOLLOW|O_CLOEXEC);
+    if (fd == -1) {
+        if (ngx_errno == ELOOP || ngx_errno == ENXIO) {
+            ngx_set_errno(NGX_EINVAL);
+        }
+
+        return NGX_INVALID_FILE;
+    }
+
+    if (ngx_fd_info(fd, &fi) == -1 || !ngx_is_file(&fi)) {
+        close(fd);
+        ngx_set_errno(NGX_EINVAL);
+        return NGX_INVALID_FILE;
+    }
+
+    if (size) {
+        *size = ngx_file_size(&fi);
+    }
+
+    return fd;
 }
 
 
@@ -293,28 +344,25 @@ ngx_http_hermes_local_write_file(u_char *dir, const char *name, u_char *data,
  */
 
 ngx_int_t
-ngx_http_hermes_local_wake(u_char *dir, ngx_log_t *log)
+ngx_http_hermes_local_wake(ngx_fd_t dir, ngx_log_t *log)
 {
-    u_char    path[NGX_HTTP_HERMES_DIR_MAX + 16];
     ngx_fd_t  fd;
 
-    ngx_snprintf(path, sizeof(path), "%s/wake%Z", dir);
-
-    fd = open((char *) path, O_WRONLY|O_NONBLOCK|O_CLOEXEC);
+    fd = openat(dir, "wake", O_WRONLY|O_NONBLOCK|O_NOFOLLOW|O_CLOEXEC);
     if (fd == -1) {
         if (ngx_errno == ENXIO || ngx_errno == NGX_ENOENT) {
             return NGX_DECLINED;
         }
 
         ngx_log_error(NGX_LOG_ERR, log, ngx_errno,
-                      "hermes: open(\"%s\") failed", path);
+                      "hermes: openat(\"wake\") failed");
         return NGX_ERROR;
     }
 
     /* a full FIFO already holds a wake-up: EAGAIN is fine */
     if (write(fd, "", 1) == -1 && ngx_errno != NGX_EAGAIN) {
         ngx_log_error(NGX_LOG_ERR, log, ngx_errno,
-                      "hermes: write(\"%s\") failed", path);
+                      "hermes: write(\"wake\") failed");
         close(fd);
         return NGX_ERROR;
     }

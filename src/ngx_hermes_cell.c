@@ -15,6 +15,7 @@
 
 #include "ngx_hermes.h"
 
+#include <poll.h>
 #include <sys/inotify.h>
 #include <sys/syscall.h>
 
@@ -46,8 +47,12 @@ typedef struct {
     ngx_uint_t                      spawn_tries;
 
     int                             wd;
+    ngx_fd_t                        dir_fd;     /* verified at the start */
+    ngx_fd_t                        cells_fd;
     ngx_fd_t                        out_fd;
     off_t                           out_off;
+    off_t                           out_limit;  /* of cell_out, read */
+    size_t                          out_sent;   /* ssh: bytes forwarded */
     ngx_connection_t               *pidfd;
 
     ngx_connection_t               *relay;      /* ssh: the relay's output */
@@ -62,6 +67,8 @@ typedef struct {
     unsigned                        spawning:1;
     unsigned                        shipped:1;
     unsigned                        res_ready:1;
+    unsigned                        draining:1; /* result in, output not */
+    unsigned                        paused:1;   /* the client is slow */
 } ngx_http_hermes_cell_t;
 
 
@@ -104,8 +111,15 @@ static void ngx_http_hermes_cell_write_handler(ngx_http_request_t *r);
 static void ngx_http_hermes_cell_detach(void *data);
 static void ngx_http_hermes_cell_end(ngx_http_hermes_cell_t *cell);
 static void ngx_http_hermes_inotify_handler(ngx_event_t *ev);
-static void ngx_http_hermes_cell_path(ngx_http_hermes_cell_t *cell,
-    u_char *buf, size_t size, const char *what);
+static ngx_int_t ngx_http_hermes_cell_open_kernel(
+    ngx_http_hermes_cell_t *cell);
+static ngx_int_t ngx_http_hermes_cell_private_dir(ngx_file_info_t *fi);
+static void ngx_http_hermes_cell_close_kernel(ngx_http_hermes_cell_t *cell);
+static void ngx_http_hermes_cell_disk_full(ngx_http_hermes_cell_t *cell);
+static void ngx_http_hermes_cell_drain(ngx_http_hermes_cell_t *cell);
+static void ngx_http_hermes_cell_resume(ngx_http_hermes_cell_t *cell);
+static void ngx_http_hermes_cell_name(ngx_http_hermes_cell_t *cell,
+    u_char *buf, const char *what);
 
 
 /* per worker: one inotify fd for every cell this worker streams */
@@ -201,7 +215,11 @@ ngx_http_hermes_cell_start(ngx_http_request_t *r,
     cell->zone = hlcf->shm_zone->data;
     cell->req = *req;
     cell->wd = -1;
+    cell->dir_fd = NGX_INVALID_FILE;
+    cell->cells_fd = NGX_INVALID_FILE;
     cell->out_fd = NGX_INVALID_FILE;
+    /* event lines escape what the runner caps at max_stream: up to 6x */
+    cell->out_limit = 6 * (off_t) hlcf->max_stream + 65536;
     cell->started = ngx_current_msec;
     cell->timeout = req->timeout ? req->timeout : hlcf->cell_timeout;
 
@@ -249,6 +267,7 @@ ngx_http_hermes_cell_start(ngx_http_request_t *r,
     }
 
     cell->ctx->session = req->session;
+    cell->ctx->cell = cell;
 
     cell->wait.handler = ngx_http_hermes_cell_wait_handler;
     cell->wait.data = cell;
@@ -483,8 +502,7 @@ done:
 static void
 ngx_http_hermes_cell_run(ngx_http_hermes_cell_t *cell)
 {
-    int                  fd;
-    u_char               name[NGX_HTTP_HERMES_DIR_MAX + 64];
+    u_char               name[64];
     ngx_buf_t           *b;
     ngx_int_t            rc;
     ngx_connection_t    *c;
@@ -494,24 +512,33 @@ ngx_http_hermes_cell_run(ngx_http_hermes_cell_t *cell)
         return;
     }
 
-    /* 1. watch cells/ before anything can appear in it */
+    /* 1. the kernel: still its process and its directory */
 
-    ngx_http_hermes_cell_path(cell, name, sizeof(name), "");
+    rc = ngx_http_hermes_cell_open_kernel(cell);
+
+    if (rc == NGX_DECLINED && !cell->ref.spawn) {
+        goto dead;
+    }
+
+    if (rc != NGX_OK) {
+        goto ship_failed;
+    }
+
+    /* 2. watch cells/ (the directory verified) before anything appears */
+
+    ngx_sprintf(name, "/proc/self/fd/%d%Z", cell->cells_fd);
 
     cell->wd = inotify_add_watch(ngx_http_hermes_inotify->fd,
                                  (char *) name, NGX_HTTP_HERMES_INOTIFY_MASK);
 
     if (cell->wd == -1) {
-        if (ngx_errno == NGX_ENOENT && !cell->ref.spawn) {
-            goto dead;
-        }
-
         ngx_log_error(NGX_LOG_ERR, cell->log, ngx_errno,
-                      "hermes: inotify_add_watch(\"%s\") failed", name);
+                      "hermes: inotify_add_watch(\"%s/cells\") failed",
+                      cell->ref.dir);
         goto ship_failed;
     }
 
-    /* 2. ship the cell, then wake the runner */
+    /* 3. ship the cell, then wake the runner */
 
     b = ngx_http_hermes_json_cell_request(cell->pool, cell->ref.cell_id,
                                           &cell->req,
@@ -521,20 +548,21 @@ ngx_http_hermes_cell_run(ngx_http_hermes_cell_t *cell)
         goto ship_failed;
     }
 
-    ngx_sprintf(name, "cells/cell_req_%06uD.json%Z", cell->ref.cell_id);
+    ngx_http_hermes_cell_name(cell, name, "cell_req");
 
-    if (ngx_http_hermes_local_write_file(cell->ref.dir, (char *) name,
-                                         b->pos, b->last - b->pos, cell->log)
-        != NGX_OK)
-    {
-        if (!cell->ref.spawn && ngx_errno == NGX_ENOENT) {
-            goto dead;
-        }
+    rc = ngx_http_hermes_local_write_at(cell->cells_fd, (char *) name,
+                                        b->pos, b->last - b->pos, cell->log);
 
+    if (rc == NGX_DECLINED) {
+        ngx_http_hermes_cell_disk_full(cell);
+        return;
+    }
+
+    if (rc != NGX_OK) {
         goto ship_failed;
     }
 
-    rc = ngx_http_hermes_local_wake(cell->ref.dir, cell->log);
+    rc = ngx_http_hermes_local_wake(cell->dir_fd, cell->log);
 
     if (rc == NGX_DECLINED && !cell->ref.spawn) {
         goto dead;
@@ -546,29 +574,12 @@ ngx_http_hermes_cell_run(ngx_http_hermes_cell_t *cell)
 
     cell->shipped = 1;
 
-    /* 3. a pidfd reads ready when the kernel exits */
+    /* 4. the pidfd reads ready when the kernel exits */
 
-    fd = syscall(SYS_pidfd_open, cell->ref.pid, 0);
-    if (fd == -1) {
-        if (ngx_errno == ESRCH) {
-            goto died;
-        }
-
-        ngx_log_error(NGX_LOG_ERR, cell->log, ngx_errno,
-                      "hermes: pidfd_open(%P) failed", cell->ref.pid);
-        goto ship_failed;
-    }
-
-    c = ngx_get_connection(fd, cell->log);
-    if (c == NULL) {
-        close(fd);
-        goto ship_failed;
-    }
-
+    c = cell->pidfd;
     c->data = cell;
     c->read->handler = ngx_http_hermes_cell_died_handler;
     c->read->log = cell->log;
-    cell->pidfd = c;
 
     if (ngx_handle_read_event(c->read, 0) != NGX_OK) {
         goto ship_failed;
@@ -582,7 +593,7 @@ ngx_http_hermes_cell_run(ngx_http_hermes_cell_t *cell)
         cell->ctx->has_kernel = 1;
     }
 
-    /* 4. the stream opens with the kernel line */
+    /* 5. the stream opens with the kernel line */
 
     if (ngx_http_hermes_cell_started(cell) != NGX_OK) {
         return;
@@ -596,15 +607,176 @@ dead:
     ngx_http_hermes_cell_respawn(cell);
     return;
 
-died:
-
-    ngx_http_hermes_cell_fail(cell, NGX_HTTP_HERMES_CELL_ERROR,
-                              "the kernel died before the cell started");
-    return;
-
 ship_failed:
 
     ngx_http_hermes_cell_ship_failed(cell);
+}
+
+
+/*
+ * Before a cell goes to a kernel, it must still be that kernel: the pid
+ * alive and started when the kernel was (not a later process given the
+ * pid), the directory the one made at spawn (a runner that exited removed
+ * it, and a co-tenant may have made another by that name), ours and
+ * owner-only.  NGX_DECLINED: it is not; NGX_ERROR: we cannot tell.
+ */
+
+static ngx_int_t
+ngx_http_hermes_cell_open_kernel(ngx_http_hermes_cell_t *cell)
+{
+    int                fd;
+    uint64_t           start;
+    ngx_connection_t  *c;
+    struct pollfd      pfd;
+    ngx_file_info_t    fi;
+
+    /* the pidfd first: then the start time says whose it is */
+
+    fd = syscall(SYS_pidfd_open, cell->ref.pid, 0);
+    if (fd == -1) {
+        if (ngx_errno == ESRCH) {
+            return NGX_DECLINED;
+        }
+
+        ngx_log_error(NGX_LOG_ERR, cell->log, ngx_errno,
+                      "hermes: pidfd_open(%P) failed", cell->ref.pid);
+        return NGX_ERROR;
+    }
+
+    c = ngx_get_connection(fd, cell->log);
+    if (c == NULL) {
+        close(fd);
+        return NGX_ERROR;
+    }
+
+    cell->pidfd = c;
+
+    if (ngx_http_hermes_local_proc_start(cell->ref.pid, &start) != NGX_OK
+        || start != cell->ref.start)
+    {
+        ngx_log_error(NGX_LOG_WARN, cell->log, 0,
+                      "hermes: pid %P is no longer kernel %*s",
+                      cell->ref.pid, (size_t) NGX_HTTP_HERMES_ID_LEN,
+                      cell->ref.kernel_id);
+        return NGX_DECLINED;
+    }
+
+    pfd.fd = fd;
+    pfd.events = POLLIN;
+    pfd.revents = 0;
+
+    if (poll(&pfd, 1, 0) != 0) {
+        /* it has exited, and is not reaped yet */
+        return NGX_DECLINED;
+    }
+
+    cell->dir_fd = open((char *) cell->ref.dir,
+                        O_RDONLY|O_DIRECTORY|O_NOFOLLOW|O_NONBLOCK|O_CLOEXEC);
+
+    if (cell->dir_fd == NGX_INVALID_FILE) {
+        ngx_log_error(NGX_LOG_WARN, cell->log, ngx_errno,
+                      "hermes: kernel %*s: open(\"%s\") failed",
+                      (size_t) NGX_HTTP_HERMES_ID_LEN, cell->ref.kernel_id,
+                      cell->ref.dir);
+        return NGX_DECLINED;
+    }
+
+    if (ngx_fd_info(cell->dir_fd, &fi) == NGX_FILE_ERROR
+        || (uint64_t) fi.st_ino != cell->ref.ino
+        || ngx_http_hermes_cell_private_dir(&fi) != NGX_OK)
+    {
+        ngx_log_error(NGX_LOG_WARN, cell->log, 0,
+                      "hermes: \"%s\" is not the directory kernel %*s was "
+                      "started in, or not owner-only any more",
+                      cell->ref.dir, (size_t) NGX_HTTP_HERMES_ID_LEN,
+                      cell->ref.kernel_id);
+        return NGX_DECLINED;
+    }
+
+    cell->cells_fd = openat(cell->dir_fd, "cells",
+                         O_RDONLY|O_DIRECTORY|O_NOFOLLOW|O_NONBLOCK|O_CLOEXEC);
+
+    if (cell->cells_fd == NGX_INVALID_FILE
+        || ngx_fd_info(cell->cells_fd, &fi) == NGX_FILE_ERROR
+        || ngx_http_hermes_cell_private_dir(&fi) != NGX_OK)
+    {
+        ngx_log_error(NGX_LOG_WARN, cell->log, 0,
+                      "hermes: \"%s/cells\" is not an owner-only directory",
+                      cell->ref.dir);
+        return NGX_DECLINED;
+    }
+
+    return NGX_OK;
+}
+
+
+static ngx_int_t
+ngx_http_hermes_cell_private_dir(ngx_file_info_t *fi)
+{
+    if (!ngx_is_dir(fi) || fi->st_uid != geteuid()
+        || (fi->st_mode & 07777) != 0700)
+    {
+        return NGX_DECLINED;
+    }
+
+    return NGX_OK;
+}
+
+
+/* what a cell held of its kernel's host: fds, watch, pidfd */
+
+static void
+ngx_http_hermes_cell_close_kernel(ngx_http_hermes_cell_t *cell)
+{
+    if (cell->wd != -1) {
+        (void) inotify_rm_watch(ngx_http_hermes_inotify->fd, cell->wd);
+        cell->wd = -1;
+    }
+
+    if (cell->out_fd != NGX_INVALID_FILE) {
+        close(cell->out_fd);
+        cell->out_fd = NGX_INVALID_FILE;
+    }
+
+    if (cell->cells_fd != NGX_INVALID_FILE) {
+        close(cell->cells_fd);
+        cell->cells_fd = NGX_INVALID_FILE;
+    }
+
+    if (cell->dir_fd != NGX_INVALID_FILE) {
+        close(cell->dir_fd);
+        cell->dir_fd = NGX_INVALID_FILE;
+    }
+
+    if (cell->pidfd) {
+        ngx_close_connection(cell->pidfd);
+        cell->pidfd = NULL;
+    }
+}
+
+
+/*
+ * The cell request could not be written: the kernel host's disk is full.
+ * The kernel is fine and keeps its state; the caller may try again.
+ */
+
+static void
+ngx_http_hermes_cell_disk_full(ngx_http_hermes_cell_t *cell)
+{
+    ngx_log_error(NGX_LOG_ERR, cell->log, 0,
+                  "hermes: the disk of kernel %*s is full, cell %uD of "
+                  "session \"%V\" not run",
+                  (size_t) NGX_HTTP_HERMES_ID_LEN, cell->ref.kernel_id,
+                  cell->ref.cell_id, &cell->req.session);
+
+    ngx_http_hermes_registry_release(cell->zone, &cell->ref,
+                                     NGX_HTTP_HERMES_RELEASE_DONE,
+                                     cell->ref.execution_count);
+
+    ngx_http_hermes_cell_error(cell, NGX_HTTP_SERVICE_UNAVAILABLE,
+                               "disk_full",
+                               "the kernel host's disk is full; the kernel "
+                               "and its state are kept");
 }
 
 
@@ -667,6 +839,7 @@ ngx_http_hermes_cell_respawn(ngx_http_hermes_cell_t *cell)
                   &cell->req.session);
 
     ngx_http_hermes_cell_kill(cell);
+    ngx_http_hermes_cell_close_kernel(cell);
 
     if (ngx_http_hermes_registry_renew(cell->zone, &cell->ref,
                                        &cell->hlcf->backend->root)
@@ -812,6 +985,13 @@ ngx_http_hermes_cell_relay_handler(ngx_event_t *ev)
     limit = 6 * cell->hlcf->max_output + 2 * NGX_HTTP_HERMES_OUT_CHUNK;
 
     for ( ;; ) {
+
+        if (cell->busy && cell->shipped && !cell->res_ready) {
+            /* the client is slow: the relay waits, the write handler
+             * reads on */
+            cell->paused = 1;
+            goto done;
+        }
 
         if (b->last == b->end) {
             /* a result or a line bigger than the buffer: grow it */
@@ -979,6 +1159,14 @@ ngx_http_hermes_cell_forward(ngx_http_hermes_cell_t *cell, u_char *p,
     ngx_buf_t    *b;
     ngx_chain_t  *cl, *out, **ll;
 
+    if (cell->out_sent + n > (size_t) cell->out_limit) {
+        /* the module's own bound on a cell's stream */
+        cell->res.stream_truncated = 1;
+        return;
+    }
+
+    cell->out_sent += n;
+
     out = NULL;
     ll = &out;
 
@@ -1097,12 +1285,15 @@ ngx_http_hermes_inotify_handler(ngx_event_t *ev)
 static void
 ngx_http_hermes_cell_pump(ngx_http_hermes_cell_t *cell)
 {
+    ngx_int_t          rc;
     ngx_connection_t  *c;
 
     c = cell->r ? cell->r->connection : NULL;
 
     if (cell->r && !cell->req.json_answer) {
-        if (ngx_http_hermes_cell_read_out(cell, 0) == NGX_ERROR) {
+        rc = ngx_http_hermes_cell_read_out(cell, 0);
+
+        if (rc == NGX_ERROR) {
             ngx_http_hermes_cell_fail(cell, NGX_HTTP_HERMES_CELL_ERROR,
                                       "reading the cell's output failed");
             goto done;
@@ -1124,12 +1315,16 @@ done:
 /*
  * Forward the complete event lines the runner appended to cell_out_N;
  * a partial line is read again next time.  "all" drains to the end.
+ * Reads stop while the client has not taken what was sent (NGX_AGAIN:
+ * the write handler comes back), and for good at out_limit, whatever
+ * the cell made of its file (a 300 MB sparse one, say).
  */
 
 static ngx_int_t
 ngx_http_hermes_cell_read_out(ngx_http_hermes_cell_t *cell, ngx_uint_t all)
 {
-    u_char               path[NGX_HTTP_HERMES_DIR_MAX + 64], *nl;
+    u_char               name[64], *nl;
+    size_t               size;
     ssize_t              n;
     ngx_buf_t           *b;
     ngx_chain_t         *cl, *out, **ll;
@@ -1138,19 +1333,29 @@ ngx_http_hermes_cell_read_out(ngx_http_hermes_cell_t *cell, ngx_uint_t all)
     r = cell->r;
 
     if (cell->out_fd == NGX_INVALID_FILE) {
-        ngx_http_hermes_cell_path(cell, path, sizeof(path), "cell_out");
+        ngx_http_hermes_cell_name(cell, name, "cell_out");
 
-        cell->out_fd = open((char *) path, O_RDONLY|O_CLOEXEC|O_NOFOLLOW);
+        cell->out_fd = ngx_http_hermes_local_open_at(cell->cells_fd,
+                                                     (char *) name, NULL);
 
         if (cell->out_fd == NGX_INVALID_FILE) {
-            return (ngx_errno == NGX_ENOENT) ? NGX_OK : NGX_ERROR;
+            if (ngx_errno == NGX_ENOENT) {
+                return NGX_OK;
+            }
+
+            ngx_log_error(NGX_LOG_ERR, cell->log, ngx_errno,
+                          "hermes: kernel %*s: \"%s\" is not a regular file "
+                          "the module can read", (size_t) NGX_HTTP_HERMES_ID_LEN,
+                          cell->ref.kernel_id, name);
+            return NGX_ERROR;
         }
     }
 
     out = NULL;
     ll = &out;
 
-    for ( ;; ) {
+    while (cell->busy == NULL && cell->out_off < cell->out_limit) {
+
         /* what nginx sends must live as long as the request, not the cell */
 
         cl = ngx_chain_get_free_buf(r->pool, &cell->free);
@@ -1175,7 +1380,10 @@ ngx_http_hermes_cell_read_out(ngx_http_hermes_cell_t *cell, ngx_uint_t all)
         b->last = b->start;
         b->flush = 0;
 
-        n = pread(cell->out_fd, b->start, b->end - b->start, cell->out_off);
+        size = ngx_min((off_t) (b->end - b->start),
+                       cell->out_limit - cell->out_off);
+
+        n = pread(cell->out_fd, b->start, size, cell->out_off);
 
         if (n == -1) {
             return NGX_ERROR;
@@ -1188,7 +1396,7 @@ ngx_http_hermes_cell_read_out(ngx_http_hermes_cell_t *cell, ngx_uint_t all)
             for (nl = b->start + n - 1; *nl != '\n'; nl--) { /* void */ }
             nl++;
 
-        } else if (n == (ssize_t) (b->end - b->start) || (all && n > 0)) {
+        } else if (n == (ssize_t) size || (all && n > 0)) {
             /* a line longer than a chunk, or the unterminated tail */
             nl = b->start + n;
 
@@ -1204,44 +1412,60 @@ ngx_http_hermes_cell_read_out(ngx_http_hermes_cell_t *cell, ngx_uint_t all)
 
         *ll = cl;
         ll = &cl->next;
+        *ll = NULL;
 
-        if (n < (ssize_t) (b->end - b->start)
-            && nl == b->start + n && !all)
-        {
-            break;
+        /* one chunk at a time: the client sets the pace */
+
+        b->flush = 1;
+
+        if (ngx_http_hermes_cell_send_chain(cell, out) == NGX_ERROR) {
+            return NGX_OK;
         }
 
-        if (n == 0) {
+        out = NULL;
+        ll = &out;
+
+        if (n < (ssize_t) size && nl == b->start + n && !all) {
             break;
         }
     }
 
-    if (out == NULL) {
+    if (cell->out_off >= cell->out_limit) {
+        if (!cell->res.stream_truncated) {
+            ngx_log_error(NGX_LOG_WARN, cell->log, 0,
+                          "hermes: cell %uD of kernel %*s wrote more than "
+                          "%O bytes of output events, the rest is not read",
+                          cell->ref.cell_id, (size_t) NGX_HTTP_HERMES_ID_LEN,
+                          cell->ref.kernel_id, cell->out_limit);
+        }
+
+        cell->res.stream_truncated = 1;
         return NGX_OK;
     }
 
-    *ll = NULL;
-
-    for (cl = out; cl->next; cl = cl->next) { /* void */ }
-    cl->buf->flush = 1;
-
-    (void) ngx_http_hermes_cell_send_chain(cell, out);
-
-    return NGX_OK;
+    return cell->busy ? NGX_AGAIN : NGX_OK;
 }
 
+
+/* the result is there: read it (bounded), end the turn, then answer */
 
 static void
 ngx_http_hermes_cell_finish(ngx_http_hermes_cell_t *cell)
 {
-    u_char           path[NGX_HTTP_HERMES_DIR_MAX + 64], *data;
-    ssize_t          n;
-    ngx_fd_t         fd;
-    ngx_file_info_t  fi;
+    u_char    name[64], *data;
+    off_t     size;
+    ssize_t   n;
+    ngx_fd_t  fd;
 
-    ngx_http_hermes_cell_path(cell, path, sizeof(path), "cell_res");
+    if (cell->draining) {
+        ngx_http_hermes_cell_drain(cell);
+        return;
+    }
 
-    fd = open((char *) path, O_RDONLY|O_CLOEXEC|O_NOFOLLOW);
+    ngx_http_hermes_cell_name(cell, name, "cell_res");
+
+    fd = ngx_http_hermes_local_open_at(cell->cells_fd, (char *) name, &size);
+
     if (fd == NGX_INVALID_FILE) {
         if (ngx_errno == NGX_ENOENT) {
             cell->res_ready = 0;
@@ -1251,28 +1475,22 @@ ngx_http_hermes_cell_finish(ngx_http_hermes_cell_t *cell)
         goto unreadable;
     }
 
-    if (ngx_fd_info(fd, &fi) == NGX_FILE_ERROR
-        || ngx_file_size(&fi) > (off_t) (6 * cell->hlcf->max_output + 65536))
-    {
+    if (size > (off_t) (6 * cell->hlcf->max_output + 65536)) {
         close(fd);
         goto unreadable;
     }
 
-    data = ngx_pnalloc(cell->pool, ngx_file_size(&fi) + 1);
+    data = ngx_pnalloc(cell->pool, size + 1);
     if (data == NULL) {
         close(fd);
         goto unreadable;
     }
 
-    n = read(fd, data, ngx_file_size(&fi));
+    n = pread(fd, data, size, 0);
     close(fd);
 
-    if (n != (ssize_t) ngx_file_size(&fi)) {
+    if (n != size) {
         goto unreadable;
-    }
-
-    if (cell->r && !cell->req.json_answer) {
-        (void) ngx_http_hermes_cell_read_out(cell, 1);
     }
 
     ngx_http_hermes_cell_result(cell, data, n);
@@ -1281,19 +1499,25 @@ ngx_http_hermes_cell_finish(ngx_http_hermes_cell_t *cell)
 unreadable:
 
     ngx_log_error(NGX_LOG_ERR, cell->log, ngx_errno,
-                  "hermes: unreadable result \"%s\"", path);
+                  "hermes: kernel %*s: unreadable result \"%s\" (not a "
+                  "regular file, or too big)",
+                  (size_t) NGX_HTTP_HERMES_ID_LEN, cell->ref.kernel_id, name);
 
     ngx_http_hermes_cell_fail(cell, NGX_HTTP_HERMES_CELL_ERROR,
                               "the kernel wrote an unreadable result");
 }
 
 
-/* the runner's result, whichever way it came: answer, end the turn */
+/* the runner's result, whichever way it came: end the turn, answer */
 
 static void
 ngx_http_hermes_cell_result(ngx_http_hermes_cell_t *cell, u_char *data,
     size_t n)
 {
+    ngx_uint_t  truncated;
+
+    truncated = cell->res.stream_truncated;
+
     if (ngx_http_hermes_json_parse_result(cell->pool, data, n, &cell->res)
         != NGX_OK)
     {
@@ -1307,6 +1531,10 @@ ngx_http_hermes_cell_result(ngx_http_hermes_cell_t *cell, u_char *data,
         return;
     }
 
+    if (truncated) {
+        cell->res.stream_truncated = 1;
+    }
+
     if (cell->res.ended) {
         /* SystemExit: the runner exits by itself; remove its directory */
         ngx_http_hermes_cell_kill(cell);
@@ -1317,6 +1545,48 @@ ngx_http_hermes_cell_result(ngx_http_hermes_cell_t *cell, u_char *data,
         ngx_http_hermes_registry_release(cell->zone, &cell->ref,
                                          NGX_HTTP_HERMES_RELEASE_DONE,
                                          cell->res.execution_count);
+    }
+
+    /*
+     * The kernel is free for the next cell; what is left of the output
+     * goes to the client at its own pace, then the result line.
+     */
+
+    if (cell->timer.timer_set) {
+        ngx_del_timer(&cell->timer);
+    }
+
+    if (cell->pidfd) {
+        ngx_close_connection(cell->pidfd);
+        cell->pidfd = NULL;
+    }
+
+    if (cell->wd != -1) {
+        (void) inotify_rm_watch(ngx_http_hermes_inotify->fd, cell->wd);
+        cell->wd = -1;
+    }
+
+    cell->draining = 1;
+
+    ngx_http_hermes_cell_drain(cell);
+}
+
+
+static void
+ngx_http_hermes_cell_drain(ngx_http_hermes_cell_t *cell)
+{
+    ngx_int_t  rc;
+
+    if (cell->r && !cell->req.json_answer && cell->relay == NULL) {
+        rc = ngx_http_hermes_cell_read_out(cell, 1);
+
+        if (rc == NGX_AGAIN) {
+            return;
+        }
+
+        if (rc == NGX_ERROR) {
+            cell->res.stream_truncated = 1;
+        }
     }
 
     ngx_http_hermes_cell_answer(cell);
@@ -1446,16 +1716,19 @@ ngx_http_hermes_cell_died_handler(ngx_event_t *ev)
     ngx_connection_t        *pc = ev->data;
     ngx_http_hermes_cell_t  *cell = pc->data;
 
-    u_char             path[NGX_HTTP_HERMES_DIR_MAX + 64];
+    u_char             name[64];
     ngx_connection_t  *c;
+    ngx_file_info_t    fi;
 
     c = cell->r ? cell->r->connection : NULL;
 
     /* SystemExit writes its result, then exits: prefer the result */
 
-    ngx_http_hermes_cell_path(cell, path, sizeof(path), "cell_res");
+    ngx_http_hermes_cell_name(cell, name, "cell_res");
 
-    if (access((char *) path, F_OK) == 0) {
+    if (fstatat(cell->cells_fd, (char *) name, &fi, AT_SYMLINK_NOFOLLOW)
+        == 0)
+    {
         cell->res_ready = 1;
         ngx_http_hermes_cell_pump(cell);
         return;
@@ -1617,7 +1890,10 @@ static void
 ngx_http_hermes_cell_write_handler(ngx_http_request_t *r)
 {
     ngx_event_t               *wev;
+    ngx_chain_t               *out;
     ngx_connection_t          *c;
+    ngx_http_hermes_ctx_t     *ctx;
+    ngx_http_hermes_cell_t    *cell;
     ngx_http_core_loc_conf_t  *clcf;
 
     c = r->connection;
@@ -1632,6 +1908,15 @@ ngx_http_hermes_cell_write_handler(ngx_http_request_t *r)
     if (ngx_http_output_filter(r, NULL) == NGX_ERROR) {
         ngx_http_finalize_request(r, NGX_ERROR);
         return;
+    }
+
+    ctx = ngx_http_get_module_ctx(r, ngx_http_hermes_module);
+    cell = ctx ? ctx->cell : NULL;
+
+    if (cell) {
+        out = NULL;
+        ngx_chain_update_chains(r->pool, &cell->free, &cell->busy, &out,
+                                (ngx_buf_tag_t) &ngx_http_hermes_module);
     }
 
     clcf = ngx_http_get_module_loc_conf(r, ngx_http_core_module);
@@ -1650,6 +1935,37 @@ ngx_http_hermes_cell_write_handler(ngx_http_request_t *r)
 
     if (wev->timer_set) {
         ngx_del_timer(wev);
+    }
+
+    /* the client took it all: read on */
+
+    if (cell && cell->busy == NULL) {
+        ngx_http_hermes_cell_resume(cell);
+    }
+}
+
+
+/* the client's buffers drained: go on where backpressure stopped us */
+
+static void
+ngx_http_hermes_cell_resume(ngx_http_hermes_cell_t *cell)
+{
+    if (cell->relay) {
+        if (cell->paused) {
+            cell->paused = 0;
+            ngx_http_hermes_cell_relay_handler(cell->relay->read);
+        }
+
+        return;
+    }
+
+    if (cell->draining) {
+        ngx_http_hermes_cell_drain(cell);
+        return;
+    }
+
+    if (cell->shipped) {
+        ngx_http_hermes_cell_pump(cell);
     }
 }
 
@@ -1682,17 +1998,10 @@ ngx_http_hermes_cell_end(ngx_http_hermes_cell_t *cell)
         ngx_del_timer(&cell->timer);
     }
 
-    if (cell->wd != -1) {
-        (void) inotify_rm_watch(ngx_http_hermes_inotify->fd, cell->wd);
-        cell->wd = -1;
-    }
+    ngx_http_hermes_cell_close_kernel(cell);
 
-    if (cell->out_fd != NGX_INVALID_FILE) {
-        close(cell->out_fd);
-    }
-
-    if (cell->pidfd) {
-        ngx_close_connection(cell->pidfd);
+    if (cell->ctx) {
+        cell->ctx->cell = NULL;
     }
 
     if (cell->relay) {
@@ -1712,19 +2021,12 @@ ngx_http_hermes_cell_end(ngx_http_hermes_cell_t *cell)
 }
 
 
+/* a file of this cell in cells/: "cell_req", "cell_out", "cell_res" */
+
 static void
-ngx_http_hermes_cell_path(ngx_http_hermes_cell_t *cell, u_char *buf,
-    size_t size, const char *what)
+ngx_http_hermes_cell_name(ngx_http_hermes_cell_t *cell, u_char *buf,
+    const char *what)
 {
-    if (what[0] == '\0') {
-        ngx_snprintf(buf, size, "%s/cells%Z", cell->ref.dir);
-
-    } else if (ngx_strcmp(what, "cell_res") == 0) {
-        ngx_snprintf(buf, size, "%s/cells/cell_res_%06uD.json%Z",
-                     cell->ref.dir, cell->ref.cell_id);
-
-    } else {
-        ngx_snprintf(buf, size, "%s/cells/%s_%06uD%Z",
-                     cell->ref.dir, what, cell->ref.cell_id);
-    }
+    ngx_sprintf(buf, "%s_%06uD%s%Z", what, cell->ref.cell_id,
+                what[5] == 'o' ? "" : ".json");
 }
