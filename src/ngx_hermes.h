@@ -431,6 +431,7 @@ typedef struct {
 } ngx_http_hermes_result_t;
 
 
+ngx_int_t ngx_http_hermes_json_session_valid(ngx_str_t *s);
 ngx_int_t ngx_http_hermes_json_parse_request(ngx_pool_t *pool, u_char *body,
     size_t len, ngx_http_hermes_request_t *req, size_t max_code,
     ngx_str_t *err_code, ngx_str_t *err_msg, ngx_uint_t *http_status);
