@@ -1133,6 +1133,32 @@ ngx_http_hermes_json_gen_ms(yajl_gen g, uint64_t ms)
 }
 
 
+static void
+ngx_http_hermes_json_gen_kernel(yajl_gen g, ngx_http_hermes_listing_t *l)
+{
+    yajl_gen_map_open(g);
+    ngx_http_hermes_gen_key(g, "session");
+    ngx_http_hermes_gen_str(g, &l->session);
+    ngx_http_hermes_gen_key(g, "kernel_id");
+    yajl_gen_string(g, l->kernel_id, NGX_HTTP_HERMES_ID_LEN);
+    ngx_http_hermes_gen_key(g, "backend");
+    ngx_http_hermes_gen_str(g, &l->backend_name);
+    ngx_http_hermes_gen_key(g, "host");
+    ngx_http_hermes_gen_str(g, &l->host_name);
+    ngx_http_hermes_gen_key(g, "state");
+    ngx_http_hermes_gen_str(g, &ngx_http_hermes_state_names[l->state]);
+    ngx_http_hermes_gen_key(g, "execution_count");
+    yajl_gen_integer(g, l->execution_count);
+    ngx_http_hermes_gen_key(g, "created");
+    ngx_http_hermes_json_gen_ms(g, l->created);
+    ngx_http_hermes_gen_key(g, "last_used");
+    ngx_http_hermes_json_gen_ms(g, l->last_used);
+    ngx_http_hermes_gen_key(g, "running_for_ms");
+    yajl_gen_integer(g, l->running_for);
+    yajl_gen_map_close(g);
+}
+
+
 ngx_buf_t *
 ngx_http_hermes_json_listing(ngx_pool_t *pool, ngx_array_t *list)
 {
@@ -1153,30 +1179,32 @@ ngx_http_hermes_json_listing(ngx_pool_t *pool, ngx_array_t *list)
     yajl_gen_array_open(g);
 
     for (i = 0; i < list->nelts; i++) {
-        yajl_gen_map_open(g);
-        ngx_http_hermes_gen_key(g, "session");
-        ngx_http_hermes_gen_str(g, &l[i].session);
-        ngx_http_hermes_gen_key(g, "kernel_id");
-        yajl_gen_string(g, l[i].kernel_id, NGX_HTTP_HERMES_ID_LEN);
-        ngx_http_hermes_gen_key(g, "backend");
-        ngx_http_hermes_gen_str(g, &l[i].backend_name);
-        ngx_http_hermes_gen_key(g, "host");
-        ngx_http_hermes_gen_str(g, &l[i].host_name);
-        ngx_http_hermes_gen_key(g, "state");
-        ngx_http_hermes_gen_str(g, &ngx_http_hermes_state_names[l[i].state]);
-        ngx_http_hermes_gen_key(g, "execution_count");
-        yajl_gen_integer(g, l[i].execution_count);
-        ngx_http_hermes_gen_key(g, "created");
-        ngx_http_hermes_json_gen_ms(g, l[i].created);
-        ngx_http_hermes_gen_key(g, "last_used");
-        ngx_http_hermes_json_gen_ms(g, l[i].last_used);
-        ngx_http_hermes_gen_key(g, "running_for_ms");
-        yajl_gen_integer(g, l[i].running_for);
-        yajl_gen_map_close(g);
+        ngx_http_hermes_json_gen_kernel(g, &l[i]);
     }
 
     yajl_gen_array_close(g);
     yajl_gen_map_close(g);
+
+    b = ngx_http_hermes_json_take(pool, g, 1);
+
+    yajl_gen_free(g);
+
+    return b;
+}
+
+
+ngx_buf_t *
+ngx_http_hermes_json_kernel(ngx_pool_t *pool, ngx_http_hermes_listing_t *l)
+{
+    yajl_gen    g;
+    ngx_buf_t  *b;
+
+    g = yajl_gen_alloc(NULL);
+    if (g == NULL) {
+        return NULL;
+    }
+
+    ngx_http_hermes_json_gen_kernel(g, l);
 
     b = ngx_http_hermes_json_take(pool, g, 1);
 
