@@ -214,7 +214,8 @@ for my $bad ('bad%20name', 'a%0Ab', 'x' x 129, 'caf%C3%A9') {
     error_is($t->raw_request('DELETE', "/v1/kernels/$bad"), 400, 'invalid_session', "DELETE bad session $bad");
     error_is($t->raw_request('GET', "/v1/kernels/$bad"), 400, 'invalid_session', "GET bad session $bad");
 }
-error_is($t->raw_request('DELETE', '/v1/kernels/a%00b'), 400, undef, 'DELETE with a NUL in the session');
+# nginx refuses a URI with a NUL before it has a URI to match a location on
+is($t->raw_request('DELETE', '/v1/kernels/a%00b')->{status}, 400, 'DELETE with a NUL in the session: 400');
 error_is($t->raw_request('DELETE', '/v1/kernels'), 400, 'invalid_session', 'DELETE without a session');
 error_is($t->raw_request('DELETE', '/v1/kernels/'), 400, 'invalid_session', 'DELETE with an empty session');
 
