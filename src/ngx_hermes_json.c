@@ -51,6 +51,8 @@ typedef struct {
 typedef struct {
     ngx_pool_t                   *pool;
     ngx_http_hermes_json_field_t *fields;
+    u_char                       *start;    /* the text parsed */
+    u_char                       *end;
     ngx_uint_t                    depth;    /* containers open */
     ngx_uint_t                    ignore;   /* depth inside an ignored one */
     ngx_uint_t                    array[NGX_HTTP_HERMES_JSON_DEPTH + 1];
@@ -92,7 +94,7 @@ ngx_http_hermes_json_path_is(ngx_http_hermes_json_ctx_t *ctx,
         len = dot ? (size_t) (dot - p) : ngx_strlen(p);
 
         if (ctx->key[i].len != len
-            || ngx_strncmp(ctx->key[i].data, p, len) != 0)
+            || ngx_memcmp(ctx->key[i].data, p, len) != 0)
         {
             return 0;
         }
@@ -285,14 +287,17 @@ ngx_http_hermes_json_map_key(void *data, const unsigned char *key,
 
     /* an escaped key is decoded into a buffer yajl reuses: keep a copy */
 
-    name = ngx_pnalloc(ctx->pool, len + 1);
-    if (name == NULL) {
-        ctx->nomem = 1;
-        return 0;
-    }
+    name = (u_char *) key;
 
-    ngx_memcpy(name, key, len);
-    name[len] = '\0';
+    if (name < ctx->start || name + len > ctx->end) {
+        name = ngx_pnalloc(ctx->pool, len);
+        if (name == NULL) {
+            ctx->nomem = 1;
+            return 0;
+        }
+
+        ngx_memcpy(name, key, len);
+    }
 
     if (ctx->keys) {
         k = ngx_array_push(ctx->keys);
@@ -559,6 +564,8 @@ ngx_http_hermes_json_parse(ngx_pool_t *pool, u_char *data, size_t len,
     ngx_memzero(&ctx, sizeof(ngx_http_hermes_json_ctx_t));
     ctx.pool = pool;
     ctx.fields = fields;
+    ctx.start = data;
+    ctx.end = data + len;
 
     if (strict) {
         ctx.keys = ngx_array_create(pool, 16,
