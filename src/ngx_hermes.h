@@ -456,6 +456,7 @@ typedef struct {
 } ngx_http_hermes_result_t;
 
 
+ngx_int_t ngx_http_hermes_json_session_valid(ngx_str_t *s);
 ngx_int_t ngx_http_hermes_json_parse_request(ngx_pool_t *pool, u_char *body,
     size_t len, ngx_http_hermes_request_t *req, size_t max_code,
     ngx_str_t *err_code, ngx_str_t *err_msg, ngx_uint_t *http_status);
@@ -468,6 +469,8 @@ ngx_buf_t *ngx_http_hermes_json_result(ngx_pool_t *pool,
 ngx_buf_t *ngx_http_hermes_json_error(ngx_pool_t *pool, ngx_str_t *code,
     ngx_str_t *message);
 ngx_buf_t *ngx_http_hermes_json_listing(ngx_pool_t *pool, ngx_array_t *list);
+ngx_buf_t *ngx_http_hermes_json_kernel(ngx_pool_t *pool,
+    ngx_http_hermes_listing_t *l);
 ngx_buf_t *ngx_http_hermes_json_stats(ngx_pool_t *pool,
     ngx_http_hermes_stats_t *st, ngx_uint_t max_kernels);
 ngx_buf_t *ngx_http_hermes_prometheus_stats(ngx_pool_t *pool,
@@ -490,6 +493,7 @@ void ngx_http_hermes_cell_exit_process(ngx_cycle_t *cycle);
 
 typedef struct {
     ngx_buf_t                    *error_body;
+    ngx_http_event_handler_pt     read_body;    /* nginx's, while reading */
     ngx_str_t                     session;
     u_char                        kernel_id[NGX_HTTP_HERMES_ID_LEN];
     ngx_int_t                     cell_status;  /* -1: none */

@@ -10,6 +10,23 @@
 #include "ngx_hermes.h"
 
 
+/*
+ * The owner of every caller where hermes_owner is unset.  Owners with a
+ * control character are refused, so no variable can name this one.
+ */
+#define NGX_HTTP_HERMES_OWNER_NONE  "\001anonymous"
+
+
+/* one media type or media range of a Content-Type or Accept header */
+
+typedef struct {
+    ngx_str_t                    type;
+    ngx_str_t                    subtype;
+    ngx_str_t                    charset;
+    ngx_uint_t                   q;         /* in thousandths */
+} ngx_http_hermes_media_t;
+
+
 static ngx_http_output_header_filter_pt  ngx_http_next_header_filter;
 static ngx_http_output_body_filter_pt    ngx_http_next_body_filter;
 
@@ -17,6 +34,7 @@ static ngx_http_output_body_filter_pt    ngx_http_next_body_filter;
 static ngx_int_t ngx_http_hermes_owner(ngx_http_request_t *r,
     ngx_str_t *owner, ngx_int_t *rc);
 static void ngx_http_hermes_execute_body(ngx_http_request_t *r);
+static void ngx_http_hermes_read_body_handler(ngx_http_request_t *r);
 static ngx_int_t ngx_http_hermes_send_buf(ngx_http_request_t *r,
     ngx_uint_t status, const char *type, ngx_buf_t *b);
 static void ngx_http_hermes_name_backends(ngx_http_request_t *r,
@@ -25,17 +43,24 @@ static ngx_int_t ngx_http_hermes_variable(ngx_http_request_t *r,
     ngx_http_variable_value_t *v, uintptr_t data);
 static u_char *ngx_http_hermes_read_body(ngx_http_request_t *r,
     size_t *len);
-static ngx_int_t ngx_http_hermes_header_has(ngx_table_elt_t *h,
-    const char *value);
+static u_char *ngx_http_hermes_media_type(u_char *p, u_char *last,
+    ngx_http_hermes_media_t *m);
+static ngx_uint_t ngx_http_hermes_content_is_json(ngx_http_request_t *r);
+static ngx_uint_t ngx_http_hermes_accepts_json(ngx_http_request_t *r);
 static ngx_int_t ngx_http_hermes_add_header(ngx_http_request_t *r,
     char *key, char *value);
+static ngx_int_t ngx_http_hermes_kernels_path(ngx_http_request_t *r,
+    ngx_str_t *session, ngx_int_t *rc);
+static ngx_int_t ngx_http_hermes_kernel_get(ngx_http_request_t *r,
+    ngx_str_t *owner, ngx_str_t *session);
+static ngx_uint_t ngx_http_hermes_location_is_ours(ngx_http_request_t *r);
 
 
 ngx_int_t
 ngx_http_hermes_execute_handler(ngx_http_request_t *r)
 {
-    ngx_int_t          rc;
-    ngx_table_elt_t   *ct;
+    ngx_int_t               rc;
+    ngx_http_hermes_ctx_t  *ctx;
 
     if (r->method != NGX_HTTP_POST) {
         rc = ngx_http_discard_request_body(r);
@@ -52,9 +77,7 @@ ngx_http_hermes_execute_handler(ngx_http_request_t *r)
                                           "use POST with a JSON body");
     }
 
-    ct = r->headers_in.content_type;
-
-    if (ct == NULL || !ngx_http_hermes_header_has(ct, "application/json")) {
+    if (!ngx_http_hermes_content_is_json(r)) {
         rc = ngx_http_discard_request_body(r);
         if (rc != NGX_OK) {
             return rc;
@@ -66,6 +89,11 @@ ngx_http_hermes_execute_handler(ngx_http_request_t *r)
                                     "the body must be application/json");
     }
 
+    ctx = ngx_http_hermes_get_ctx(r);
+    if (ctx == NULL) {
+        return NGX_HTTP_INTERNAL_SERVER_ERROR;
+    }
+
     r->request_body_in_single_buf = 1;
 
     rc = ngx_http_read_client_request_body(r, ngx_http_hermes_execute_body);
@@ -74,7 +102,46 @@ ngx_http_hermes_execute_handler(ngx_http_request_t *r)
         return rc;
     }
 
+    if (rc == NGX_AGAIN) {
+        ctx->read_body = r->read_event_handler;
+        r->read_event_handler = ngx_http_hermes_read_body_handler;
+    }
+
     return NGX_DONE;
+}
+
+
+/*
+ * While the body is read: at client_body_timeout nginx closes the
+ * connection without a word; the client gets a JSON 408 instead.
+ */
+
+static void
+ngx_http_hermes_read_body_handler(ngx_http_request_t *r)
+{
+    ngx_connection_t       *c;
+    ngx_http_hermes_ctx_t  *ctx;
+
+    c = r->connection;
+    ctx = ngx_http_get_module_ctx(r, ngx_http_hermes_module);
+
+    if (!c->read->timedout) {
+        ctx->read_body(r);
+        return;
+    }
+
+    ngx_log_error(NGX_LOG_INFO, c->log, NGX_ETIMEDOUT, "client timed out");
+
+    c->read->timedout = 0;
+    r->read_event_handler = ngx_http_block_reading;
+    r->keepalive = 0;
+    r->lingering_close = 0;
+
+    ngx_http_finalize_request(r,
+                  ngx_http_hermes_send_error(r, NGX_HTTP_REQUEST_TIME_OUT,
+                                             "request_timeout",
+                                             "the body was not received "
+                                             "within client_body_timeout"));
 }
 
 
@@ -127,11 +194,7 @@ ngx_http_hermes_execute_body(ngx_http_request_t *r)
         return;
     }
 
-    req.json_answer = (r->headers_in.accept
-                       && ngx_http_hermes_header_has(r->headers_in.accept,
-                                                     "application/json")
-                       && !ngx_http_hermes_header_has(r->headers_in.accept,
-                                                      "application/x-ndjson"));
+    req.json_answer = ngx_http_hermes_accepts_json(r);
 
     rc = ngx_http_hermes_cell_start(r, &req, &owner);
 
@@ -149,12 +212,13 @@ ngx_http_hermes_execute_body(ngx_http_request_t *r)
 static ngx_int_t
 ngx_http_hermes_owner(ngx_http_request_t *r, ngx_str_t *owner, ngx_int_t *rc)
 {
+    ngx_uint_t                   i;
     ngx_http_hermes_loc_conf_t  *hlcf;
 
     hlcf = ngx_http_get_module_loc_conf(r, ngx_http_hermes_module);
 
     if (hlcf->owner == NULL) {
-        ngx_str_set(owner, "anonymous");
+        ngx_str_set(owner, NGX_HTTP_HERMES_OWNER_NONE);
         return NGX_OK;
     }
 
@@ -175,6 +239,16 @@ ngx_http_hermes_owner(ngx_http_request_t *r, ngx_str_t *owner, ngx_int_t *rc)
                                          "invalid_owner",
                                          "the owner is over 128 bytes");
         return NGX_DECLINED;
+    }
+
+    for (i = 0; i < owner->len; i++) {
+        if (owner->data[i] < 0x20 || owner->data[i] == 0x7f) {
+            *rc = ngx_http_hermes_send_error(r, NGX_HTTP_BAD_REQUEST,
+                                             "invalid_owner",
+                                             "the owner has a control "
+                                             "character");
+            return NGX_DECLINED;
+        }
     }
 
     return NGX_OK;
@@ -234,12 +308,324 @@ ngx_http_hermes_read_body(ngx_http_request_t *r, size_t *len)
 }
 
 
-static ngx_int_t
-ngx_http_hermes_header_has(ngx_table_elt_t *h, const char *value)
+/* RFC 9110 token characters */
+
+static ngx_uint_t
+ngx_http_hermes_tchar(u_char c)
 {
-    return ngx_strlcasestrn(h->value.data, h->value.data + h->value.len,
-                            (u_char *) value, ngx_strlen(value) - 1)
-           != NULL;
+    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z')
+           || (c >= '0' && c <= '9')
+           || (c != '\0' && ngx_strchr("!#$%&'*+-.^_`|~", c) != NULL);
+}
+
+
+static u_char *
+ngx_http_hermes_token(u_char *p, u_char *last, ngx_str_t *token)
+{
+    token->data = p;
+
+    while (p < last && ngx_http_hermes_tchar(*p)) {
+        p++;
+    }
+
+    token->len = p - token->data;
+
+    return p;
+}
+
+
+static u_char *
+ngx_http_hermes_ows(u_char *p, u_char *last)
+{
+    while (p < last && (*p == ' ' || *p == '\t')) {
+        p++;
+    }
+
+    return p;
+}
+
+
+/* "0", "0.5", "1.000": thousandths, or NGX_ERROR */
+
+static ngx_int_t
+ngx_http_hermes_qvalue(ngx_str_t *v)
+{
+    ngx_int_t   q, scale;
+    ngx_uint_t  i;
+
+    if (v->len == 0 || v->len > 5 || (v->data[0] != '0' && v->data[0] != '1')
+        || (v->len > 1 && v->data[1] != '.'))
+    {
+        return NGX_ERROR;
+    }
+
+    q = (v->data[0] - '0') * 1000;
+
+    for (i = 2, scale = 100; i < v->len; i++, scale /= 10) {
+        if (v->data[i] < '0' || v->data[i] > '9') {
+            return NGX_ERROR;
+        }
+
+        q += (v->data[i] - '0') * scale;
+    }
+
+    return (q > 1000) ? NGX_ERROR : q;
+}
+
+
+/*
+ * One media type (or range) at p:
+ *     type "/" subtype *( OWS ";" OWS [ name "=" ( token / quoted ) ] )
+ * Returns where it ends (last, or a ","), NULL if it is malformed.
+ */
+
+static u_char *
+ngx_http_hermes_media_type(u_char *p, u_char *last, ngx_http_hermes_media_t *m)
+{
+    u_char     *start;
+    ngx_int_t   q;
+    ngx_str_t   name, value;
+
+    ngx_memzero(m, sizeof(ngx_http_hermes_media_t));
+    m->q = 1000;
+
+    p = ngx_http_hermes_token(ngx_http_hermes_ows(p, last), last, &m->type);
+
+    if (m->type.len == 0 || p == last || *p++ != '/') {
+        return NULL;
+    }
+
+    p = ngx_http_hermes_token(p, last, &m->subtype);
+
+    if (m->subtype.len == 0) {
+        return NULL;
+    }
+
+    for ( ;; ) {
+        p = ngx_http_hermes_ows(p, last);
+
+        if (p == last || *p == ',') {
+            return p;
+        }
+
+        if (*p++ != ';') {
+            return NULL;
+        }
+
+        p = ngx_http_hermes_ows(p, last);
+
+        if (p == last || *p == ',' || *p == ';') {
+            continue;
+        }
+
+        p = ngx_http_hermes_token(p, last, &name);
+
+        if (name.len == 0 || p == last || *p++ != '=') {
+            return NULL;
+        }
+
+        if (p < last && *p == '"') {
+            start = ++p;
+
+            while (p < last && *p != '"') {
+                if (*p == '\\' && ++p == last) {
+                    return NULL;
+                }
+
+                p++;
+            }
+
+            if (p == last) {
+                return NULL;
+            }
+
+            value.data = start;
+            value.len = p++ - start;
+
+        } else {
+            p = ngx_http_hermes_token(p, last, &value);
+
+            if (value.len == 0) {
+                return NULL;
+            }
+        }
+
+        if (name.len == 1 && (name.data[0] | 0x20) == 'q') {
+            q = ngx_http_hermes_qvalue(&value);
+            if (q == NGX_ERROR) {
+                return NULL;
+            }
+
+            m->q = q;
+
+        } else if (name.len == 7
+                   && ngx_strncasecmp(name.data, (u_char *) "charset", 7) == 0)
+        {
+            m->charset = value;
+        }
+    }
+}
+
+
+static ngx_uint_t
+ngx_http_hermes_media_is(ngx_str_t *s, const char *name)
+{
+    size_t  len;
+
+    len = ngx_strlen(name);
+
+    return s->len == len
+           && ngx_strncasecmp(s->data, (u_char *) name, len) == 0;
+}
+
+
+/*
+ * Content-Type is application/json (any case, parameters allowed, a
+ * charset only of utf-8), once.  A text/plain POST naming
+ * application/json in a parameter is a cross-site form, not JSON.
+ */
+
+static ngx_uint_t
+ngx_http_hermes_content_is_json(ngx_http_request_t *r)
+{
+    u_char                   *p, *last;
+    ngx_uint_t                i, n;
+    ngx_list_part_t          *part;
+    ngx_table_elt_t          *h, *ct;
+    ngx_http_hermes_media_t   m;
+
+    ct = NULL;
+    n = 0;
+
+    part = &r->headers_in.headers.part;
+    h = part->elts;
+
+    for (i = 0; /* void */; i++) {
+
+        if (i >= part->nelts) {
+            if (part->next == NULL) {
+                break;
+            }
+
+            part = part->next;
+            h = part->elts;
+            i = 0;
+        }
+
+        if (h[i].key.len == sizeof("Content-Type") - 1
+            && ngx_strncasecmp(h[i].key.data, (u_char *) "Content-Type",
+                               sizeof("Content-Type") - 1) == 0)
+        {
+            ct = &h[i];
+            n++;
+        }
+    }
+
+    if (n != 1) {
+        return 0;
+    }
+
+    last = ct->value.data + ct->value.len;
+
+    p = ngx_http_hermes_media_type(ct->value.data, last, &m);
+
+    return p == last
+           && ngx_http_hermes_media_is(&m.type, "application")
+           && ngx_http_hermes_media_is(&m.subtype, "json")
+           && (m.charset.len == 0
+               || ngx_http_hermes_media_is(&m.charset, "utf-8"));
+}
+
+
+/*
+ * The JSON answer if Accept prefers application/json to
+ * application/x-ndjson: each gets the q of its most specific range
+ * (RFC 9110 12.5.1); a tie streams.  A malformed Accept is ignored.
+ */
+
+static ngx_uint_t
+ngx_http_hermes_accepts_json(ngx_http_request_t *r)
+{
+    u_char                   *p, *last;
+    ngx_uint_t                i, k, rank;
+    ngx_uint_t                best[2], q[2];
+    ngx_list_part_t          *part;
+    ngx_table_elt_t          *h;
+    ngx_http_hermes_media_t   m;
+
+    static const char        *subtypes[2] = { "json", "x-ndjson" };
+
+    best[0] = 0;
+    best[1] = 0;
+    q[0] = 0;
+    q[1] = 0;
+
+    part = &r->headers_in.headers.part;
+    h = part->elts;
+
+    for (i = 0; /* void */; i++) {
+
+        if (i >= part->nelts) {
+            if (part->next == NULL) {
+                break;
+            }
+
+            part = part->next;
+            h = part->elts;
+            i = 0;
+        }
+
+        if (h[i].key.len != sizeof("Accept") - 1
+            || ngx_strncasecmp(h[i].key.data, (u_char *) "Accept",
+                               sizeof("Accept") - 1) != 0)
+        {
+            continue;
+        }
+
+        p = h[i].value.data;
+        last = p + h[i].value.len;
+
+        while (p < last) {
+            p = ngx_http_hermes_ows(p, last);
+
+            if (p < last && *p == ',') {
+                p++;
+                continue;
+            }
+
+            if (p == last) {
+                break;
+            }
+
+            p = ngx_http_hermes_media_type(p, last, &m);
+            if (p == NULL) {
+                return 0;
+            }
+
+            for (k = 0; k < 2; k++) {
+                if (ngx_http_hermes_media_is(&m.type, "*")) {
+                    rank = ngx_http_hermes_media_is(&m.subtype, "*") ? 1 : 0;
+
+                } else if (!ngx_http_hermes_media_is(&m.type, "application")) {
+                    rank = 0;
+
+                } else if (ngx_http_hermes_media_is(&m.subtype, "*")) {
+                    rank = 2;
+
+                } else {
+                    rank = ngx_http_hermes_media_is(&m.subtype, subtypes[k])
+                           ? 3 : 0;
+                }
+
+                if (rank > best[k]) {
+                    best[k] = rank;
+                    q[k] = m.q;
+                }
+            }
+        }
+    }
+
+    return q[0] > 0 && q[0] > q[1];
 }
 
 
@@ -325,6 +711,167 @@ ngx_http_hermes_send_buf(ngx_http_request_t *r, ngx_uint_t status,
 }
 
 
+/*
+ * nginx's own lookup of a location, without its side effects (no
+ * captures, no redirect): NGX_OK, NGX_DONE, NGX_AGAIN, NGX_DECLINED as
+ * in ngx_http_core_find_static_location(), the match in *loc_conf.
+ */
+
+static ngx_int_t
+ngx_http_hermes_static_location(ngx_http_request_t *r,
+    ngx_http_location_tree_node_t *node, void ***loc_conf)
+{
+    u_char     *uri;
+    size_t      len, n;
+    ngx_int_t   rc, rv;
+
+    len = r->uri.len;
+    uri = r->uri.data;
+
+    rv = NGX_DECLINED;
+
+    while (node) {
+        n = (len <= (size_t) node->len) ? len : node->len;
+
+        rc = ngx_filename_cmp(uri, node->name, n);
+
+        if (rc != 0) {
+            node = (rc < 0) ? node->left : node->right;
+            continue;
+        }
+
+        if (len > (size_t) node->len) {
+
+            if (node->inclusive) {
+                *loc_conf = node->inclusive->loc_conf;
+                rv = NGX_AGAIN;
+
+                node = node->tree;
+                uri += n;
+                len -= n;
+
+                continue;
+            }
+
+            node = node->right;
+            continue;
+        }
+
+        if (len == (size_t) node->len) {
+            *loc_conf = node->exact ? node->exact->loc_conf
+                                    : node->inclusive->loc_conf;
+            return NGX_OK;
+        }
+
+        if (len + 1 == (size_t) node->len && node->auto_redirect) {
+            *loc_conf = node->exact ? node->exact->loc_conf
+                                    : node->inclusive->loc_conf;
+            rv = NGX_DONE;
+        }
+
+        node = node->left;
+    }
+
+    return rv;
+}
+
+
+static ngx_int_t
+ngx_http_hermes_find_location(ngx_http_request_t *r, void ***loc_conf)
+{
+    ngx_int_t                  rc;
+    ngx_http_core_loc_conf_t  *pclcf;
+#if (NGX_PCRE)
+    ngx_int_t                  n;
+    ngx_uint_t                 noregex;
+    ngx_http_core_loc_conf_t  *clcf, **clcfp;
+
+    noregex = 0;
+#endif
+
+    pclcf = (*loc_conf)[ngx_http_core_module.ctx_index];
+
+    rc = ngx_http_hermes_static_location(r, pclcf->static_locations,
+                                         loc_conf);
+
+    if (rc == NGX_AGAIN) {
+
+#if (NGX_PCRE)
+        clcf = (*loc_conf)[ngx_http_core_module.ctx_index];
+        noregex = clcf->noregex;
+#endif
+
+        rc = ngx_http_hermes_find_location(r, loc_conf);
+    }
+
+    if (rc == NGX_OK || rc == NGX_DONE) {
+        return rc;
+    }
+
+#if (NGX_PCRE)
+
+    if (noregex == 0 && pclcf->regex_locations) {
+
+        for (clcfp = pclcf->regex_locations; *clcfp; clcfp++) {
+
+            n = ngx_regex_exec((*clcfp)->regex->regex, &r->uri, NULL, 0);
+
+            if (n == NGX_REGEX_NO_MATCHED) {
+                continue;
+            }
+
+            if (n < 0) {
+                return NGX_ERROR;
+            }
+
+            *loc_conf = (*clcfp)->loc_conf;
+
+            rc = ngx_http_hermes_find_location(r, loc_conf);
+
+            return (rc == NGX_ERROR) ? rc : NGX_OK;
+        }
+    }
+
+#endif
+
+    return rc;
+}
+
+
+/*
+ * An error nginx answers before it looked up a location (a malformed
+ * header, TRACE) has the server's configuration: is the location the
+ * request names one of ours?
+ */
+
+static ngx_uint_t
+ngx_http_hermes_location_is_ours(ngx_http_request_t *r)
+{
+    void                        **loc_conf;
+    ngx_int_t                     rc;
+    ngx_http_hermes_loc_conf_t   *hlcf;
+    ngx_http_core_srv_conf_t     *cscf;
+
+    cscf = ngx_http_get_module_srv_conf(r, ngx_http_core_module);
+
+    if (r->uri.len == 0 || r->loc_conf != cscf->ctx->loc_conf) {
+        return 0;
+    }
+
+    loc_conf = r->loc_conf;
+
+    rc = ngx_http_hermes_find_location(r, &loc_conf);
+
+    if (rc == NGX_ERROR || rc == NGX_DECLINED) {
+        return 0;
+    }
+
+    hlcf = loc_conf[ngx_http_hermes_module.ctx_index];
+
+    return hlcf->handler != NGX_HTTP_HERMES_HANDLER_NONE;
+}
+
+
 /* errors nginx answers on a hermes location get the JSON error body too */
 
 static ngx_int_t
@@ -337,18 +884,24 @@ ngx_http_hermes_error_header_filter(ngx_http_request_t *r)
 
     hlcf = ngx_http_get_module_loc_conf(r, ngx_http_hermes_module);
 
-    if (hlcf->handler == NGX_HTTP_HERMES_HANDLER_NONE
-        || r != r->main
+    if (r != r->main
         || r->headers_out.status < NGX_HTTP_BAD_REQUEST
         || (r->headers_out.content_type.len >= sizeof("application/json") - 1
             && ngx_strncmp(r->headers_out.content_type.data,
                            "application/json",
-                           sizeof("application/json") - 1) == 0))
+                           sizeof("application/json") - 1) == 0)
+        || (hlcf->handler == NGX_HTTP_HERMES_HANDLER_NONE
+            && !ngx_http_hermes_location_is_ours(r)))
     {
         return ngx_http_next_header_filter(r);
     }
 
     switch (r->headers_out.status) {
+
+    case NGX_HTTP_NOT_ALLOWED:
+        ngx_str_set(&code, "method_not_allowed");
+        ngx_str_set(&message, "this method is not allowed here");
+        break;
 
     case NGX_HTTP_REQUEST_ENTITY_TOO_LARGE:
         ngx_str_set(&code, "body_too_large");
@@ -510,7 +1063,10 @@ ngx_http_hermes_name_backends(ngx_http_request_t *r, ngx_array_t *list)
 }
 
 
-/* GET <loc>: the caller's kernels; DELETE <loc>/SESSION: shut one down */
+/*
+ * GET <loc>: the caller's kernels; GET <loc>/SESSION: one of them;
+ * DELETE <loc>/SESSION: shut one down
+ */
 
 ngx_int_t
 ngx_http_hermes_kernels_handler(ngx_http_request_t *r)
@@ -522,11 +1078,9 @@ ngx_http_hermes_kernels_handler(ngx_http_request_t *r)
     ngx_array_t                  list;
     ngx_http_hermes_zone_t      *zone;
     ngx_http_hermes_victims_t    victims;
-    ngx_http_core_loc_conf_t    *clcf;
     ngx_http_hermes_loc_conf_t  *hlcf;
 
     hlcf = ngx_http_get_module_loc_conf(r, ngx_http_hermes_module);
-    clcf = ngx_http_get_module_loc_conf(r, ngx_http_core_module);
     zone = hlcf->shm_zone->data;
 
     rc = ngx_http_discard_request_body(r);
@@ -544,8 +1098,16 @@ ngx_http_hermes_kernels_handler(ngx_http_request_t *r)
                                           "use GET or DELETE");
     }
 
+    if (ngx_http_hermes_kernels_path(r, &session, &rc) != NGX_OK) {
+        return rc;
+    }
+
     if (ngx_http_hermes_owner(r, &owner, &rc) != NGX_OK) {
         return rc;
+    }
+
+    if ((r->method & (NGX_HTTP_GET|NGX_HTTP_HEAD)) && session.len) {
+        return ngx_http_hermes_kernel_get(r, &owner, &session);
     }
 
     if (r->method & (NGX_HTTP_GET|NGX_HTTP_HEAD)) {
@@ -568,22 +1130,6 @@ ngx_http_hermes_kernels_handler(ngx_http_request_t *r)
         }
 
         return ngx_http_hermes_send_buf(r, NGX_HTTP_OK, "application/json", b);
-    }
-
-    /* DELETE: the session is what follows the location's prefix */
-
-    ngx_str_null(&session);
-
-    if (r->uri.len > clcf->name.len
-        && ngx_strncmp(r->uri.data, clcf->name.data, clcf->name.len) == 0)
-    {
-        session.data = r->uri.data + clcf->name.len;
-        session.len = r->uri.len - clcf->name.len;
-
-        if (session.len && session.data[0] == '/') {
-            session.data++;
-            session.len--;
-        }
     }
 
     if (session.len == 0) {
@@ -619,6 +1165,156 @@ ngx_http_hermes_kernels_handler(ngx_http_request_t *r)
                                           "no kernel of yours for this "
                                           "session");
     }
+}
+
+
+/*
+ * <loc>, <loc>/ (session empty) or <loc>/SESSION: only a "/" right after
+ * the location's prefix starts a session, so "/v1/kernelszz" is nothing.
+ * A regex location has no prefix: it only lists.  NGX_DECLINED: the
+ * answer is under way and *rc is what the handler returns for it.
+ */
+
+static ngx_int_t
+ngx_http_hermes_kernels_path(ngx_http_request_t *r, ngx_str_t *session,
+    ngx_int_t *rc)
+{
+    u_char                    *p, *last;
+    size_t                     len;
+    ngx_http_core_loc_conf_t  *clcf;
+
+    clcf = ngx_http_get_module_loc_conf(r, ngx_http_core_module);
+
+    ngx_str_null(session);
+
+#if (NGX_PCRE)
+    if (clcf->regex) {
+        return NGX_OK;
+    }
+#endif
+
+    if (clcf->named) {
+        return NGX_OK;
+    }
+
+    /* a prefix ending in "/" gives the "/" to the session */
+
+    len = clcf->name.len;
+
+    if (len && clcf->name.data[len - 1] == '/') {
+        len--;
+    }
+
+    if (r->uri.len < len
+        || ngx_strncmp(r->uri.data, clcf->name.data, len) != 0)
+    {
+        goto not_found;
+    }
+
+    p = r->uri.data + len;
+    last = r->uri.data + r->uri.len;
+
+    if (p == last) {
+        return NGX_OK;
+    }
+
+    if (*p++ != '/') {
+        goto not_found;
+    }
+
+    session->data = p;
+
+    while (p < last && *p != '/') {
+        p++;
+    }
+
+    session->len = p - session->data;
+
+    if (p != last) {
+        goto not_found;
+    }
+
+    if (session->len && !ngx_http_hermes_json_session_valid(session)) {
+        *rc = ngx_http_hermes_send_error(r, NGX_HTTP_BAD_REQUEST,
+                    "invalid_session",
+                    "the session must be 1-128 characters of [A-Za-z0-9._:-]");
+        return NGX_DECLINED;
+    }
+
+    return NGX_OK;
+
+not_found:
+
+    *rc = ngx_http_hermes_send_error(r, NGX_HTTP_NOT_FOUND, "not_found",
+                                     "no such resource");
+    return NGX_DECLINED;
+}
+
+
+/* GET <loc>/SESSION: that one kernel of the caller's */
+
+static ngx_int_t
+ngx_http_hermes_kernel_get(ngx_http_request_t *r, ngx_str_t *owner,
+    ngx_str_t *session)
+{
+    ngx_buf_t                   *b;
+    ngx_uint_t                   i;
+    ngx_array_t                  list;
+    ngx_http_hermes_listing_t   *l, *found;
+    ngx_http_hermes_loc_conf_t  *hlcf;
+
+    hlcf = ngx_http_get_module_loc_conf(r, ngx_http_hermes_module);
+
+    if (ngx_array_init(&list, r->pool, 8, sizeof(ngx_http_hermes_listing_t))
+        != NGX_OK)
+    {
+        return NGX_HTTP_INTERNAL_SERVER_ERROR;
+    }
+
+    if (ngx_http_hermes_registry_list(hlcf->shm_zone->data, owner, &list)
+        != NGX_OK)
+    {
+        return NGX_HTTP_INTERNAL_SERVER_ERROR;
+    }
+
+    /* the session's kernel on this location's backend, or on any */
+
+    found = NULL;
+    l = list.elts;
+
+    for (i = 0; i < list.nelts; i++) {
+        if (l[i].session.len != session->len
+            || ngx_memcmp(l[i].session.data, session->data, session->len)
+               != 0)
+        {
+            continue;
+        }
+
+        if (found == NULL
+            || ngx_memcmp(l[i].tag, hlcf->backend->tag,
+                          NGX_HTTP_HERMES_BACKEND_TAG_LEN) == 0)
+        {
+            found = &l[i];
+        }
+    }
+
+    if (found == NULL) {
+        return ngx_http_hermes_send_error(r, NGX_HTTP_NOT_FOUND, "not_found",
+                                          "no kernel of yours for this "
+                                          "session");
+    }
+
+    *l = *found;
+    list.nelts = 1;
+
+    ngx_http_hermes_name_backends(r, &list);
+
+    b = ngx_http_hermes_json_kernel(r->pool, l);
+    if (b == NULL) {
+        return NGX_HTTP_INTERNAL_SERVER_ERROR;
+    }
+
+    return ngx_http_hermes_send_buf(r, NGX_HTTP_OK, "application/json", b);
 }
 
 

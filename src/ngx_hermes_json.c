@@ -5,6 +5,14 @@
  * Inputs (request bodies, the runner's result files) are read with yajl's
  * callback parser into a small table of wanted fields: strings keep their
  * length, so an embedded "\u0000" survives, and nothing else is kept.
+ * A field is found by comparing each key of its path whole, so neither
+ * "a\u0000x" nor a literal "a.b" key stands for "a" or for "a" then "b".
+ *
+ * yajl 2 takes overlong and surrogate UTF-8, code points over U+10FFFF
+ * and lone surrogate escapes ("\ud800" comes out as "?", "\ud800\u0041"
+ * as some other character), and the last of duplicate keys wins.  A
+ * request body is checked for all of these first, so the gateway and the
+ * kernel can never read one body two ways.
  */
 
 
@@ -32,13 +40,29 @@ typedef struct {
 } ngx_http_hermes_json_field_t;
 
 
+/* a key as read, and the object it is in: duplicates sort next to each other */
+
+typedef struct {
+    ngx_uint_t                    object;
+    ngx_str_t                     name;
+} ngx_http_hermes_json_key_t;
+
+
 typedef struct {
     ngx_pool_t                   *pool;
     ngx_http_hermes_json_field_t *fields;
+    u_char                       *start;    /* the text parsed */
+    u_char                       *end;
     ngx_uint_t                    depth;    /* containers open */
     ngx_uint_t                    ignore;   /* depth inside an ignored one */
     ngx_uint_t                    array[NGX_HTTP_HERMES_JSON_DEPTH + 1];
     ngx_str_t                     key[NGX_HTTP_HERMES_JSON_DEPTH + 1];
+
+    /* strict: every key of every object, and the objects open */
+    ngx_array_t                  *keys;     /* ngx_http_hermes_json_key_t */
+    ngx_array_t                  *open;     /* ngx_uint_t, 0: an array */
+    ngx_uint_t                    objects;
+
     unsigned                      root_map:1;
     unsigned                      nomem:1;
 } ngx_http_hermes_json_ctx_t;
@@ -53,12 +77,42 @@ ngx_str_t  ngx_http_hermes_cell_status_names[] = {
 };
 
 
+/* does the dotted path name the keys open now, each compared whole? */
+
+static ngx_uint_t
+ngx_http_hermes_json_path_is(ngx_http_hermes_json_ctx_t *ctx,
+    const char *path)
+{
+    size_t       len;
+    const char  *p, *dot;
+    ngx_uint_t   i;
+
+    p = path;
+
+    for (i = 1; i <= ctx->depth; i++) {
+        dot = ngx_strchr(p, '.');
+        len = dot ? (size_t) (dot - p) : ngx_strlen(p);
+
+        if (ctx->key[i].len != len
+            || ngx_memcmp(ctx->key[i].data, p, len) != 0)
+        {
+            return 0;
+        }
+
+        if ((dot == NULL) != (i == ctx->depth)) {
+            return 0;
+        }
+
+        p = dot + 1;
+    }
+
+    return 1;
+}
+
+
 static ngx_http_hermes_json_field_t *
 ngx_http_hermes_json_field(ngx_http_hermes_json_ctx_t *ctx)
 {
-    size_t                         len;
-    u_char                         path[256], *p;
-    ngx_uint_t                     i;
     ngx_http_hermes_json_field_t  *f;
 
     if (ctx->ignore || ctx->depth == 0
@@ -68,26 +122,8 @@ ngx_http_hermes_json_field(ngx_http_hermes_json_ctx_t *ctx)
         return NULL;
     }
 
-    p = path;
-
-    for (i = 1; i <= ctx->depth; i++) {
-        len = ctx->key[i].len;
-
-        if ((size_t) (path + sizeof(path) - p) < len + 2) {
-            return NULL;
-        }
-
-        if (i > 1) {
-            *p++ = '.';
-        }
-
-        p = ngx_cpymem(p, ctx->key[i].data, len);
-    }
-
-    *p = '\0';
-
     for (f = ctx->fields; f->path; f++) {
-        if (ngx_strcmp(f->path, path) == 0) {
+        if (ngx_http_hermes_json_path_is(ctx, f->path)) {
             return f;
         }
     }
@@ -163,12 +199,24 @@ ngx_http_hermes_json_string(void *data, const unsigned char *value,
 static int
 ngx_http_hermes_json_open(ngx_http_hermes_json_ctx_t *ctx, ngx_uint_t type)
 {
+    ngx_uint_t  *object;
+
     if (ctx->depth == 0 && !ctx->root_map) {
         if (type != NGX_HTTP_HERMES_JSON_MAP) {
             return 0;
         }
 
         ctx->root_map = 1;
+    }
+
+    if (ctx->open) {
+        object = ngx_array_push(ctx->open);
+        if (object == NULL) {
+            ctx->nomem = 1;
+            return 0;
+        }
+
+        *object = (type == NGX_HTTP_HERMES_JSON_MAP) ? ++ctx->objects : 0;
     }
 
     /* a container at a wanted path records its type, then is skipped */
@@ -194,6 +242,10 @@ static int
 ngx_http_hermes_json_close(void *data)
 {
     ngx_http_hermes_json_ctx_t  *ctx = data;
+
+    if (ctx->open) {
+        ctx->open->nelts--;
+    }
 
     if (ctx->ignore) {
         ctx->ignore--;
@@ -224,10 +276,45 @@ static int
 ngx_http_hermes_json_map_key(void *data, const unsigned char *key,
     size_t len)
 {
+    u_char                      *name;
+    ngx_uint_t                  *object;
+    ngx_http_hermes_json_key_t  *k;
     ngx_http_hermes_json_ctx_t  *ctx = data;
 
+    if (ctx->ignore && ctx->keys == NULL) {
+        return 1;
+    }
+
+    /* an escaped key is decoded into a buffer yajl reuses: keep a copy */
+
+    name = (u_char *) key;
+
+    if (name < ctx->start || name + len > ctx->end) {
+        name = ngx_pnalloc(ctx->pool, len);
+        if (name == NULL) {
+            ctx->nomem = 1;
+            return 0;
+        }
+
+        ngx_memcpy(name, key, len);
+    }
+
+    if (ctx->keys) {
+        k = ngx_array_push(ctx->keys);
+        if (k == NULL) {
+            ctx->nomem = 1;
+            return 0;
+        }
+
+        object = ctx->open->elts;
+
+        k->object = object[ctx->open->nelts - 1];
+        k->name.data = name;
+        k->name.len = len;
+    }
+
     if (!ctx->ignore) {
-        ctx->key[ctx->depth].data = (u_char *) key;
+        ctx->key[ctx->depth].data = name;
         ctx->key[ctx->depth].len = len;
     }
 
@@ -250,19 +337,245 @@ static yajl_callbacks  ngx_http_hermes_json_callbacks = {
 };
 
 
-/* NGX_OK, NGX_DECLINED: not JSON or not an object, NGX_ERROR: no memory */
+/* the length of the valid UTF-8 sequence at p (RFC 3629), or 0 */
+
+static size_t
+ngx_http_hermes_json_utf8(u_char *p, u_char *last)
+{
+    size_t  n, i;
+    u_char  c, lo, hi;
+
+    c = *p;
+    lo = 0x80;
+    hi = 0xbf;
+
+    if (c < 0x80) {
+        return 1;
+    }
+
+    if (c >= 0xc2 && c <= 0xdf) {
+        n = 2;
+
+    } else if (c >= 0xe0 && c <= 0xef) {
+        n = 3;
+        lo = (c == 0xe0) ? 0xa0 : 0x80;         /* no overlongs */
+        hi = (c == 0xed) ? 0x9f : 0xbf;         /* no surrogates */
+
+    } else if (c >= 0xf0 && c <= 0xf4) {
+        n = 4;
+        lo = (c == 0xf0) ? 0x90 : 0x80;         /* no overlongs */
+        hi = (c == 0xf4) ? 0x8f : 0xbf;         /* nothing over U+10FFFF */
+
+    } else {
+        return 0;
+    }
+
+    if ((size_t) (last - p) < n || p[1] < lo || p[1] > hi) {
+        return 0;
+    }
+
+    for (i = 2; i < n; i++) {
+        if (p[i] < 0x80 || p[i] > 0xbf) {
+            return 0;
+        }
+    }
+
+    return n;
+}
+
+
+static ngx_int_t
+ngx_http_hermes_json_hex4(u_char *p, u_char *last)
+{
+    u_char      c;
+    ngx_int_t   n;
+    ngx_uint_t  i;
+
+    if (last - p < 4) {
+        return NGX_ERROR;
+    }
+
+    n = 0;
+
+    for (i = 0; i < 4; i++) {
+        c = p[i];
+
+        if (c >= '0' && c <= '9') {
+            n = n * 16 + c - '0';
+            continue;
+        }
+
+        c |= 0x20;
+
+        if (c >= 'a' && c <= 'f') {
+            n = n * 16 + c - 'a' + 10;
+            continue;
+        }
+
+        return NGX_ERROR;
+    }
+
+    return n;
+}
+
+
+/*
+ * The whole text is UTF-8 and every surrogate escape is half of a pair.
+ * What else is wrong with it is yajl's to find.
+ */
+
+static ngx_uint_t
+ngx_http_hermes_json_text_valid(u_char *p, size_t len)
+{
+    size_t      n;
+    u_char     *last;
+    ngx_int_t   u;
+    ngx_uint_t  in_string;
+
+    last = p + len;
+    in_string = 0;
+
+    while (p < last) {
+
+        if (*p >= 0x80) {
+            n = ngx_http_hermes_json_utf8(p, last);
+            if (n == 0) {
+                return 0;
+            }
+
+            p += n;
+            continue;
+        }
+
+        if (!in_string) {
+            in_string = (*p == '"');
+            p++;
+            continue;
+        }
+
+        if (*p == '"') {
+            in_string = 0;
+            p++;
+            continue;
+        }
+
+        if (*p != '\\' || last - p < 2 || p[1] >= 0x80) {
+            p++;
+            continue;
+        }
+
+        if (p[1] != 'u') {
+            p += 2;
+            continue;
+        }
+
+        p += 2;
+
+        u = ngx_http_hermes_json_hex4(p, last);
+        if (u == NGX_ERROR) {
+            continue;
+        }
+
+        p += 4;
+
+        if (u >= 0xdc00 && u <= 0xdfff) {
+            return 0;
+        }
+
+        if (u >= 0xd800 && u <= 0xdbff) {
+            if (last - p < 2 || p[0] != '\\' || p[1] != 'u') {
+                return 0;
+            }
+
+            u = ngx_http_hermes_json_hex4(p + 2, last);
+
+            if (u < 0xdc00 || u > 0xdfff) {
+                return 0;
+            }
+
+            p += 6;
+        }
+    }
+
+    return 1;
+}
+
+
+static int ngx_libc_cdecl
+ngx_http_hermes_json_key_cmp(const void *one, const void *two)
+{
+    const ngx_http_hermes_json_key_t  *a = one, *b = two;
+
+    if (a->object != b->object) {
+        return (a->object < b->object) ? -1 : 1;
+    }
+
+    if (a->name.len != b->name.len) {
+        return (a->name.len < b->name.len) ? -1 : 1;
+    }
+
+    return ngx_memcmp(a->name.data, b->name.data, a->name.len);
+}
+
+
+static ngx_uint_t
+ngx_http_hermes_json_keys_unique(ngx_array_t *keys)
+{
+    ngx_uint_t                   i;
+    ngx_http_hermes_json_key_t  *k;
+
+    k = keys->elts;
+
+    ngx_qsort(k, keys->nelts, sizeof(ngx_http_hermes_json_key_t),
+              ngx_http_hermes_json_key_cmp);
+
+    for (i = 1; i < keys->nelts; i++) {
+        if (ngx_http_hermes_json_key_cmp(&k[i - 1], &k[i]) == 0) {
+            return 0;
+        }
+    }
+
+    return 1;
+}
+
+
+/*
+ * NGX_OK, NGX_DECLINED: not JSON or not an object (*reason says why),
+ * NGX_ERROR: no memory.  Strict, for what clients send: the text is
+ * valid UTF-8 with no lone surrogate escape, no object repeats a key.
+ */
 
 static ngx_int_t
 ngx_http_hermes_json_parse(ngx_pool_t *pool, u_char *data, size_t len,
-    ngx_http_hermes_json_field_t *fields)
+    ngx_http_hermes_json_field_t *fields, ngx_uint_t strict,
+    const char **reason)
 {
     yajl_handle                  h;
     yajl_status                  st;
     ngx_http_hermes_json_ctx_t   ctx;
 
+    *reason = "not a JSON object";
+
+    if (strict && !ngx_http_hermes_json_text_valid(data, len)) {
+        *reason = "not valid UTF-8, or has a lone surrogate escape";
+        return NGX_DECLINED;
+    }
+
     ngx_memzero(&ctx, sizeof(ngx_http_hermes_json_ctx_t));
     ctx.pool = pool;
     ctx.fields = fields;
+    ctx.start = data;
+    ctx.end = data + len;
+
+    if (strict) {
+        ctx.keys = ngx_array_create(pool, 16,
+                                    sizeof(ngx_http_hermes_json_key_t));
+        ctx.open = ngx_array_create(pool, 4, sizeof(ngx_uint_t));
+
+        if (ctx.keys == NULL || ctx.open == NULL) {
+            return NGX_ERROR;
+        }
+    }
 
     h = yajl_alloc(&ngx_http_hermes_json_callbacks, NULL, &ctx);
     if (h == NULL) {
@@ -281,6 +594,11 @@ ngx_http_hermes_json_parse(ngx_pool_t *pool, u_char *data, size_t len,
     }
 
     if (st != yajl_status_ok || !ctx.root_map) {
+        return NGX_DECLINED;
+    }
+
+    if (strict && !ngx_http_hermes_json_keys_unique(ctx.keys)) {
+        *reason = "JSON with a key twice in one object";
         return NGX_DECLINED;
     }
 
@@ -304,7 +622,7 @@ ngx_http_hermes_json_get(ngx_http_hermes_json_field_t *fields,
 }
 
 
-static ngx_int_t
+ngx_int_t
 ngx_http_hermes_json_session_valid(ngx_str_t *s)
 {
     u_char      c;
@@ -338,6 +656,18 @@ ngx_http_hermes_json_session_valid(ngx_str_t *s)
     return NGX_DECLINED
 
 
+#define ngx_http_hermes_json_fail_reason(what)                                \
+    *http_status = NGX_HTTP_BAD_REQUEST;                                      \
+    ngx_str_set(err_code, "invalid_json");                                    \
+    err_msg->len = sizeof(what) - 1 + ngx_strlen(reason);                     \
+    err_msg->data = ngx_pnalloc(pool, err_msg->len + 1);                      \
+    if (err_msg->data == NULL) {                                              \
+        return NGX_ERROR;                                                     \
+    }                                                                         \
+    ngx_sprintf(err_msg->data, "%s%s%Z", what, reason);                       \
+    return NGX_DECLINED
+
+
 ngx_int_t
 ngx_http_hermes_json_parse_request(ngx_pool_t *pool, u_char *body,
     size_t len, ngx_http_hermes_request_t *req, size_t max_code,
@@ -345,6 +675,7 @@ ngx_http_hermes_json_parse_request(ngx_pool_t *pool, u_char *body,
 {
     double                         timeout;
     ngx_int_t                      rc;
+    const char                    *reason;
     ngx_http_hermes_json_field_t  *f, *args;
 
     ngx_http_hermes_json_field_t   call[] = {
@@ -369,14 +700,13 @@ ngx_http_hermes_json_parse_request(ngx_pool_t *pool, u_char *body,
 
     ngx_memzero(req, sizeof(ngx_http_hermes_request_t));
 
-    rc = ngx_http_hermes_json_parse(pool, body, len, call);
+    rc = ngx_http_hermes_json_parse(pool, body, len, call, 1, &reason);
     if (rc == NGX_ERROR) {
         return NGX_ERROR;
     }
 
     if (rc == NGX_DECLINED) {
-        ngx_http_hermes_json_fail(NGX_HTTP_BAD_REQUEST, "invalid_json",
-                                  "the request body is not a JSON object");
+        ngx_http_hermes_json_fail_reason("the request body is ");
     }
 
     args = call;
@@ -393,7 +723,9 @@ ngx_http_hermes_json_parse_request(ngx_pool_t *pool, u_char *body,
 
         f = ngx_http_hermes_json_get(call, "function.name");
         if (f && (f->type != NGX_HTTP_HERMES_JSON_STRING
-                  || ngx_strcmp(f->value.data, "execute_code") != 0))
+                  || f->value.len != sizeof("execute_code") - 1
+                  || ngx_strncmp(f->value.data, "execute_code",
+                                 f->value.len) != 0))
         {
             ngx_http_hermes_json_fail(NGX_HTTP_BAD_REQUEST, "invalid_request",
                                   "\"function.name\" must be \"execute_code\"");
@@ -406,14 +738,13 @@ ngx_http_hermes_json_parse_request(ngx_pool_t *pool, u_char *body,
         }
 
         rc = ngx_http_hermes_json_parse(pool, f->value.data, f->value.len,
-                                        unwrapped);
+                                        unwrapped, 1, &reason);
         if (rc == NGX_ERROR) {
             return NGX_ERROR;
         }
 
         if (rc == NGX_DECLINED) {
-            ngx_http_hermes_json_fail(NGX_HTTP_BAD_REQUEST, "invalid_json",
-                       "\"function.arguments\" is not a JSON object");
+            ngx_http_hermes_json_fail_reason("\"function.arguments\" is ");
         }
 
         f = ngx_http_hermes_json_get(call, "id");
@@ -496,6 +827,7 @@ ngx_http_hermes_json_parse_result(ngx_pool_t *pool, u_char *data, size_t len,
 {
     ngx_int_t                      rc, n;
     ngx_uint_t                     i;
+    const char                    *reason;
     ngx_http_hermes_json_field_t  *f;
 
     ngx_http_hermes_json_field_t   fields[] = {
@@ -511,7 +843,7 @@ ngx_http_hermes_json_parse_result(ngx_pool_t *pool, u_char *data, size_t len,
         { NULL, 0, ngx_null_string, 0 }
     };
 
-    rc = ngx_http_hermes_json_parse(pool, data, len, fields);
+    rc = ngx_http_hermes_json_parse(pool, data, len, fields, 0, &reason);
     if (rc != NGX_OK) {
         return rc;
     }
@@ -808,6 +1140,32 @@ ngx_http_hermes_json_gen_ms(yajl_gen g, uint64_t ms)
 }
 
 
+static void
+ngx_http_hermes_json_gen_kernel(yajl_gen g, ngx_http_hermes_listing_t *l)
+{
+    yajl_gen_map_open(g);
+    ngx_http_hermes_gen_key(g, "session");
+    ngx_http_hermes_gen_str(g, &l->session);
+    ngx_http_hermes_gen_key(g, "kernel_id");
+    yajl_gen_string(g, l->kernel_id, NGX_HTTP_HERMES_ID_LEN);
+    ngx_http_hermes_gen_key(g, "backend");
+    ngx_http_hermes_gen_str(g, &l->backend_name);
+    ngx_http_hermes_gen_key(g, "host");
+    ngx_http_hermes_gen_str(g, &l->host_name);
+    ngx_http_hermes_gen_key(g, "state");
+    ngx_http_hermes_gen_str(g, &ngx_http_hermes_state_names[l->state]);
+    ngx_http_hermes_gen_key(g, "execution_count");
+    yajl_gen_integer(g, l->execution_count);
+    ngx_http_hermes_gen_key(g, "created");
+    ngx_http_hermes_json_gen_ms(g, l->created);
+    ngx_http_hermes_gen_key(g, "last_used");
+    ngx_http_hermes_json_gen_ms(g, l->last_used);
+    ngx_http_hermes_gen_key(g, "running_for_ms");
+    yajl_gen_integer(g, l->running_for);
+    yajl_gen_map_close(g);
+}
+
+
 ngx_buf_t *
 ngx_http_hermes_json_listing(ngx_pool_t *pool, ngx_array_t *list)
 {
@@ -828,30 +1186,32 @@ ngx_http_hermes_json_listing(ngx_pool_t *pool, ngx_array_t *list)
     yajl_gen_array_open(g);
 
     for (i = 0; i < list->nelts; i++) {
-        yajl_gen_map_open(g);
-        ngx_http_hermes_gen_key(g, "session");
-        ngx_http_hermes_gen_str(g, &l[i].session);
-        ngx_http_hermes_gen_key(g, "kernel_id");
-        yajl_gen_string(g, l[i].kernel_id, NGX_HTTP_HERMES_ID_LEN);
-        ngx_http_hermes_gen_key(g, "backend");
-        ngx_http_hermes_gen_str(g, &l[i].backend_name);
-        ngx_http_hermes_gen_key(g, "host");
-        ngx_http_hermes_gen_str(g, &l[i].host_name);
-        ngx_http_hermes_gen_key(g, "state");
-        ngx_http_hermes_gen_str(g, &ngx_http_hermes_state_names[l[i].state]);
-        ngx_http_hermes_gen_key(g, "execution_count");
-        yajl_gen_integer(g, l[i].execution_count);
-        ngx_http_hermes_gen_key(g, "created");
-        ngx_http_hermes_json_gen_ms(g, l[i].created);
-        ngx_http_hermes_gen_key(g, "last_used");
-        ngx_http_hermes_json_gen_ms(g, l[i].last_used);
-        ngx_http_hermes_gen_key(g, "running_for_ms");
-        yajl_gen_integer(g, l[i].running_for);
-        yajl_gen_map_close(g);
+        ngx_http_hermes_json_gen_kernel(g, &l[i]);
     }
 
     yajl_gen_array_close(g);
     yajl_gen_map_close(g);
+
+    b = ngx_http_hermes_json_take(pool, g, 1);
+
+    yajl_gen_free(g);
+
+    return b;
+}
+
+
+ngx_buf_t *
+ngx_http_hermes_json_kernel(ngx_pool_t *pool, ngx_http_hermes_listing_t *l)
+{
+    yajl_gen    g;
+    ngx_buf_t  *b;
+
+    g = yajl_gen_alloc(NULL);
+    if (g == NULL) {
+        return NULL;
+    }
+
+    ngx_http_hermes_json_gen_kernel(g, l);
 
     b = ngx_http_hermes_json_take(pool, g, 1);
 
