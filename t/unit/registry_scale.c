@@ -258,6 +258,25 @@ make_zone(ngx_shm_zone_t *shm_zone, ngx_http_hermes_zone_t *zone,
 
 /* a new entry, as a cell makes one: acquire (spawn), spawned, release */
 
+
+/* the spawn task's report: the id and directory asked for, a pid */
+static ngx_int_t
+spawned(ngx_http_hermes_zone_t *zone, ngx_http_hermes_kernel_ref_t *ref,
+    ngx_pid_t pid)
+{
+    ngx_http_hermes_spawned_t  k;
+
+    ngx_memzero(&k, sizeof(ngx_http_hermes_spawned_t));
+    ngx_memcpy(k.kernel_id, ref->kernel_id, NGX_HTTP_HERMES_ID_LEN);
+    ngx_memcpy(k.dir, ref->dir, ref->dir_len);
+    k.dir_len = ref->dir_len;
+    k.pid = pid;
+    k.start = 1;
+    k.ino = 1;
+
+    return ngx_http_hermes_registry_spawned(zone, ref, &k);
+}
+
 static ngx_int_t
 insert_key(ngx_http_hermes_zone_t *zone, scale_t *s, u_char *key,
     ngx_pid_t pid, ngx_http_hermes_victims_t *victims)
@@ -273,9 +292,7 @@ insert_key(ngx_http_hermes_zone_t *zone, scale_t *s, u_char *key,
         return rc;
     }
 
-    ref.pid = pid;
-
-    if (ngx_http_hermes_registry_spawned(zone, &ref) != NGX_OK) {
+    if (spawned(zone, &ref, pid) != NGX_OK) {
         return NGX_ERROR;
     }
 
@@ -1017,8 +1034,7 @@ time_new_sessions_at_cap(scale_t *s, ngx_uint_t tombstones, ngx_uint_t *ok)
             goto done;
         }
 
-        ref.pid = fake_pid(i);
-        (void) ngx_http_hermes_registry_spawned(&zone, &ref);
+        (void) spawned(&zone, &ref, fake_pid(i));
         ngx_http_hermes_registry_release(&zone, &ref,
                                          NGX_HTTP_HERMES_RELEASE_LOST, 0);
     }
