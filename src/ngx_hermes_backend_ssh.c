@@ -523,8 +523,9 @@ ngx_http_hermes_ssh_relay(ngx_thread_pool_t *tp, ngx_http_hermes_conn_t *conn,
     rl->task.event.log = log;
 
     if (ngx_thread_task_post(tp, &rl->task) != NGX_OK) {
+        /* the pool's queue is full: the kernel is fine, the caller retries */
         ngx_free(rl);
-        return NGX_ERROR;
+        return NGX_BUSY;
     }
 
     conn->session = NULL;

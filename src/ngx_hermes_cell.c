@@ -78,6 +78,8 @@ static void ngx_http_hermes_cell_wait_handler(ngx_event_t *ev);
 static void ngx_http_hermes_cell_spawned(void *data, ngx_int_t rc,
     ngx_http_hermes_spawned_t *k, const char *err);
 static ngx_int_t ngx_http_hermes_cell_spawn(ngx_http_hermes_cell_t *cell);
+static void ngx_http_hermes_cell_spawn_error(ngx_http_hermes_cell_t *cell,
+    ngx_int_t rc);
 static void ngx_http_hermes_cell_run(ngx_http_hermes_cell_t *cell);
 static ngx_int_t ngx_http_hermes_cell_started(ngx_http_hermes_cell_t *cell);
 static void ngx_http_hermes_cell_respawn(ngx_http_hermes_cell_t *cell);
@@ -326,12 +328,12 @@ ngx_http_hermes_cell_acquired(ngx_http_hermes_cell_t *cell, ngx_int_t rc)
         return NGX_DONE;
 
     case NGX_HTTP_HERMES_ACQ_SPAWN:
-        if (ngx_http_hermes_cell_spawn(cell) != NGX_OK) {
+        rc = ngx_http_hermes_cell_spawn(cell);
+
+        if (rc != NGX_OK) {
             ngx_http_hermes_registry_release(cell->zone, &cell->ref,
                                              NGX_HTTP_HERMES_RELEASE_GONE, 0);
-            ngx_http_hermes_cell_error(cell, NGX_HTTP_BAD_GATEWAY,
-                                       "spawn_failed",
-                                       "could not start a kernel");
+            ngx_http_hermes_cell_spawn_error(cell, rc);
         }
 
         return NGX_DONE;
@@ -394,16 +396,17 @@ ngx_http_hermes_cell_wait_handler(ngx_event_t *ev)
 static ngx_int_t
 ngx_http_hermes_cell_spawn(ngx_http_hermes_cell_t *cell)
 {
+    ngx_int_t  rc;
+
     ngx_http_hermes_registry_place(cell->zone, &cell->ref,
                                    cell->hlcf->backend);
 
-    if (ngx_http_hermes_kernel_spawn(cell->hlcf, cell->zone, &cell->ref,
-                                     cell->pool,
-                                     ngx_http_hermes_cell_spawned, cell,
-                                     cell->log)
-        != NGX_OK)
-    {
-        return NGX_ERROR;
+    rc = ngx_http_hermes_kernel_spawn(cell->hlcf, cell->zone, &cell->ref,
+                                      cell->pool,
+                                      ngx_http_hermes_cell_spawned, cell,
+                                      cell->log);
+    if (rc != NGX_OK) {
+        return rc;
     }
 
     /*
@@ -832,6 +835,8 @@ ngx_http_hermes_cell_started(ngx_http_hermes_cell_t *cell)
 static void
 ngx_http_hermes_cell_respawn(ngx_http_hermes_cell_t *cell)
 {
+    ngx_int_t  rc;
+
     ngx_log_error(NGX_LOG_WARN, cell->log, 0,
                   "hermes: kernel %*s of session \"%V\" is gone, "
                   "starting a new one",
@@ -841,16 +846,38 @@ ngx_http_hermes_cell_respawn(ngx_http_hermes_cell_t *cell)
     ngx_http_hermes_cell_kill(cell);
     ngx_http_hermes_cell_close_kernel(cell);
 
-    if (ngx_http_hermes_registry_renew(cell->zone, &cell->ref,
-                                       &cell->hlcf->backend->root)
-        != NGX_OK
-        || ngx_http_hermes_cell_spawn(cell) != NGX_OK)
-    {
+    rc = ngx_http_hermes_registry_renew(cell->zone, &cell->ref,
+                                        &cell->hlcf->backend->root);
+    if (rc == NGX_OK) {
+        rc = ngx_http_hermes_cell_spawn(cell);
+    }
+
+    if (rc != NGX_OK) {
         ngx_http_hermes_registry_release(cell->zone, &cell->ref,
                                          NGX_HTTP_HERMES_RELEASE_GONE, 0);
-        ngx_http_hermes_cell_error(cell, NGX_HTTP_BAD_GATEWAY,
-                                   "spawn_failed", "could not start a kernel");
+        ngx_http_hermes_cell_spawn_error(cell, rc);
     }
+}
+
+
+/* NGX_BUSY: the thread pool's queue is full, a moment later it may not be */
+
+static void
+ngx_http_hermes_cell_spawn_error(ngx_http_hermes_cell_t *cell, ngx_int_t rc)
+{
+    if (rc == NGX_BUSY) {
+        ngx_log_error(NGX_LOG_WARN, cell->log, 0,
+                      "hermes: the thread pool is full, no kernel for "
+                      "session \"%V\" now", &cell->req.session);
+
+        ngx_http_hermes_cell_error(cell, NGX_HTTP_SERVICE_UNAVAILABLE, "busy",
+                                   "the gateway is busy starting kernels; "
+                                   "retry shortly");
+        return;
+    }
+
+    ngx_http_hermes_cell_error(cell, NGX_HTTP_BAD_GATEWAY, "spawn_failed",
+                               "could not start a kernel");
 }
 
 
@@ -890,6 +917,7 @@ static void
 ngx_http_hermes_cell_run_relay(ngx_http_hermes_cell_t *cell)
 {
     int                     sv[2];
+    ngx_int_t               rc;
     ngx_buf_t              *b;
     ngx_connection_t       *c;
     ngx_http_hermes_conn_t  conn;
@@ -947,14 +975,30 @@ ngx_http_hermes_cell_run_relay(ngx_http_hermes_cell_t *cell)
 
     ngx_http_hermes_conn_take(&conn, cell->hlcf->backend, cell->ref.host);
 
-    if (ngx_http_hermes_ssh_relay(cell->hlcf->thread_pool, &conn,
-                                  cell->ref.dir, cell->ref.cell_id,
-                                  cell->ref.pid, b->pos, b->last - b->pos,
-                                  sv[1], cell->log)
-        != NGX_OK)
-    {
+    rc = ngx_http_hermes_ssh_relay(cell->hlcf->thread_pool, &conn,
+                                   cell->ref.dir, cell->ref.cell_id,
+                                   cell->ref.pid, b->pos, b->last - b->pos,
+                                   sv[1], cell->log);
+    if (rc != NGX_OK) {
         ngx_http_hermes_conn_give(&conn);
         close(sv[1]);
+
+        if (rc == NGX_BUSY) {
+            /* nothing was shipped: the kernel is fine, as it was */
+            ngx_log_error(NGX_LOG_WARN, cell->log, 0,
+                          "hermes: the thread pool is full, cell %uD of "
+                          "session \"%V\" not run", cell->ref.cell_id,
+                          &cell->req.session);
+
+            ngx_http_hermes_registry_release(cell->zone, &cell->ref,
+                                             NGX_HTTP_HERMES_RELEASE_DONE,
+                                             cell->ref.execution_count);
+            ngx_http_hermes_cell_error(cell, NGX_HTTP_SERVICE_UNAVAILABLE,
+                                       "busy", "the gateway is busy; retry "
+                                       "shortly");
+            return;
+        }
+
         goto failed;
     }
 

@@ -48,6 +48,7 @@ typedef struct {
     ngx_log_t                     *log;
     ngx_thread_pool_t             *tp;
     ngx_event_t                    retry;
+    ngx_queue_t                    queue;       /* waiting for the pool */
     ngx_uint_t                     tries;
     unsigned                       failed:1;
 } ngx_http_hermes_kill_t;
@@ -55,6 +56,9 @@ typedef struct {
 
 /* per worker: the backends of its cycle, to kill what the sweep evicts */
 static ngx_http_hermes_main_conf_t  *ngx_http_hermes_main_conf;
+
+/* per worker: kills the thread pool had no room for; the sweep reposts */
+static ngx_queue_t                   ngx_http_hermes_kills_waiting;
 
 
 static void ngx_http_hermes_spawn_thread(void *data, ngx_log_t *log);
@@ -65,6 +69,8 @@ static void ngx_http_hermes_kernel_new_id(ngx_http_hermes_spawn_t *s);
 static ngx_int_t ngx_http_hermes_spawn_run(ngx_http_hermes_spawn_t *s,
     u_char *cmd, const u_char *in, size_t in_len, u_char *out,
     size_t out_size, const char *step);
+static void ngx_http_hermes_kill_post(ngx_http_hermes_kill_t *k);
+static void ngx_http_hermes_kill_repost(void);
 static void ngx_http_hermes_kill_thread(void *data, ngx_log_t *log);
 static void ngx_http_hermes_kill_event(ngx_event_t *ev);
 static void ngx_http_hermes_kill_retry(ngx_event_t *ev);
@@ -124,7 +130,8 @@ ngx_http_hermes_kernel_spawn(ngx_http_hermes_loc_conf_t *hlcf,
     task->event.data = s;
 
     if (ngx_thread_task_post(hlcf->thread_pool, task) != NGX_OK) {
-        return NGX_ERROR;
+        /* the pool's queue is full: nothing started, try again later */
+        return NGX_BUSY;
     }
 
     ngx_log_debug1(NGX_LOG_DEBUG_HTTP, log, 0,
@@ -533,13 +540,60 @@ ngx_http_hermes_kernel_kill(ngx_thread_pool_t *tp,
     k->task.event.handler = ngx_http_hermes_kill_event;
     k->task.event.data = k;
 
-    if (ngx_thread_task_post(tp, &k->task) != NGX_OK) {
-        ngx_http_hermes_conn_give(&k->conn);
-        ngx_free(k);
-        return NGX_ERROR;
-    }
+    ngx_http_hermes_kill_post(k);
 
     return NGX_OK;
+}
+
+
+/*
+ * A kill the pool cannot take now waits in the worker for the next sweep:
+ * a kernel out of the registry must still go.
+ */
+
+static void
+ngx_http_hermes_kill_post(ngx_http_hermes_kill_t *k)
+{
+    if (ngx_thread_task_post(k->tp, &k->task) == NGX_OK) {
+        return;
+    }
+
+    ngx_http_hermes_conn_give(&k->conn);
+
+    ngx_log_error(NGX_LOG_WARN, k->log, 0,
+                  "hermes: the thread pool is full, killing kernel %P in "
+                  "\"%s\" waits for the next sweep", k->v.pid, k->v.dir);
+
+    ngx_queue_insert_tail(&ngx_http_hermes_kills_waiting, &k->queue);
+}
+
+
+static void
+ngx_http_hermes_kill_repost(void)
+{
+    ngx_queue_t             *q, waiting;
+    ngx_http_hermes_kill_t  *k;
+
+    if (ngx_queue_empty(&ngx_http_hermes_kills_waiting)) {
+        return;
+    }
+
+    /* those the pool refuses again go back to the list */
+
+    waiting = ngx_http_hermes_kills_waiting;
+    waiting.next->prev = &waiting;
+    waiting.prev->next = &waiting;
+    ngx_queue_init(&ngx_http_hermes_kills_waiting);
+
+    while (!ngx_queue_empty(&waiting)) {
+        q = ngx_queue_head(&waiting);
+        ngx_queue_remove(q);
+
+        k = ngx_queue_data(q, ngx_http_hermes_kill_t, queue);
+
+        ngx_http_hermes_conn_take(&k->conn, k->conn.bcf, k->v.host);
+        ngx_http_hermes_kill_post(k);
+    }
 }
 
 
@@ -704,6 +758,7 @@ ngx_http_hermes_kernel_init_process(ngx_cycle_t *cycle,
     ngx_http_hermes_zone_t  *zone;
 
     ngx_http_hermes_main_conf = hmcf;
+    ngx_queue_init(&ngx_http_hermes_kills_waiting);
 
     if (ngx_http_hermes_ssh_init() != NGX_OK) {
         ngx_log_error(NGX_LOG_ALERT, cycle->log, 0,
@@ -743,6 +798,8 @@ ngx_http_hermes_sweep_handler(ngx_event_t *ev)
 
     ngx_uint_t                 full, more;
     ngx_http_hermes_victims_t  victims;
+
+    ngx_http_hermes_kill_repost();
 
     /* the dead-worker walk once; then batches until nothing is left */
 
@@ -789,9 +846,5 @@ ngx_http_hermes_kill_retry(ngx_event_t *ev)
     ngx_http_hermes_kill_t *k = ev->data;
 
     ngx_http_hermes_conn_take(&k->conn, k->conn.bcf, k->conn.host);
-
-    if (ngx_thread_task_post(k->tp, &k->task) != NGX_OK) {
-        ngx_http_hermes_conn_give(&k->conn);
-        ngx_free(k);
-    }
+    ngx_http_hermes_kill_post(k);
 }
