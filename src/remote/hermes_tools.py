@@ -100,9 +100,13 @@ def call(tool, args=None, timeout=300):
         msg = json.loads(data)
     except ValueError:
         raise ToolError("malformed tool response") from None
-    if not isinstance(msg, dict) or msg.get("seq", seq) != seq:
+    # Strict: seq is this call's integer (True == 1 in Python, 1.0 == 1),
+    # ok a JSON boolean, error a string or null.
+    if (not isinstance(msg, dict) or type(msg.get("seq")) is not int
+            or msg["seq"] != seq or type(msg.get("ok")) is not bool
+            or not isinstance(msg.get("error"), (str, type(None)))):
         raise ToolError("malformed tool response")
-    if msg.get("ok") is True:
+    if msg["ok"]:
         return msg.get("result")
     raise ToolError(msg.get("error") or "tool call failed")
 

@@ -483,6 +483,61 @@ class RunnerTest(unittest.TestCase):
             mod.__wrapped__
 
 
+class ToolsClientTest(unittest.TestCase):
+    """hermes_tools.py alone: its own copy in a temp kernel dir, so its
+    seq starts at 1, with the response waiting before the call."""
+
+    def client(self):
+        d = tempfile.mkdtemp(prefix="hermes_rtools_")
+        self.addCleanup(shutil.rmtree, d, True)
+        os.mkdir(os.path.join(d, "rpc"), 0o700)
+        shutil.copyfile(os.path.join(HERE, "hermes_tools.py"),
+                        os.path.join(d, "hermes_tools.py"))
+        import importlib.util
+        spec = importlib.util.spec_from_file_location(
+            "hermes_tools_c", os.path.join(d, "hermes_tools.py"))
+        mod = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(mod)
+        mod._token = TOKEN
+        return mod, os.path.join(d, "rpc")
+
+    def answer(self, raw):
+        mod, rpc = self.client()
+        _write_atomic(os.path.join(rpc, "res_000001"), raw)
+        try:
+            return ("ok", mod.call("t", {}, timeout=2))
+        except mod.ToolError as e:
+            return ("ToolError", str(e))
+
+    def test_good_responses(self):
+        self.assertEqual(self.answer(b'{"seq":1,"ok":true,"result":[1],"error":null}'),
+                         ("ok", [1]))
+        self.assertEqual(self.answer(b'{"seq":1,"ok":false,"result":null,"error":"no"}'),
+                         ("ToolError", "no"))
+        self.assertEqual(self.answer(b'{"seq":1,"ok":false}'),
+                         ("ToolError", "tool call failed"))
+
+    def test_seq_must_be_this_calls_integer(self):
+        bad = ("ToolError", "malformed tool response")
+        for seq in ('2', '0', 'true', '1.0', '"1"', 'null', '[1]'):
+            raw = ('{"seq":%s,"ok":true,"result":"stolen","error":null}' % seq)
+            self.assertEqual(self.answer(raw.encode()), bad, raw)
+        raw = b'{"ok":true,"result":"stolen","error":null}'          # no seq
+        self.assertEqual(self.answer(raw), bad)
+
+    def test_ok_must_be_a_json_boolean(self):
+        bad = ("ToolError", "malformed tool response")
+        for ok in ('"false"', '"true"', '1', '0', 'null', '[]', '{}'):
+            raw = '{"seq":1,"ok":%s,"result":"r","error":"e"}' % ok
+            self.assertEqual(self.answer(raw.encode()), bad, raw)
+        self.assertEqual(self.answer(b'{"seq":1,"result":"r","error":"e"}'), bad)
+        for err in ('5', '{"a":1}', '["e"]', 'true'):    # error: string or null
+            raw = '{"seq":1,"ok":false,"result":null,"error":%s}' % err
+            self.assertEqual(self.answer(raw.encode()), bad, raw)
+        for raw in (b'[1]', b'"x"', b'{nope', b'\xff'):
+            self.assertEqual(self.answer(raw), bad, raw)
+
+
 
 class RelayTest(unittest.TestCase):
     """hermes_relay.py as the ssh backend runs it, one channel a cell."""
