@@ -1,7 +1,8 @@
 """ngx_hermes kernel runner: one persistent Python kernel in one directory.
 
 The nginx module makes the kernel dir D, copies this file and hermes_tools.py
-into it and starts `python3 kernel_runner.py` with cwd=D (see SPEC.md s.4).
+into it and starts `python3 -I kernel_runner.py` with cwd=D (see SPEC.md
+s.4): isolated, so neither D nor PYTHON* variables reach sys.path.
 Everything between the module and this process goes through files in D;
 the FIFO D/wake only says "look at cells/ now".
 
@@ -33,9 +34,11 @@ D = os.path.dirname(os.path.abspath(__file__))
 CELLS = os.path.join(D, "cells")
 
 # Make `import hermes_tools` work in cells, and share its module object.
+# We run as `python3 -I`, so D is not on sys.path by itself; it goes last,
+# so a file a cell leaves in D (ast.py, ...) never shadows the stdlib.
 # No __pycache__ in D: it would be made outside our file-mode rules.
 if D not in sys.path:
-    sys.path.insert(0, D)
+    sys.path.append(D)
 _dwb, sys.dont_write_bytecode = sys.dont_write_bytecode, True
 import hermes_tools  # noqa: E402
 sys.dont_write_bytecode = _dwb

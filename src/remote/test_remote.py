@@ -46,8 +46,9 @@ def _ignore_sigint():
 class Kernel:
     """A kernel dir plus a running kernel_runner.py, driven like the module."""
 
-    def __init__(self, idle=0, shell=False, sigint_ignored=True):
-        self.dir = tempfile.mkdtemp(prefix="hermes_rkernel_")     # 0700
+    def __init__(self, idle=0, shell=False, sigint_ignored=True, plant=None,
+                 env=None, root=None):
+        self.dir = tempfile.mkdtemp(prefix="hermes_rkernel_", dir=root)  # 0700
         self.cells = os.path.join(self.dir, "cells")
         self.rpc = os.path.join(self.dir, "rpc")
         os.mkdir(self.cells, 0o700)
@@ -55,16 +56,19 @@ class Kernel:
         for name in ("kernel_runner.py", "hermes_tools.py", "hermes_relay.py"):
             shutil.copyfile(os.path.join(HERE, name), os.path.join(self.dir, name))
             os.chmod(os.path.join(self.dir, name), 0o600)
+        for name, text in (plant or {}).items():     # files a cell left in D
+            with open(os.path.join(self.dir, name), "w") as f:
+                f.write(text)
         self.n = 0
         self.proc = None
         env = {"HERMES_RPC_TOKEN": TOKEN, "HERMES_KERNEL_ID": "9f2c",
-               "HERMES_IDLE_TIMEOUT": str(idle)}
+               "HERMES_IDLE_TIMEOUT": str(idle), **(env or {})}
         if shell:
             self._spawn_shell(env)
         else:
             log = os.open(self.path("runner.log"), os.O_WRONLY | os.O_CREAT, 0o600)
             self.proc = subprocess.Popen(
-                [PYTHON, "kernel_runner.py"], cwd=self.dir,
+                [PYTHON, "-I", "kernel_runner.py"], cwd=self.dir,
                 env=dict(env, PATH=os.environ.get("PATH", "/usr/bin:/bin")),
                 stdin=subprocess.DEVNULL, stdout=log, stderr=log,
                 preexec_fn=_ignore_sigint if sigint_ignored else None)
@@ -77,7 +81,7 @@ class Kernel:
         _write_atomic(self.path("kernel.env"), "".join(
             "%s='%s'\n" % kv for kv in env.items()).encode())
         cmd = ("umask 077 && cd '%s' && { ( set -a; . ./kernel.env; set +a;"
-               " rm -f ./kernel.env; exec setsid %s kernel_runner.py )"
+               " rm -f ./kernel.env; exec setsid %s -I kernel_runner.py )"
                " >runner.log 2>&1 </dev/null & } && echo $!" % (self.dir, PYTHON))
         out = subprocess.run(["sh", "-c", cmd], capture_output=True, check=True)
         self.pid = int(out.stdout)
@@ -186,6 +190,35 @@ class RunnerTest(unittest.TestCase):
             with open("/proc/%d/%s" % (k.pid, what), "rb") as f:
                 self.assertNotIn(TOKEN.encode(), f.read(), what)
         self.assertNotIn(TOKEN, k.log())
+
+    def test_isolated_mode_kernel_dir_never_shadows_the_stdlib(self):
+        # `python3 -I`: no script dir on sys.path, PYTHON* env ignored.  The
+        # runner adds D itself, after the stdlib: a module a cell planted in
+        # D (the cwd) must not replace one the runner or a cell imports.
+        marker = os.path.join(tempfile.mkdtemp(prefix="hermes_rplant_"), "hit")
+        self.addCleanup(shutil.rmtree, os.path.dirname(marker), True)
+        evil = ("open(%r, 'a').write(__name__ + ' ')\n"
+                "print('PLANTED', __name__)\n"
+                "raise ImportError('planted ' + __name__)\n" % marker)
+        names = ("ast", "json", "re", "traceback", "select", "csv", "uuid",
+                 "sitecustomize", "usercustomize")
+        k = self.kernel(plant=dict(("%s.py" % m, evil) for m in names)
+                        | {"mine.py": "X = 'from D'\n"},
+                        env={"PYTHONPATH": "."})
+        r = k.run("import ast, json, csv, uuid, sys, os\n"
+                  "import hermes_tools, mine\n"
+                  "print(json.dumps(ast.literal_eval('[1, 2]')))\n"
+                  "print(csv.__file__.startswith(sys.base_prefix + '/lib'))\n"
+                  "print(hermes_tools.__file__ == os.path.join(os.getcwd(), "
+                  "'hermes_tools.py'))\n"
+                  "print(mine.X, sys.flags.isolated, sys.path.count(os.getcwd()))\n"
+                  "print(sys.path.index(os.getcwd()) == len(sys.path) - 1)")
+        self.assertEqual(r["status"], "success", r)
+        self.assertEqual(r["output"], "[1, 2]\nTrue\nTrue\nfrom D 1 1\nTrue\n")
+        self.assertFalse(os.path.exists(marker), "a planted module was imported")
+        self.assertNotIn("PLANTED", k.log())
+        self.assertEqual(k.run("hermes_tools._token == %r" % TOKEN)["output"],
+                         "True\n")
 
     # -- running cells -----------------------------------------------------
 
