@@ -19,12 +19,14 @@ Files we write are 0600 and renamed into place; N is %06d (more digits past
 import ast
 import builtins
 import codecs
+import errno
 import io
 import json
 import os
 import re
 import select
 import signal
+import stat
 import sys
 import threading
 import time
@@ -44,6 +46,7 @@ import hermes_tools  # noqa: E402
 sys.dont_write_bytecode = _dwb
 # Our own reference: a cell may replace attributes of the shared module.
 _write_atomic = hermes_tools._write_atomic
+_read_regular = hermes_tools._read_regular
 
 STDERR_MARK = "\n--- stderr ---\n"
 TRUNC_MARK = "\n... [output truncated: {} bytes omitted] ...\n"
@@ -491,8 +494,12 @@ def _open_out(n):
 
 
 def _read_req(path):
-    with open(path, "rb") as f:
-        req = json.loads(f.read())
+    # The kernel dir is the cell's too (same uid): a FIFO put there must
+    # not hang us, nor a symlink (to /dev/zero, ...) be followed.
+    data = _read_regular(path)
+    if data is None:
+        raise ValueError("not a regular file")
+    req = json.loads(data)
     if not isinstance(req, dict) or not isinstance(req.get("code"), str):
         raise ValueError("no code")
     return req
@@ -642,7 +649,9 @@ def main():
     os.mkfifo(wake, 0o600)
     # O_RDWR: we are a writer too, so reads never see EOF and the module's
     # O_WRONLY|O_NONBLOCK open never fails with ENXIO while we live.
-    fifo = os.open(wake, os.O_RDWR | os.O_NONBLOCK | os.O_CLOEXEC)
+    fifo = os.open(wake, os.O_RDWR | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOFOLLOW)
+    if not stat.S_ISFIFO(os.fstat(fifo).st_mode):
+        raise RuntimeError("%s is not our FIFO" % wake)
     _write_atomic(os.path.join(D, "ready"), ('{"pid":%d}' % os.getpid()).encode())
 
     last = 0

@@ -319,6 +319,25 @@ class RunnerTest(unittest.TestCase):
         k.n = 1
         self.assertEqual(k.run("1")["output"], "1\n")
 
+    def test_request_that_is_a_fifo_or_symlink_is_refused(self):
+        # A cell shares the kernel dir: what it puts in place of a request
+        # must neither hang the runner (a FIFO nobody writes, /dev/zero)
+        # nor be followed (a symlink to code elsewhere).
+        k = self.kernel()
+        other = os.path.join(k.dir, "elsewhere.json")
+        _write_atomic(other, b'{"id": 2, "code": "print(\'followed\')"}')
+        plant = (lambda p: os.mkfifo(p, 0o600), lambda p: os.symlink(other, p),
+                 lambda p: os.symlink("/dev/zero", p))
+        for n, how in enumerate(plant, 1):
+            how(os.path.join(k.cells, "cell_req_%06d.json" % n))
+            k.wake()
+            r = k.result(n, 3)
+            self.assertEqual((r["status"], r["error"]),
+                             ("error", "bad cell request: not a regular file"), n)
+            self.assertEqual(r["output"], "")
+        k.n = 3
+        self.assertEqual(k.run("1 + 1")["output"], "2\n")
+
     def test_reset_clears_state(self):
         k = self.kernel()
         k.run("x = 1")
@@ -541,6 +560,35 @@ class ToolsClientTest(unittest.TestCase):
             return ("ok", mod.call("t", {}, timeout=2))
         except mod.ToolError as e:
             return ("ToolError", str(e))
+
+    def test_response_that_is_a_fifo_or_symlink_is_refused(self):
+        import threading
+        for kind in ("fifo", "symlink"):
+            mod, rpc = self.client()
+            res = os.path.join(rpc, "res_000001")
+            if kind == "fifo":
+                os.mkfifo(res, 0o600)
+            else:
+                _write_atomic(os.path.join(rpc, "elsewhere"),
+                              b'{"seq":1,"ok":true,"result":"followed","error":null}')
+                os.symlink(os.path.join(rpc, "elsewhere"), res)
+            got = []
+
+            def run():
+                try:
+                    got.append(("ok", mod.call("t", {}, timeout=2)))
+                except mod.ToolError as e:
+                    got.append(("ToolError", str(e)))
+
+            t = threading.Thread(target=run, daemon=True)
+            t.start()
+            t.join(3)
+            if t.is_alive():                    # stuck in open(): free it
+                os.close(os.open(res, os.O_WRONLY | os.O_NONBLOCK))
+                t.join(3)
+                self.fail("the client hung on a %s response" % kind)
+            self.assertEqual(got, [("ToolError", "malformed tool response")], kind)
+            self.assertFalse(os.path.lexists(res))
 
     def test_good_responses(self):
         self.assertEqual(self.answer(b'{"seq":1,"ok":true,"result":[1],"error":null}'),
