@@ -6,12 +6,14 @@ files, as the nginx module does:
     cd src/remote && /usr/bin/python3 -m unittest -v test_remote
 """
 
+import errno
 import json
 import os
 import shutil
 import signal
 import stat
 import subprocess
+import sys
 import tempfile
 import time
 import unittest
@@ -424,6 +426,17 @@ class RunnerTest(unittest.TestCase):
         self.assertTrue(r["output"].endswith("q\nend\n\n--- stderr ---\nerr\n"))
         self.assertEqual(k.run("1")["stream_truncated"], False)
 
+    def test_result_size_is_bounded_by_max_output(self):
+        # The module reads at most 6 * max_output + 64 KiB of result: a
+        # huge exception message must not make it bigger.
+        k = self.kernel()
+        r = k.run("raise ValueError('\\x01' * 200000)", max_output=1000)
+        self.assertEqual(r["status"], "error")
+        self.assertTrue(r["error"].startswith("ValueError: \x01\x01"))
+        self.assertTrue(r["error"].endswith("..."))
+        self.assertLessEqual(os.path.getsize(k.res_path(k.n)), 6 * 1000 + 65536)
+        self.assertTrue(r["stdout_truncated"])
+
     def test_stdout_bytes_total_counts_utf8_stdout_only(self):
         k = self.kernel()
         r = k.run("import sys\nprint('héllo')\nprint('no', file=sys.stderr)")
@@ -450,7 +463,7 @@ class RunnerTest(unittest.TestCase):
         k.run("open('made_in_cell_2', 'w').write('x')")   # umask is reset
         names = sorted(os.listdir(k.cells))
         self.assertEqual(names, ["cell_out_000002", "cell_req_000002.json",
-                                 "cell_res_000002.json"])
+                                 "cell_res_000002.json", "reserve.tmp"])
         seen = 0
         for root, dirs, files in os.walk(k.dir):
             for d in dirs:
@@ -618,6 +631,182 @@ class ToolsClientTest(unittest.TestCase):
         for raw in (b'[1]', b'"x"', b'{nope', b'\xff'):
             self.assertEqual(self.answer(raw), bad, raw)
 
+
+
+class DiskFullTest(unittest.TestCase):
+    """The kernel dir on a small tmpfs of its own, filled up (ENOSPC)."""
+
+    SIZE = 4 << 20
+
+    def setUp(self):
+        self.mnt = tempfile.mkdtemp(prefix="hermes_rfull_")
+        self.addCleanup(os.rmdir, self.mnt)
+        p = subprocess.run(["mount", "-t", "tmpfs", "-o",
+                            "size=%d,mode=0700" % self.SIZE, "tmpfs", self.mnt],
+                           capture_output=True)
+        if p.returncode != 0:
+            self.skipTest("cannot mount a tmpfs to fill (needs root): %s"
+                          % p.stderr.decode(errors="replace").strip())
+        self.addCleanup(subprocess.run, ["umount", "-l", self.mnt])
+
+    def kernel(self):
+        k = Kernel(root=self.mnt)
+        self.addCleanup(k.close)
+        self.assertTrue(k.ready, "no ready file; runner.log: " + k.log())
+        return k
+
+    def fill(self, name):
+        # Like another process on the kernel host: every byte taken.
+        fd = os.open(os.path.join(self.mnt, name), os.O_WRONLY | os.O_CREAT, 0o600)
+        try:
+            while True:
+                os.write(fd, bytes(65536))
+        except OSError as e:
+            self.assertEqual(e.errno, errno.ENOSPC)
+        finally:
+            os.close(fd)
+        self.addCleanup(lambda: os.path.exists(os.path.join(self.mnt, name))
+                        and os.unlink(os.path.join(self.mnt, name)))
+
+    FILL = ("import os\n"
+            "fd = os.open('fill', os.O_WRONLY | os.O_CREAT)\n"
+            "try:\n"
+            "    while True: os.write(fd, bytes(65536))\n"
+            "except OSError as e:\n"
+            "    err = e.errno\n"
+            "os.close(fd)\n")
+
+    def assertDiskFull(self, r, stopped=True):
+        self.assertEqual(r["status"], "error", r)
+        self.assertTrue(r["error"].startswith(
+            "the kernel host's disk is full (No space left on device): "), r["error"])
+        if stopped:
+            self.assertTrue(r["error"].endswith(
+                "the cell was stopped when its output could not be written"), r["error"])
+
+    def test_full_disk_ends_the_cell_promptly_and_keeps_the_kernel(self):
+        k = self.kernel()
+        self.assertEqual(k.run("x = 41")["status"], "success")
+        t0 = time.monotonic()
+        n = k.send(self.FILL + "print('after fill', err)\nprint('not reached')\n")
+        r = k.result(n, 10)
+        self.assertLess(time.monotonic() - t0, 5)
+        self.assertDiskFull(r)
+        self.assertTrue(r["output"].startswith("after fill 28\n"), r["output"])
+        self.assertIn("OSError: [Errno 28] the kernel host's disk is full", r["output"])
+        self.assertNotIn("not reached", r["output"])
+        k.events(n)                          # whole JSON lines only
+        self.assertFalse(os.path.exists(k.res_path(n) + ".tmp"))
+        # a disk full before the cell starts: the kept reserve answers
+        # (cell 2's files go first, or the runner's cleanup frees space)
+        os.unlink(k.path("fill"))
+        for name in os.listdir(k.cells):
+            if name.startswith("cell_"):
+                os.unlink(os.path.join(k.cells, name))
+        k.n += 1
+        _write_atomic(os.path.join(k.cells, "cell_req_%06d.json" % k.n),
+                      json.dumps({"id": k.n, "code": "print(x)\n"
+                                  "print('not reached')"}).encode())
+        self.fill("other")
+        t0 = time.monotonic()
+        k.wake()
+        r = k.result(k.n)
+        self.assertLess(time.monotonic() - t0, 3)
+        self.assertDiskFull(r)
+        self.assertTrue(r["output"].startswith("41\n"), r["output"])
+        self.assertNotIn("not reached", r["output"])
+        # space again: the same kernel, its globals intact
+        os.unlink(os.path.join(self.mnt, "other"))
+        r = k.run("print(x + 1)")
+        self.assertEqual((r["status"], r["output"], r["execution_count"]),
+                         ("success", "42\n", 4), r)
+        self.assertEqual(k.events(k.n), [{"type": "stdout", "text": "42\n"}])
+        self.assertTrue(k.alive())
+
+    def test_a_cell_that_swallows_the_errors_is_still_stopped(self):
+        k = self.kernel()
+        k.run("import time")
+        for loop in ("while True:\n"                  # print in try, no sleep
+                     "    try:\n        print('y' * 100)\n"
+                     "    except Exception:\n        pass\n",
+                     "while True:\n"                  # swallows BaseException too
+                     "    try:\n        print('z')\n"
+                     "    except BaseException:\n        pass\n"
+                     "    time.sleep(0.01)\n",
+                     "try:\n    print('once')\n"     # then blocks in sleep
+                     "except Exception:\n    pass\n"
+                     "time.sleep(60)\n"):
+            t0 = time.monotonic()
+            r = k.run(self.FILL + loop + "print('not reached')", timeout=10)
+            self.assertLess(time.monotonic() - t0, 3, loop)
+            self.assertDiskFull(r)
+            self.assertIn("HostDiskFull: the kernel host's disk is full", r["output"])
+            self.assertNotIn("not reached", r["output"])
+            os.unlink(k.path("fill"))
+        r = k.run("time.__name__")
+        self.assertEqual((r["status"], r["output"]), ("success", "'time'\n"))
+
+    def test_half_a_line_never_stays_in_cell_out(self):
+        k = self.kernel()
+        # leave ~100 KB free, then print 300 KB: some event lines fit
+        n = k.send(self.FILL + "os.truncate('fill', os.path.getsize('fill') - 100000)\n"
+                   "print('w' * 300000)\nprint('not reached')")
+        r = k.result(n, 10)
+        self.assertDiskFull(r)
+        ev = k.events(n)                     # strict: every line whole JSON
+        self.assertTrue(ev, "no event fitted")
+        self.assertTrue(all(e == {"type": "stdout", "text": "w" * 65536} for e in ev), ev)
+        with open(os.path.join(k.cells, "cell_out_%06d" % n), "rb") as f:
+            self.assertTrue(f.read().endswith(b"\n"))
+        os.unlink(k.path("fill"))
+        self.assertEqual(k.run("print('ok')")["output"], "ok\n")
+
+    def test_result_too_big_for_the_reserve_is_cut_to_fit(self):
+        k = self.kernel()
+        # 300 KB of control characters: 1.8 MB of JSON, over the 1 MiB
+        # reserve; the stream is cut early, so only the result hits ENOSPC
+        n = k.send("print('\\x01' * 300000)\n" + self.FILL,
+                   max_output=400000, max_stream=1000)
+        r = k.result(n, 10)
+        self.assertEqual(r["status"], "error")
+        self.assertEqual(r["error"], "the kernel host's disk is full (No space "
+                         "left on device): the cell's result was cut to fit")
+        self.assertLessEqual(os.path.getsize(k.res_path(n)), 1 << 20)
+        self.assertTrue(r["stdout_truncated"])
+        self.assertRegex(r["output"], r"^\x01+\n\.\.\. \[output truncated: "
+                         r"\d+ bytes omitted\] \.\.\.\n\x01+\n$")
+        self.assertGreater(len(r["output"]), 100000)
+        os.unlink(k.path("fill"))
+        self.assertEqual(k.run("print('ok')")["output"], "ok\n")
+
+    def test_reserve_falls_back_to_writing_zeros(self):
+        # A filesystem without fallocate (EOPNOTSUPP): zeros are written,
+        # as far as the disk allows.
+        import importlib.util
+        from unittest import mock
+        d = tempfile.mkdtemp(prefix="hermes_rkernel_", dir=self.mnt)
+        for name in ("kernel_runner.py", "hermes_tools.py"):
+            shutil.copyfile(os.path.join(HERE, name), os.path.join(d, name))
+        path = list(sys.path)
+        self.addCleanup(setattr, sys, "path", path)
+        spec = importlib.util.spec_from_file_location(
+            "kernel_runner_t", os.path.join(d, "kernel_runner.py"))
+        kr = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(kr)
+        nosup = OSError(errno.EOPNOTSUPP, os.strerror(errno.EOPNOTSUPP))
+        with mock.patch.object(os, "posix_fallocate", side_effect=nosup) as pf:
+            fd = os.open(os.path.join(d, "r"), os.O_WRONLY | os.O_CREAT, 0o600)
+            kr._allocate(fd, 200000)
+            st = os.fstat(fd)
+            self.assertEqual(st.st_size, 200000)
+            self.assertGreaterEqual(st.st_blocks * 512, 200000)   # not sparse
+            self.fill("fill")
+            kr._allocate(fd, self.SIZE * 2)     # stops at ENOSPC, no raise
+            self.assertLess(os.fstat(fd).st_size, self.SIZE)
+            os.close(fd)
+            self.assertTrue(pf.called)
+        with open(os.path.join(d, "r"), "rb") as f:
+            self.assertEqual(f.read(200000), bytes(200000))
 
 
 class RelayTest(unittest.TestCase):
