@@ -662,21 +662,20 @@ def _reserve(n, size):
     file, the kept reserve renamed into place and grown towards size.
     -> ((st_dev, st_ino), bytes) or None."""
     tmp = _cell_path("res", n) + ".tmp"
-    try:
-        os.rename(_reserve_path(), tmp)
-    except OSError:
-        pass
     fd = -1
     try:
         try:
-            fd = os.open(tmp, os.O_WRONLY | os.O_NOFOLLOW | os.O_NONBLOCK
-                         | os.O_CLOEXEC)
+            # Only our own regular file: a cell may have put anything there.
+            fd = os.open(_reserve_path(), os.O_WRONLY | os.O_NOFOLLOW
+                         | os.O_NONBLOCK | os.O_CLOEXEC)
             st = os.fstat(fd)
             if not stat.S_ISREG(st.st_mode) or st.st_nlink != 1:
                 raise OSError(errno.EINVAL, "not our reserve")
-        except OSError:            # none kept, or a cell put something there
+            os.rename(_reserve_path(), tmp)
+        except OSError:
             if fd >= 0:
                 os.close(fd)
+                fd = -1
             try:
                 os.unlink(tmp)
             except OSError:

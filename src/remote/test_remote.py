@@ -340,6 +340,26 @@ class RunnerTest(unittest.TestCase):
         k.n = 3
         self.assertEqual(k.run("1 + 1")["output"], "2\n")
 
+    def test_reserve_replaced_between_cells(self):
+        # cells/reserve.tmp is the runner's, but a cell's thread can swap it
+        # for a directory, a FIFO, or a link to a file of its own: the next
+        # result is still written, and never into that file.
+        k = self.kernel()
+        victim = k.path("victim")
+        _write_atomic(victim, b"keep me")
+        keep = k.path("cells", "reserve.tmp")
+        self.assertTrue(os.path.isfile(keep))
+        swaps = (os.mkdir, lambda p: os.mkfifo(p, 0o600),
+                 lambda p: os.symlink(victim, p), lambda p: os.link(victim, p))
+        for i, swap in enumerate(swaps):
+            os.unlink(keep) if not os.path.isdir(keep) else os.rmdir(keep)
+            swap(keep)
+            r = k.run("%d" % i)
+            self.assertEqual((r["status"], r["output"]), ("success", "%d\n" % i))
+            with open(victim, "rb") as f:
+                self.assertEqual(f.read(), b"keep me")
+        self.assertTrue(os.path.isfile(keep) and not os.path.islink(keep))
+
     def test_reset_clears_state(self):
         k = self.kernel()
         k.run("x = 1")
