@@ -707,6 +707,7 @@ def _keep_reserve():
     except OSError:
         return
     try:
+        os.fchmod(fd, 0o600)             # a cell may have changed the umask
         _allocate(fd, RESERVE_KEEP)
     except OSError:
         pass
