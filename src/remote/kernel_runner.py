@@ -486,12 +486,20 @@ def _error_line(e):
 
 
 def _format_tb(e):
-    # Drop the runner's own frames: the traceback starts at the cell's code.
-    tb = e.__traceback__
-    while tb is not None and tb.tb_frame.f_code.co_filename == _exec.__code__.co_filename:
-        tb = tb.tb_next
+    # Drop the runner's own frames: the traceback shows the cell's code,
+    # not _exec above it nor our print() or SIGINT handler below it.
     try:
-        return "".join(traceback.format_exception(type(e), e, tb))
+        te = traceback.TracebackException(type(e), e, e.__traceback__)
+        todo, seen = [te], set()
+        while todo:
+            t = todo.pop()
+            if t is None or id(t) in seen:
+                continue
+            seen.add(id(t))
+            t.stack = traceback.StackSummary.from_list(
+                [f for f in t.stack if f.filename != _exec.__code__.co_filename])
+            todo += [t.__cause__, t.__context__]
+        return "".join(te.format())
     except Exception:
         return "%s\n" % _error_line(e)
 

@@ -393,6 +393,7 @@ class RunnerTest(unittest.TestCase):
         r = k.result(n, 3)
         self.assertEqual((r["status"], r["error"]), ("interrupted", "KeyboardInterrupt"))
         self.assertIn("KeyboardInterrupt", r["output"])
+        self.assertNotIn("kernel_runner", r["output"])     # the cell's frames only
         os.kill(k.pid, signal.SIGINT)            # between cells: ignored
         time.sleep(0.05)
         self.assertTrue(k.alive())
@@ -714,6 +715,10 @@ class DiskFullTest(unittest.TestCase):
         self.assertDiskFull(r)
         self.assertTrue(r["output"].startswith("after fill 28\n"), r["output"])
         self.assertIn("OSError: [Errno 28] the kernel host's disk is full", r["output"])
+        self.assertTrue(r["output"].endswith('File "<cell>", line 8, in <module>\n'
+                                             "OSError: [Errno 28] the kernel host's disk "
+                                             "is full (No space left on device): the "
+                                             "cell's output cannot be written\n"), r["output"])
         self.assertNotIn("not reached", r["output"])
         k.events(n)                          # whole JSON lines only
         self.assertFalse(os.path.exists(k.res_path(n) + ".tmp"))
@@ -761,6 +766,7 @@ class DiskFullTest(unittest.TestCase):
             self.assertLess(time.monotonic() - t0, 3, loop)
             self.assertDiskFull(r)
             self.assertIn("HostDiskFull: the kernel host's disk is full", r["output"])
+            self.assertNotIn("kernel_runner", r["output"])
             self.assertNotIn("not reached", r["output"])
             os.unlink(k.path("fill"))
         r = k.run("time.__name__")
