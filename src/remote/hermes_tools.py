@@ -15,8 +15,10 @@ seq counts per process from 1.  A forked child continues its parent's
 count, so make tool calls from one process of a fork family at a time.
 """
 
+import errno
 import json
 import os
+import stat
 import threading
 import time
 
@@ -54,6 +56,28 @@ def _write_atomic(path, data):
     os.rename(tmp, path)
 
 
+def _read_regular(path):
+    """The bytes of a regular file; None for anything else (a FIFO must
+    not hang us, a symlink is not followed).  Shared with kernel_runner.py."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            return None
+        raise
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return None
+        parts = []
+        while True:
+            b = os.read(fd, 1 << 20)
+            if not b:
+                return b"".join(parts)
+            parts.append(b)
+    finally:
+        os.close(fd)
+
+
 def call(tool, args=None, timeout=300):
     """Run `tool` with `args` (a JSON object) and return its result.
     Raises ToolError with the tool's error, or on timeout (seconds)."""
@@ -78,8 +102,7 @@ def call(tool, args=None, timeout=300):
     delay = POLL_FIRST
     while True:
         try:
-            with open(res, "rb") as f:
-                data = f.read()
+            data = _read_regular(res)
             break
         except FileNotFoundError:
             left = deadline - time.monotonic()
@@ -97,12 +120,18 @@ def call(tool, args=None, timeout=300):
         pass
 
     try:
+        if data is None:
+            raise ValueError("not a regular file")
         msg = json.loads(data)
     except ValueError:
         raise ToolError("malformed tool response") from None
-    if not isinstance(msg, dict) or msg.get("seq", seq) != seq:
+    # Strict: seq is this call's integer (True == 1 in Python, 1.0 == 1),
+    # ok a JSON boolean, error a string or null.
+    if (not isinstance(msg, dict) or type(msg.get("seq")) is not int
+            or msg["seq"] != seq or type(msg.get("ok")) is not bool
+            or not isinstance(msg.get("error"), (str, type(None)))):
         raise ToolError("malformed tool response")
-    if msg.get("ok") is True:
+    if msg["ok"]:
         return msg.get("result")
     raise ToolError(msg.get("error") or "tool call failed")
 

@@ -1,7 +1,8 @@
 """ngx_hermes kernel runner: one persistent Python kernel in one directory.
 
 The nginx module makes the kernel dir D, copies this file and hermes_tools.py
-into it and starts `python3 kernel_runner.py` with cwd=D (see SPEC.md s.4).
+into it and starts `python3 -I kernel_runner.py` with cwd=D (see SPEC.md
+s.4): isolated, so neither D nor PYTHON* variables reach sys.path.
 Everything between the module and this process goes through files in D;
 the FIFO D/wake only says "look at cells/ now".
 
@@ -10,6 +11,7 @@ the FIFO D/wake only says "look at cells/ now".
     D/cells/cell_req_N.json      {"id","code","reset","max_output","max_stream"}
     D/cells/cell_out_N           NDJSON events, appended while the cell runs
     D/cells/cell_res_N.json      the result, written last (tmp + rename)
+    D/cells/reserve.tmp          disk space kept for the next result
 
 Files we write are 0600 and renamed into place; N is %06d (more digits past
 999999).  Python 3 stdlib only: this runs on any kernel host.
@@ -18,12 +20,14 @@ Files we write are 0600 and renamed into place; N is %06d (more digits past
 import ast
 import builtins
 import codecs
+import errno
 import io
 import json
 import os
 import re
 import select
 import signal
+import stat
 import sys
 import threading
 import time
@@ -33,14 +37,17 @@ D = os.path.dirname(os.path.abspath(__file__))
 CELLS = os.path.join(D, "cells")
 
 # Make `import hermes_tools` work in cells, and share its module object.
+# We run as `python3 -I`, so D is not on sys.path by itself; it goes last,
+# so a file a cell leaves in D (ast.py, ...) never shadows the stdlib.
 # No __pycache__ in D: it would be made outside our file-mode rules.
 if D not in sys.path:
-    sys.path.insert(0, D)
+    sys.path.append(D)
 _dwb, sys.dont_write_bytecode = sys.dont_write_bytecode, True
 import hermes_tools  # noqa: E402
 sys.dont_write_bytecode = _dwb
 # Our own reference: a cell may replace attributes of the shared module.
 _write_atomic = hermes_tools._write_atomic
+_read_regular = hermes_tools._read_regular
 
 STDERR_MARK = "\n--- stderr ---\n"
 TRUNC_MARK = "\n... [output truncated: {} bytes omitted] ...\n"
@@ -49,6 +56,18 @@ DEFAULT_MAX_STREAM = 5 * 1024 * 1024
 CHUNK = 64 * 1024        # chars: flush threshold and largest text per event
 PARTIAL_DELAY = 0.005    # a line without "\n" reaches the file within this
 COALESCE = 0.001         # complete lines closer than this share one write
+
+# A full disk must not cost a cell its result (the module would wait for it
+# until the cell's timeout): before a cell runs we take the space for its
+# result, enough for the largest one (6 bytes of JSON a byte of output at
+# worst) up to RESERVE_MAX; a result that does not fit is cut to fit.
+RESERVE_MAX = 1 << 20
+RESERVE_KEEP = 64 * 1024     # kept between cells, for a disk already full
+RESULT_SLACK = 32 * 1024     # the result's fields and error, escaped
+ERROR_MAX = 2000             # chars of the error line kept in the result
+KICK_EVERY = 0.1             # a cell that outlives a full disk is re-interrupted
+DISK_FULL = "the kernel host's disk is full"
+_FULL = (errno.ENOSPC, errno.EDQUOT)
 
 _REQ = re.compile(r"cell_req_(\d{6,})\.json")
 _CELL_FILE = re.compile(r"cell_(?:req|out|res)_(\d{6,})(?:\.json)?(?:\.tmp)?")
@@ -72,6 +91,15 @@ def _utf8(text):
     except UnicodeEncodeError:
         text = _SURROGATES.sub("\ufffd", text)
         return text, text.encode("utf-8")
+
+
+class HostDiskFull(BaseException):
+    """Interrupts a cell whose output can no longer be written.  Not an
+    Exception, so `except Exception` in the cell does not keep it going."""
+
+
+def _full_text(e):
+    return "%s (%s)" % (DISK_FULL, os.strerror(e.errno))
 
 
 def _dumps(obj):
@@ -160,6 +188,8 @@ class _Sink:
         self.lines = False          # the buffer holds a "\n"
         self.partial_since = None   # when the text after the last "\n" began
         self.deadline, self.last_flush = None, 0.0
+        self.full = None            # the OSError of a full disk: cell doomed
+        self.kick = None            # when the flusher next interrupts it
 
     def add(self, name, text):
         """False once the cell is over (the caller then writes elsewhere)."""
@@ -169,6 +199,7 @@ class _Sink:
         with _lock:
             if self.closed:
                 return False
+            self._raise_if_full()
             self.caps[name].add(data)
             if self.cut or self.fd < 0:
                 return True
@@ -192,7 +223,16 @@ class _Sink:
                 self._due(now)    # also covers a flusher starved of the GIL
             elif old is None or self.deadline < old:
                 _cond.notify()
+            self._raise_if_full()
         return True
+
+    def _raise_if_full(self):
+        # While the cell runs, each write after a full disk fails, so the
+        # cell ends (or at least learns of it).  The runner's own writes
+        # (the traceback) just go into the final output.
+        if self.full is not None and _interruptible:
+            raise OSError(self.full.errno, "%s: the cell's output cannot be "
+                          "written" % _full_text(self.full))
 
     def _schedule(self):
         due = self.last_flush + COALESCE if self.lines else None
@@ -211,6 +251,7 @@ class _Sink:
         with _cond:
             if not self.closed:
                 self._flush()
+                self._raise_if_full()
 
     def _flush(self, keep_tail=False):
         if not self.parts:
@@ -245,12 +286,25 @@ class _Sink:
     def _line(self, event):
         # One os.write per line; O_APPEND, so the reader (and a forked child
         # writing the same file) never sees lines interleaved mid-way.
-        data = _dumps(event) + b"\n"
+        data = memoryview(_dumps(event) + b"\n")
+        done = 0
         try:
-            while data:
-                data = data[os.write(self.fd, data):]
-        except OSError as e:      # disk full, ...: stop streaming, keep running
+            while done < len(data):
+                done += os.write(self.fd, data[done:])
+        except OSError as e:      # disk full, ...: stop streaming
             _log("cell_out write failed: %s" % e)
+            if done:
+                # Readers take every line for an event: drop the half one.
+                try:
+                    os.ftruncate(self.fd, os.lseek(self.fd, 0, os.SEEK_CUR) - done)
+                except OSError:
+                    pass
+            if e.errno in _FULL and self.full is None:
+                # The cell is doomed: its writes fail from now on and the
+                # flusher interrupts it until it ends (see _flusher).
+                self.full = e
+                self.kick = time.monotonic()
+                _cond.notify()
             os.close(self.fd)
             self.fd = -1
             self.parts, self.chars, self.nbytes, self.deadline = [], 0, 0, None
@@ -268,18 +322,35 @@ class _Sink:
 
 
 def _flusher():
-    # Writes buffered text once it is due (see _Sink).
+    # Writes buffered text once it is due (see _Sink), and interrupts a
+    # cell doomed by a full disk every KICK_EVERY until it ends.
     with _cond:
         while True:
             s = _current
-            if s is None or s.deadline is None:
+            if s is None:
                 _cond.wait()
                 continue
             now = time.monotonic()
-            if s.deadline > now:
-                _cond.wait(s.deadline - now)
+            if s.kick is not None and s.kick <= now:
+                s.kick = now + KICK_EVERY
+                _kick()
+            due = [t for t in (s.deadline, s.kick) if t is not None]
+            if not due:
+                _cond.wait()
+            elif min(due) > now:
+                _cond.wait(min(due) - now)
             else:
                 s._due(now)
+
+
+def _kick():
+    # A real signal, so a cell blocked in sleep() or a read wakes up too;
+    # sent only while our handler is in place: with SIG_DFL it would kill.
+    try:
+        if signal.getsignal(signal.SIGINT) is _on_sigint:
+            signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)
+    except (OSError, ValueError):
+        pass
 
 
 def _start_flusher():
@@ -382,6 +453,9 @@ def _on_sigint(signum, frame):
     # non-interactive shell inherits SIGINT ignored, and Python then keeps
     # it ignored: so the handler is always installed explicitly.)
     if _interruptible:
+        s = _current
+        if s is not None and s.full is not None:
+            raise HostDiskFull("%s: the cell is stopped" % _full_text(s.full))
         raise KeyboardInterrupt
 
 
@@ -412,12 +486,20 @@ def _error_line(e):
 
 
 def _format_tb(e):
-    # Drop the runner's own frames: the traceback starts at the cell's code.
-    tb = e.__traceback__
-    while tb is not None and tb.tb_frame.f_code.co_filename == _exec.__code__.co_filename:
-        tb = tb.tb_next
+    # Drop the runner's own frames: the traceback shows the cell's code,
+    # not _exec above it nor our print() or SIGINT handler below it.
     try:
-        return "".join(traceback.format_exception(type(e), e, tb))
+        te = traceback.TracebackException(type(e), e, e.__traceback__)
+        todo, seen = [te], set()
+        while todo:
+            t = todo.pop()
+            if t is None or id(t) in seen:
+                continue
+            seen.add(id(t))
+            t.stack = traceback.StackSummary.from_list(
+                [f for f in t.stack if f.filename != _exec.__code__.co_filename])
+            todo += [t.__cause__, t.__context__]
+        return "".join(te.format())
     except Exception:
         return "%s\n" % _error_line(e)
 
@@ -488,8 +570,12 @@ def _open_out(n):
 
 
 def _read_req(path):
-    with open(path, "rb") as f:
-        req = json.loads(f.read())
+    # The kernel dir is the cell's too (same uid): a FIFO put there must
+    # not hang us, nor a symlink (to /dev/zero, ...) be followed.
+    data = _read_regular(path)
+    if data is None:
+        raise ValueError("not a regular file")
+    req = json.loads(data)
     if not isinstance(req, dict) or not isinstance(req.get("code"), str):
         raise ValueError("no code")
     return req
@@ -509,7 +595,9 @@ def _process(n, path):
         req, bad = _read_req(path), None
     except (OSError, ValueError) as e:
         req, bad = {}, "bad cell request: %s" % e
-    sink = _Sink(_open_out(n), _int(req.get("max_output"), DEFAULT_MAX_OUTPUT),
+    max_output = _int(req.get("max_output"), DEFAULT_MAX_OUTPUT)
+    resv = _reserve(n, min(6 * max_output + RESULT_SLACK, RESERVE_MAX))
+    sink = _Sink(_open_out(n), max_output,
                  _int(req.get("max_stream"), DEFAULT_MAX_STREAM))
     _count += 1
     reset = req.get("reset") is True
@@ -527,21 +615,172 @@ def _process(n, path):
             sys.stdout, sys.stderr = sys.__stdout__, sys.__stderr__
     sink.close()                          # cell_out_N complete before the result
     output, cut = _final_output(sink.caps["stdout"], sink.caps["stderr"],
-                                _int(req.get("max_output"), DEFAULT_MAX_OUTPUT))
+                                max_output)
+    if sink.full is not None:
+        status, error = "error", ("%s: the cell was stopped when its output "
+                                  "could not be written" % _full_text(sink.full))
+    elif error is not None and len(error) > ERROR_MAX:
+        error = error[:ERROR_MAX] + "..."    # the result's size stays bounded
     res = {"id": n, "status": status, "output": output, "error": error,
            "execution_count": _count, "stdout_truncated": cut or sink.cut,
            "stdout_bytes_total": sink.caps["stdout"].total,
            "stream_truncated": sink.cut, "state_reset": reset, "ended": ended,
            "duration_seconds": round(time.monotonic() - t0, 6)}
-    _write_result(n, res)
+    _write_result(n, res, resv)
     if ended:
         # SystemExit: the module removes D.  os._exit: a cell's non-daemon
         # threads must not keep us alive.
         os._exit(0)
+    _keep_reserve()
 
 
-def _write_result(n, res):
+# -- the result, on a full disk too -----------------------------------------
+
+def _reserve_path():
+    return os.path.join(CELLS, "reserve.tmp")
+
+
+def _allocate(fd, size):
+    """Grow fd's file to size bytes of allocated disk, or as far as the
+    disk allows."""
+    have = os.fstat(fd).st_size
+    if have >= size:
+        return
+    try:
+        os.posix_fallocate(fd, have, size - have)
+        return
+    except AttributeError:
+        pass
+    except OSError as e:
+        if e.errno in _FULL:
+            return
+        if e.errno not in (errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL):
+            raise
+    zeros = bytes(min(size - have, 64 * 1024))    # no fallocate here
+    try:
+        while have < size:
+            have += os.pwrite(fd, zeros[:size - have], have)
+    except OSError as e:
+        if e.errno not in _FULL:
+            raise
+
+
+def _reserve(n, size):
+    """Take the space for cell n's result before the cell runs: its .tmp
+    file, the kept reserve renamed into place and grown towards size.
+    -> ((st_dev, st_ino), bytes) or None."""
+    tmp = _cell_path("res", n) + ".tmp"
+    fd = -1
+    try:
+        try:
+            # Only our own regular file: a cell may have put anything there.
+            fd = os.open(_reserve_path(), os.O_WRONLY | os.O_NOFOLLOW
+                         | os.O_NONBLOCK | os.O_CLOEXEC)
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode) or st.st_nlink != 1:
+                raise OSError(errno.EINVAL, "not our reserve")
+            os.rename(_reserve_path(), tmp)
+        except OSError:
+            if fd >= 0:
+                os.close(fd)
+                fd = -1
+            try:
+                os.unlink(tmp)
+            except OSError:
+                pass
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL
+                         | os.O_CLOEXEC, 0o600)
+        os.fchmod(fd, 0o600)
+        _allocate(fd, size)
+        st = os.fstat(fd)
+        return (st.st_dev, st.st_ino), st.st_size
+    except OSError as e:
+        _log("cannot reserve space for the result of cell %d: %s" % (n, e))
+        return None
+    finally:
+        if fd >= 0:
+            os.close(fd)
+
+
+def _keep_reserve():
+    # For the next cell, which may start on a disk that is full already.
+    path = _reserve_path()
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC,
+                     0o600)
+    except OSError:
+        return
+    try:
+        os.fchmod(fd, 0o600)             # a cell may have changed the umask
+        _allocate(fd, RESERVE_KEEP)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def _cut_to_fit(res, size, e):
+    """res as at most size bytes of JSON: an error, its output cut."""
+    if not (res["error"] or "").startswith(DISK_FULL):
+        res = dict(res, status="error", error="%s: the cell's result was cut "
+                   "to fit" % _full_text(e))
+    res = dict(res, stdout_truncated=True)
+    out = res["output"].encode("utf-8")
+    room = max((size - len(_dumps(dict(res, output=""))) - 256) // 6, 0)
+    while True:
+        if len(out) <= room:
+            text = out.decode("utf-8", "replace")
+        else:
+            h = room * 2 // 5
+            head = out[:h].decode("utf-8", "ignore")
+            tail = out[len(out) - (room - h):].decode("utf-8", "ignore")
+            omitted = len(out) - len(head.encode()) - len(tail.encode())
+            text = head + TRUNC_MARK.format(omitted) + tail
+        data = _dumps(dict(res, output=text))
+        if len(data) <= size or room == 0:
+            return data
+        room //= 2
+
+
+def _write_reserved(path, res, resv):
+    tmp = path + ".tmp"
+    fd = os.open(tmp, os.O_WRONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    try:
+        st = os.fstat(fd)
+        if (st.st_dev, st.st_ino) != resv[0]:
+            raise OSError(errno.ESTALE, "the reserved result file was replaced")
+        data = _dumps(res)
+        try:
+            _pwrite_all(fd, data)
+        except OSError as e:
+            if e.errno not in _FULL:
+                raise
+            data = _cut_to_fit(res, resv[1], e)
+            _pwrite_all(fd, data)
+        os.ftruncate(fd, len(data))
+    finally:
+        os.close(fd)
+    os.rename(tmp, path)
+
+
+def _pwrite_all(fd, data):
+    done = 0
+    while done < len(data):
+        done += os.pwrite(fd, data[done:], done)
+
+
+def _write_result(n, res, resv=None):
     path = _cell_path("res", n)
+    if resv is not None:
+        try:
+            _write_reserved(path, res, resv)
+            return
+        except OSError as e:
+            _log("cannot write the reserved result of cell %d: %s" % (n, e))
     try:
         _write_atomic(path, _dumps(res))
     except FileNotFoundError:            # the cell removed cells/: recreate it
@@ -637,9 +876,12 @@ def main():
     except FileNotFoundError:
         pass
     os.mkfifo(wake, 0o600)
+    _keep_reserve()
     # O_RDWR: we are a writer too, so reads never see EOF and the module's
     # O_WRONLY|O_NONBLOCK open never fails with ENXIO while we live.
-    fifo = os.open(wake, os.O_RDWR | os.O_NONBLOCK | os.O_CLOEXEC)
+    fifo = os.open(wake, os.O_RDWR | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOFOLLOW)
+    if not stat.S_ISFIFO(os.fstat(fifo).st_mode):
+        raise RuntimeError("%s is not our FIFO" % wake)
     _write_atomic(os.path.join(D, "ready"), ('{"pid":%d}' % os.getpid()).encode())
 
     last = 0

@@ -6,12 +6,14 @@ files, as the nginx module does:
     cd src/remote && /usr/bin/python3 -m unittest -v test_remote
 """
 
+import errno
 import json
 import os
 import shutil
 import signal
 import stat
 import subprocess
+import sys
 import tempfile
 import time
 import unittest
@@ -46,8 +48,9 @@ def _ignore_sigint():
 class Kernel:
     """A kernel dir plus a running kernel_runner.py, driven like the module."""
 
-    def __init__(self, idle=0, shell=False, sigint_ignored=True):
-        self.dir = tempfile.mkdtemp(prefix="hermes_rkernel_")     # 0700
+    def __init__(self, idle=0, shell=False, sigint_ignored=True, plant=None,
+                 env=None, root=None):
+        self.dir = tempfile.mkdtemp(prefix="hermes_rkernel_", dir=root)  # 0700
         self.cells = os.path.join(self.dir, "cells")
         self.rpc = os.path.join(self.dir, "rpc")
         os.mkdir(self.cells, 0o700)
@@ -55,16 +58,19 @@ class Kernel:
         for name in ("kernel_runner.py", "hermes_tools.py", "hermes_relay.py"):
             shutil.copyfile(os.path.join(HERE, name), os.path.join(self.dir, name))
             os.chmod(os.path.join(self.dir, name), 0o600)
+        for name, text in (plant or {}).items():     # files a cell left in D
+            with open(os.path.join(self.dir, name), "w") as f:
+                f.write(text)
         self.n = 0
         self.proc = None
         env = {"HERMES_RPC_TOKEN": TOKEN, "HERMES_KERNEL_ID": "9f2c",
-               "HERMES_IDLE_TIMEOUT": str(idle)}
+               "HERMES_IDLE_TIMEOUT": str(idle), **(env or {})}
         if shell:
             self._spawn_shell(env)
         else:
             log = os.open(self.path("runner.log"), os.O_WRONLY | os.O_CREAT, 0o600)
             self.proc = subprocess.Popen(
-                [PYTHON, "kernel_runner.py"], cwd=self.dir,
+                [PYTHON, "-I", "kernel_runner.py"], cwd=self.dir,
                 env=dict(env, PATH=os.environ.get("PATH", "/usr/bin:/bin")),
                 stdin=subprocess.DEVNULL, stdout=log, stderr=log,
                 preexec_fn=_ignore_sigint if sigint_ignored else None)
@@ -77,7 +83,7 @@ class Kernel:
         _write_atomic(self.path("kernel.env"), "".join(
             "%s='%s'\n" % kv for kv in env.items()).encode())
         cmd = ("umask 077 && cd '%s' && { ( set -a; . ./kernel.env; set +a;"
-               " rm -f ./kernel.env; exec setsid %s kernel_runner.py )"
+               " rm -f ./kernel.env; exec setsid %s -I kernel_runner.py )"
                " >runner.log 2>&1 </dev/null & } && echo $!" % (self.dir, PYTHON))
         out = subprocess.run(["sh", "-c", cmd], capture_output=True, check=True)
         self.pid = int(out.stdout)
@@ -187,6 +193,35 @@ class RunnerTest(unittest.TestCase):
                 self.assertNotIn(TOKEN.encode(), f.read(), what)
         self.assertNotIn(TOKEN, k.log())
 
+    def test_isolated_mode_kernel_dir_never_shadows_the_stdlib(self):
+        # `python3 -I`: no script dir on sys.path, PYTHON* env ignored.  The
+        # runner adds D itself, after the stdlib: a module a cell planted in
+        # D (the cwd) must not replace one the runner or a cell imports.
+        marker = os.path.join(tempfile.mkdtemp(prefix="hermes_rplant_"), "hit")
+        self.addCleanup(shutil.rmtree, os.path.dirname(marker), True)
+        evil = ("open(%r, 'a').write(__name__ + ' ')\n"
+                "print('PLANTED', __name__)\n"
+                "raise ImportError('planted ' + __name__)\n" % marker)
+        names = ("ast", "json", "re", "traceback", "select", "csv", "uuid",
+                 "sitecustomize", "usercustomize")
+        k = self.kernel(plant=dict(("%s.py" % m, evil) for m in names)
+                        | {"mine.py": "X = 'from D'\n"},
+                        env={"PYTHONPATH": "."})
+        r = k.run("import ast, json, csv, uuid, sys, os\n"
+                  "import hermes_tools, mine\n"
+                  "print(json.dumps(ast.literal_eval('[1, 2]')))\n"
+                  "print(csv.__file__.startswith(sys.base_prefix + '/lib'))\n"
+                  "print(hermes_tools.__file__ == os.path.join(os.getcwd(), "
+                  "'hermes_tools.py'))\n"
+                  "print(mine.X, sys.flags.isolated, sys.path.count(os.getcwd()))\n"
+                  "print(sys.path.index(os.getcwd()) == len(sys.path) - 1)")
+        self.assertEqual(r["status"], "success", r)
+        self.assertEqual(r["output"], "[1, 2]\nTrue\nTrue\nfrom D 1 1\nTrue\n")
+        self.assertFalse(os.path.exists(marker), "a planted module was imported")
+        self.assertNotIn("PLANTED", k.log())
+        self.assertEqual(k.run("hermes_tools._token == %r" % TOKEN)["output"],
+                         "True\n")
+
     # -- running cells -----------------------------------------------------
 
     def test_state_persists_and_last_expression_repr(self):
@@ -286,6 +321,45 @@ class RunnerTest(unittest.TestCase):
         k.n = 1
         self.assertEqual(k.run("1")["output"], "1\n")
 
+    def test_request_that_is_a_fifo_or_symlink_is_refused(self):
+        # A cell shares the kernel dir: what it puts in place of a request
+        # must neither hang the runner (a FIFO nobody writes, /dev/zero)
+        # nor be followed (a symlink to code elsewhere).
+        k = self.kernel()
+        other = os.path.join(k.dir, "elsewhere.json")
+        _write_atomic(other, b'{"id": 2, "code": "print(\'followed\')"}')
+        plant = (lambda p: os.mkfifo(p, 0o600), lambda p: os.symlink(other, p),
+                 lambda p: os.symlink("/dev/zero", p))
+        for n, how in enumerate(plant, 1):
+            how(os.path.join(k.cells, "cell_req_%06d.json" % n))
+            k.wake()
+            r = k.result(n, 3)
+            self.assertEqual((r["status"], r["error"]),
+                             ("error", "bad cell request: not a regular file"), n)
+            self.assertEqual(r["output"], "")
+        k.n = 3
+        self.assertEqual(k.run("1 + 1")["output"], "2\n")
+
+    def test_reserve_replaced_between_cells(self):
+        # cells/reserve.tmp is the runner's, but a cell's thread can swap it
+        # for a directory, a FIFO, or a link to a file of its own: the next
+        # result is still written, and never into that file.
+        k = self.kernel()
+        victim = k.path("victim")
+        _write_atomic(victim, b"keep me")
+        keep = k.path("cells", "reserve.tmp")
+        self.assertTrue(os.path.isfile(keep))
+        swaps = (os.mkdir, lambda p: os.mkfifo(p, 0o600),
+                 lambda p: os.symlink(victim, p), lambda p: os.link(victim, p))
+        for i, swap in enumerate(swaps):
+            os.unlink(keep) if not os.path.isdir(keep) else os.rmdir(keep)
+            swap(keep)
+            r = k.run("%d" % i)
+            self.assertEqual((r["status"], r["output"]), ("success", "%d\n" % i))
+            with open(victim, "rb") as f:
+                self.assertEqual(f.read(), b"keep me")
+        self.assertTrue(os.path.isfile(keep) and not os.path.islink(keep))
+
     def test_reset_clears_state(self):
         k = self.kernel()
         k.run("x = 1")
@@ -319,6 +393,7 @@ class RunnerTest(unittest.TestCase):
         r = k.result(n, 3)
         self.assertEqual((r["status"], r["error"]), ("interrupted", "KeyboardInterrupt"))
         self.assertIn("KeyboardInterrupt", r["output"])
+        self.assertNotIn("kernel_runner", r["output"])     # the cell's frames only
         os.kill(k.pid, signal.SIGINT)            # between cells: ignored
         time.sleep(0.05)
         self.assertTrue(k.alive())
@@ -372,6 +447,17 @@ class RunnerTest(unittest.TestCase):
         self.assertTrue(r["output"].endswith("q\nend\n\n--- stderr ---\nerr\n"))
         self.assertEqual(k.run("1")["stream_truncated"], False)
 
+    def test_result_size_is_bounded_by_max_output(self):
+        # The module reads at most 6 * max_output + 64 KiB of result: a
+        # huge exception message must not make it bigger.
+        k = self.kernel()
+        r = k.run("raise ValueError('\\x01' * 200000)", max_output=1000)
+        self.assertEqual(r["status"], "error")
+        self.assertTrue(r["error"].startswith("ValueError: \x01\x01"))
+        self.assertTrue(r["error"].endswith("..."))
+        self.assertLessEqual(os.path.getsize(k.res_path(k.n)), 6 * 1000 + 65536)
+        self.assertTrue(r["stdout_truncated"])
+
     def test_stdout_bytes_total_counts_utf8_stdout_only(self):
         k = self.kernel()
         r = k.run("import sys\nprint('héllo')\nprint('no', file=sys.stderr)")
@@ -398,7 +484,7 @@ class RunnerTest(unittest.TestCase):
         k.run("open('made_in_cell_2', 'w').write('x')")   # umask is reset
         names = sorted(os.listdir(k.cells))
         self.assertEqual(names, ["cell_out_000002", "cell_req_000002.json",
-                                 "cell_res_000002.json"])
+                                 "cell_res_000002.json", "reserve.tmp"])
         seen = 0
         for root, dirs, files in os.walk(k.dir):
             for d in dirs:
@@ -482,6 +568,271 @@ class RunnerTest(unittest.TestCase):
         with self.assertRaises(AttributeError):
             mod.__wrapped__
 
+
+class ToolsClientTest(unittest.TestCase):
+    """hermes_tools.py alone: its own copy in a temp kernel dir, so its
+    seq starts at 1, with the response waiting before the call."""
+
+    def client(self):
+        d = tempfile.mkdtemp(prefix="hermes_rtools_")
+        self.addCleanup(shutil.rmtree, d, True)
+        os.mkdir(os.path.join(d, "rpc"), 0o700)
+        shutil.copyfile(os.path.join(HERE, "hermes_tools.py"),
+                        os.path.join(d, "hermes_tools.py"))
+        import importlib.util
+        spec = importlib.util.spec_from_file_location(
+            "hermes_tools_c", os.path.join(d, "hermes_tools.py"))
+        mod = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(mod)
+        mod._token = TOKEN
+        return mod, os.path.join(d, "rpc")
+
+    def answer(self, raw):
+        mod, rpc = self.client()
+        _write_atomic(os.path.join(rpc, "res_000001"), raw)
+        try:
+            return ("ok", mod.call("t", {}, timeout=2))
+        except mod.ToolError as e:
+            return ("ToolError", str(e))
+
+    def test_response_that_is_a_fifo_or_symlink_is_refused(self):
+        import threading
+        for kind in ("fifo", "symlink"):
+            mod, rpc = self.client()
+            res = os.path.join(rpc, "res_000001")
+            if kind == "fifo":
+                os.mkfifo(res, 0o600)
+            else:
+                _write_atomic(os.path.join(rpc, "elsewhere"),
+                              b'{"seq":1,"ok":true,"result":"followed","error":null}')
+                os.symlink(os.path.join(rpc, "elsewhere"), res)
+            got = []
+
+            def run():
+                try:
+                    got.append(("ok", mod.call("t", {}, timeout=2)))
+                except mod.ToolError as e:
+                    got.append(("ToolError", str(e)))
+
+            t = threading.Thread(target=run, daemon=True)
+            t.start()
+            t.join(3)
+            if t.is_alive():                    # stuck in open(): free it
+                os.close(os.open(res, os.O_WRONLY | os.O_NONBLOCK))
+                t.join(3)
+                self.fail("the client hung on a %s response" % kind)
+            self.assertEqual(got, [("ToolError", "malformed tool response")], kind)
+            self.assertFalse(os.path.lexists(res))
+
+    def test_good_responses(self):
+        self.assertEqual(self.answer(b'{"seq":1,"ok":true,"result":[1],"error":null}'),
+                         ("ok", [1]))
+        self.assertEqual(self.answer(b'{"seq":1,"ok":false,"result":null,"error":"no"}'),
+                         ("ToolError", "no"))
+        self.assertEqual(self.answer(b'{"seq":1,"ok":false}'),
+                         ("ToolError", "tool call failed"))
+
+    def test_seq_must_be_this_calls_integer(self):
+        bad = ("ToolError", "malformed tool response")
+        for seq in ('2', '0', 'true', '1.0', '"1"', 'null', '[1]'):
+            raw = ('{"seq":%s,"ok":true,"result":"stolen","error":null}' % seq)
+            self.assertEqual(self.answer(raw.encode()), bad, raw)
+        raw = b'{"ok":true,"result":"stolen","error":null}'          # no seq
+        self.assertEqual(self.answer(raw), bad)
+
+    def test_ok_must_be_a_json_boolean(self):
+        bad = ("ToolError", "malformed tool response")
+        for ok in ('"false"', '"true"', '1', '0', 'null', '[]', '{}'):
+            raw = '{"seq":1,"ok":%s,"result":"r","error":"e"}' % ok
+            self.assertEqual(self.answer(raw.encode()), bad, raw)
+        self.assertEqual(self.answer(b'{"seq":1,"result":"r","error":"e"}'), bad)
+        for err in ('5', '{"a":1}', '["e"]', 'true'):    # error: string or null
+            raw = '{"seq":1,"ok":false,"result":null,"error":%s}' % err
+            self.assertEqual(self.answer(raw.encode()), bad, raw)
+        for raw in (b'[1]', b'"x"', b'{nope', b'\xff'):
+            self.assertEqual(self.answer(raw), bad, raw)
+
+
+
+class DiskFullTest(unittest.TestCase):
+    """The kernel dir on a small tmpfs of its own, filled up (ENOSPC)."""
+
+    SIZE = 4 << 20
+
+    def setUp(self):
+        self.mnt = tempfile.mkdtemp(prefix="hermes_rfull_")
+        self.addCleanup(os.rmdir, self.mnt)
+        p = subprocess.run(["mount", "-t", "tmpfs", "-o",
+                            "size=%d,mode=0700" % self.SIZE, "tmpfs", self.mnt],
+                           capture_output=True)
+        if p.returncode != 0:
+            self.skipTest("cannot mount a tmpfs to fill (needs root): %s"
+                          % p.stderr.decode(errors="replace").strip())
+        self.addCleanup(subprocess.run, ["umount", "-l", self.mnt])
+
+    def kernel(self):
+        k = Kernel(root=self.mnt)
+        self.addCleanup(k.close)
+        self.assertTrue(k.ready, "no ready file; runner.log: " + k.log())
+        return k
+
+    def fill(self, name):
+        # Like another process on the kernel host: every byte taken.
+        fd = os.open(os.path.join(self.mnt, name), os.O_WRONLY | os.O_CREAT, 0o600)
+        try:
+            while True:
+                os.write(fd, bytes(65536))
+        except OSError as e:
+            self.assertEqual(e.errno, errno.ENOSPC)
+        finally:
+            os.close(fd)
+        self.addCleanup(lambda: os.path.exists(os.path.join(self.mnt, name))
+                        and os.unlink(os.path.join(self.mnt, name)))
+
+    FILL = ("import os\n"
+            "fd = os.open('fill', os.O_WRONLY | os.O_CREAT)\n"
+            "try:\n"
+            "    while True: os.write(fd, bytes(65536))\n"
+            "except OSError as e:\n"
+            "    err = e.errno\n"
+            "os.close(fd)\n")
+
+    def assertDiskFull(self, r, stopped=True):
+        self.assertEqual(r["status"], "error", r)
+        self.assertTrue(r["error"].startswith(
+            "the kernel host's disk is full (No space left on device): "), r["error"])
+        if stopped:
+            self.assertTrue(r["error"].endswith(
+                "the cell was stopped when its output could not be written"), r["error"])
+
+    def test_full_disk_ends_the_cell_promptly_and_keeps_the_kernel(self):
+        k = self.kernel()
+        self.assertEqual(k.run("x = 41")["status"], "success")
+        t0 = time.monotonic()
+        n = k.send(self.FILL + "print('after fill', err)\nprint('not reached')\n")
+        r = k.result(n, 10)
+        self.assertLess(time.monotonic() - t0, 5)
+        self.assertDiskFull(r)
+        self.assertTrue(r["output"].startswith("after fill 28\n"), r["output"])
+        self.assertIn("OSError: [Errno 28] the kernel host's disk is full", r["output"])
+        self.assertTrue(r["output"].endswith('File "<cell>", line 8, in <module>\n'
+                                             "OSError: [Errno 28] the kernel host's disk "
+                                             "is full (No space left on device): the "
+                                             "cell's output cannot be written\n"), r["output"])
+        self.assertNotIn("not reached", r["output"])
+        k.events(n)                          # whole JSON lines only
+        self.assertFalse(os.path.exists(k.res_path(n) + ".tmp"))
+        # a disk full before the cell starts: the kept reserve answers
+        # (cell 2's files go first, or the runner's cleanup frees space)
+        os.unlink(k.path("fill"))
+        for name in os.listdir(k.cells):
+            if name.startswith("cell_"):
+                os.unlink(os.path.join(k.cells, name))
+        k.n += 1
+        _write_atomic(os.path.join(k.cells, "cell_req_%06d.json" % k.n),
+                      json.dumps({"id": k.n, "code": "print(x)\n"
+                                  "print('not reached')"}).encode())
+        self.fill("other")
+        t0 = time.monotonic()
+        k.wake()
+        r = k.result(k.n)
+        self.assertLess(time.monotonic() - t0, 3)
+        self.assertDiskFull(r)
+        self.assertTrue(r["output"].startswith("41\n"), r["output"])
+        self.assertNotIn("not reached", r["output"])
+        # space again: the same kernel, its globals intact
+        os.unlink(os.path.join(self.mnt, "other"))
+        r = k.run("print(x + 1)")
+        self.assertEqual((r["status"], r["output"], r["execution_count"]),
+                         ("success", "42\n", 4), r)
+        self.assertEqual(k.events(k.n), [{"type": "stdout", "text": "42\n"}])
+        self.assertTrue(k.alive())
+
+    def test_a_cell_that_swallows_the_errors_is_still_stopped(self):
+        k = self.kernel()
+        k.run("import time")
+        for loop in ("while True:\n"                  # print in try, no sleep
+                     "    try:\n        print('y' * 100)\n"
+                     "    except Exception:\n        pass\n",
+                     "while True:\n"                  # swallows BaseException too
+                     "    try:\n        print('z')\n"
+                     "    except BaseException:\n        pass\n"
+                     "    time.sleep(0.01)\n",
+                     "try:\n    print('once')\n"     # then blocks in sleep
+                     "except Exception:\n    pass\n"
+                     "time.sleep(60)\n"):
+            t0 = time.monotonic()
+            r = k.run(self.FILL + loop + "print('not reached')", timeout=10)
+            self.assertLess(time.monotonic() - t0, 3, loop)
+            self.assertDiskFull(r)
+            self.assertIn("HostDiskFull: the kernel host's disk is full", r["output"])
+            self.assertNotIn("kernel_runner", r["output"])
+            self.assertNotIn("not reached", r["output"])
+            os.unlink(k.path("fill"))
+        r = k.run("time.__name__")
+        self.assertEqual((r["status"], r["output"]), ("success", "'time'\n"))
+
+    def test_half_a_line_never_stays_in_cell_out(self):
+        k = self.kernel()
+        # leave ~100 KB free, then print 300 KB: some event lines fit
+        n = k.send(self.FILL + "os.truncate('fill', os.path.getsize('fill') - 100000)\n"
+                   "print('w' * 300000)\nprint('not reached')")
+        r = k.result(n, 10)
+        self.assertDiskFull(r)
+        ev = k.events(n)                     # strict: every line whole JSON
+        self.assertTrue(ev, "no event fitted")
+        self.assertTrue(all(e == {"type": "stdout", "text": "w" * 65536} for e in ev), ev)
+        with open(os.path.join(k.cells, "cell_out_%06d" % n), "rb") as f:
+            self.assertTrue(f.read().endswith(b"\n"))
+        os.unlink(k.path("fill"))
+        self.assertEqual(k.run("print('ok')")["output"], "ok\n")
+
+    def test_result_too_big_for_the_reserve_is_cut_to_fit(self):
+        k = self.kernel()
+        # 300 KB of control characters: 1.8 MB of JSON, over the 1 MiB
+        # reserve; the stream is cut early, so only the result hits ENOSPC
+        n = k.send("print('\\x01' * 300000)\n" + self.FILL,
+                   max_output=400000, max_stream=1000)
+        r = k.result(n, 10)
+        self.assertEqual(r["status"], "error")
+        self.assertEqual(r["error"], "the kernel host's disk is full (No space "
+                         "left on device): the cell's result was cut to fit")
+        self.assertLessEqual(os.path.getsize(k.res_path(n)), 1 << 20)
+        self.assertTrue(r["stdout_truncated"])
+        self.assertRegex(r["output"], r"^\x01+\n\.\.\. \[output truncated: "
+                         r"\d+ bytes omitted\] \.\.\.\n\x01+\n$")
+        self.assertGreater(len(r["output"]), 100000)
+        os.unlink(k.path("fill"))
+        self.assertEqual(k.run("print('ok')")["output"], "ok\n")
+
+    def test_reserve_falls_back_to_writing_zeros(self):
+        # A filesystem without fallocate (EOPNOTSUPP): zeros are written,
+        # as far as the disk allows.
+        import importlib.util
+        from unittest import mock
+        d = tempfile.mkdtemp(prefix="hermes_rkernel_", dir=self.mnt)
+        for name in ("kernel_runner.py", "hermes_tools.py"):
+            shutil.copyfile(os.path.join(HERE, name), os.path.join(d, name))
+        path = list(sys.path)
+        self.addCleanup(setattr, sys, "path", path)
+        spec = importlib.util.spec_from_file_location(
+            "kernel_runner_t", os.path.join(d, "kernel_runner.py"))
+        kr = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(kr)
+        nosup = OSError(errno.EOPNOTSUPP, os.strerror(errno.EOPNOTSUPP))
+        with mock.patch.object(os, "posix_fallocate", side_effect=nosup) as pf:
+            fd = os.open(os.path.join(d, "r"), os.O_WRONLY | os.O_CREAT, 0o600)
+            kr._allocate(fd, 200000)
+            st = os.fstat(fd)
+            self.assertEqual(st.st_size, 200000)
+            self.assertGreaterEqual(st.st_blocks * 512, 200000)   # not sparse
+            self.fill("fill")
+            kr._allocate(fd, self.SIZE * 2)     # stops at ENOSPC, no raise
+            self.assertLess(os.fstat(fd).st_size, self.SIZE)
+            os.close(fd)
+            self.assertTrue(pf.called)
+        with open(os.path.join(d, "r"), "rb") as f:
+            self.assertEqual(f.read(200000), bytes(200000))
 
 
 class RelayTest(unittest.TestCase):
