@@ -1475,6 +1475,21 @@ ngx_http_hermes_cell_read_out(ngx_http_hermes_cell_t *cell, ngx_uint_t all)
     }
 
     if (cell->out_off >= cell->out_limit) {
+        if (!cell->res.stream_truncated && r && cell->out_off) {
+            /* what follows starts a line of its own */
+            b = ngx_calloc_buf(r->pool);
+            if (b == NULL) {
+                return NGX_ERROR;
+            }
+
+            b->pos = (u_char *) "\n";
+            b->last = b->pos + 1;
+            b->memory = 1;
+            b->flush = 1;
+
+            (void) ngx_http_hermes_cell_send(cell, b);
+        }
+
         if (!cell->res.stream_truncated) {
             ngx_log_error(NGX_LOG_WARN, cell->log, 0,
                           "hermes: cell %uD of kernel %*s wrote more than "
@@ -1902,8 +1917,10 @@ static ngx_int_t
 ngx_http_hermes_cell_send_chain(ngx_http_hermes_cell_t *cell,
     ngx_chain_t *out)
 {
-    ngx_int_t            rc;
-    ngx_http_request_t  *r;
+    ngx_int_t                  rc;
+    ngx_event_t               *wev;
+    ngx_http_request_t        *r;
+    ngx_http_core_loc_conf_t  *clcf;
 
     r = cell->r;
 
@@ -1923,7 +1940,21 @@ ngx_http_hermes_cell_send_chain(ngx_http_hermes_cell_t *cell,
     }
 
     if (rc == NGX_AGAIN) {
+        /* the client's socket is full: wait until it can take more */
+
         r->write_event_handler = ngx_http_hermes_cell_write_handler;
+
+        wev = r->connection->write;
+        clcf = ngx_http_get_module_loc_conf(r, ngx_http_core_module);
+
+        if (!wev->delayed && !wev->timer_set) {
+            ngx_add_timer(wev, clcf->send_timeout);
+        }
+
+        if (ngx_handle_write_event(wev, clcf->send_lowat) != NGX_OK) {
+            ngx_http_finalize_request(r, NGX_ERROR);
+            return NGX_ERROR;
+        }
     }
 
     return rc;

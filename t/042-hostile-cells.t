@@ -11,6 +11,7 @@ use warnings;
 
 use Test::More;
 use IO::Socket::INET;
+use JSON::PP ();
 use Time::HiRes qw(time sleep);
 
 use Hermes::Test;
@@ -73,8 +74,11 @@ for my $case (['cell_out', "plant('cell_out_' + n, 'fifo')\ntime.sleep(3)"],
     my $ms = status_ms();
     ok($ms < 1000, sprintf("$what replaced by a FIFO: the worker answers a status request meanwhile (%.0f ms)", $ms));
     my $r = $a->wait(15);
-    is($r->{result}{status}, 'error', "$what FIFO: the cell ends with status error")
-        or diag explain $r;
+    ok($r->{result}, "$what FIFO: the cell ends, with a result line");
+    # the module may hold cell_out open from before the swap; a result
+    # that is a FIFO is opened when its rename is seen, and refused
+    is($r->{result}{status}, 'error', "$what FIFO: status error")
+        or diag explain $r->{result} if $what eq 'cell_res';
 }
 like($t->error_log, qr/is not a regular file|unreadable result/, 'error.log says why');
 
@@ -114,6 +118,7 @@ for my $kind (qw(fifo dir symlink)) {
         . "os.truncate('cells/cell_out_' + n, 300 * 2**20)\n"
         . "print('after', flush=True)\ntime.sleep(0.5)"}, timeout => 30);
     my $bytes = length($r->{raw} // '');
+    diag substr($r->{raw} // '', -600) unless $r->{result};
     ok($bytes < 1024 * 1024, "300 MB sparse cell_out: the client got $bytes bytes, not 300 MB");
     is($r->{result}{status}, 'success', '... and the result');
     ok($r->{result}{stream_truncated}, '... which says the stream was cut');
@@ -124,7 +129,10 @@ for my $kind (qw(fifo dir symlink)) {
 # a slow client: the worker holds a few chunks, not the cell's output
 {
     my $rss0 = rss($worker);
-    my $body = '{"session":"slow","code":"import sys\nfor i in range(400):\n    sys.stdout.write((\"%05d \" % i) + \"x\" * 49994 + \"\\n\")\nsys.stdout.flush()"}';
+    my $body = JSON::PP->new->encode({session => 'slow', code =>
+        "import sys\nfor i in range(400):\n"
+        . "    sys.stdout.write(('%05d ' % i) + 'x' * 49994 + '\\n')\n"
+        . "sys.stdout.flush()"});
     my $c = IO::Socket::INET->new(PeerAddr => '127.0.0.1', PeerPort => $t->port(0))
         or die "connect: $!";
     setsockopt($c, Socket::SOL_SOCKET(), Socket::SO_RCVBUF(), 16384);
@@ -139,7 +147,8 @@ for my $kind (qw(fifo dir symlink)) {
         last unless $n;
         $raw .= $buf;
     }
-    my @seen = $raw =~ /(\d{5}) x/g;
+    my ($stream) = split /"type":"result"/, $raw;
+    my @seen = $stream =~ /(\d{5}) x/g;
     is(scalar @seen, 400, 'slow client: every line arrives, once');
     is(join(',', @seen), join(',', map { sprintf '%05d', $_ } 0 .. 399), '... in order');
     like($raw, qr/"type":"result","status":"success"/, '... then the result');
@@ -156,8 +165,10 @@ for my $kind (qw(fifo dir symlink)) {
     ok($pid, 'stale: the runner runs');
     kill 'KILL', $pid;
     ok(wait_until(sub { !pid_alive($pid) }, 5), 'stale: the runner is gone');
-    system('rm', '-rf', $dir);
-    mkdir $dir, 0700; mkdir "$dir/cells", 0700; mkdir "$dir/rpc", 0700;
+    # made anew (the old one kept until then: another inode)
+    rename $dir, "$dir.old" or die;
+    mkdir $dir, 0700;
+    system('rm', '-rf', "$dir.old"); mkdir "$dir/cells", 0700; mkdir "$dir/rpc", 0700;
     system('mkfifo', '-m', '600', "$dir/wake");
     my $holder = fork // die;
     if (!$holder) {
