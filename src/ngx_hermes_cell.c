@@ -772,7 +772,8 @@ ngx_http_hermes_cell_run_relay(ngx_http_hermes_cell_t *cell)
 
     if (ngx_http_hermes_ssh_relay(cell->hlcf->thread_pool, &conn,
                                   cell->ref.dir, cell->ref.cell_id,
-                                  cell->ref.pid, b->pos, b->last - b->pos,
+                                  cell->ref.pid, cell->timeout,
+                                  b->pos, b->last - b->pos,
                                   sv[1], cell->log)
         != NGX_OK)
     {
