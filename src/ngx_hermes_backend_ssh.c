@@ -629,8 +629,8 @@ ngx_http_hermes_ssh_relay_thread(void *data, ngx_log_t *log)
 {
     ngx_http_hermes_relay_t *rl = data;
 
+    off_t        before;
     u_char      *cmd, *resume;
-    size_t       before;
     ngx_int_t    rc;
     ngx_msec_t   now, left, timeout, delay, wait, broke;
     ngx_uint_t   cuts, reached;
@@ -656,7 +656,7 @@ ngx_http_hermes_ssh_relay_thread(void *data, ngx_log_t *log)
                               rl->deadline - now);
         }
 
-        before = rl->offset + rl->res_sent + rl->header;
+        before = rl->offset + (off_t) (rl->res_sent + rl->header);
         reached = 0;
 
         if (ngx_http_hermes_ssh_connect(&rl->conn, timeout) != NGX_OK) {
@@ -685,21 +685,24 @@ ngx_http_hermes_ssh_relay_thread(void *data, ngx_log_t *log)
             broke = now;
         }
 
-        if (rl->offset + rl->res_sent + rl->header != before) {
+        if (rl->offset + (off_t) (rl->res_sent + rl->header) != before) {
+            /* it streamed: a new outage, if any, starts here */
             delay = 0;
             cuts = 0;
-
-            ngx_log_error(NGX_LOG_WARN, log, 0,
-                          "hermes: the relay of cell %uD was cut at offset "
-                          "%O: %s; resuming", rl->id, rl->offset,
-                          rc == NGX_DECLINED ? "it exited"
-                                             : "the connection broke");
 
         } else if (rc == NGX_DECLINED
                    && ++cuts >= NGX_HTTP_HERMES_SSH_CUTS)
         {
             /* it exits at once each time: not an outage */
             break;
+        }
+
+        if (delay == 0) {
+            ngx_log_error(NGX_LOG_WARN, log, 0,
+                          "hermes: the relay of cell %uD was cut at offset "
+                          "%O: %s; resuming", rl->id, rl->offset,
+                          rc == NGX_DECLINED ? "it exited"
+                                             : "the connection broke");
         }
 
         if (rc == NGX_AGAIN && rl->conn.session) {
@@ -911,10 +914,14 @@ static void
 ngx_http_hermes_ssh_relay_give_up(ngx_http_hermes_relay_t *rl,
     ngx_msec_t down, ngx_log_t *log)
 {
-    u_char                       *p, *last, buf[NGX_HTTP_HERMES_HOST_MAX * 6
-                                                 + 512];
+    u_char                       *p;
+    u_char                        buf[NGX_HTTP_HERMES_HOST_MAX * 6 + 512];
     size_t                        len;
     ngx_http_hermes_ssh_host_t  **hosts, *h;
+
+    static u_char                 start[] = "\x1e{\"relay\":\"unreachable\","
+                                            "\"status\":\"error\",\"error\":"
+                                            "\"the kernel host ";
 
     rl->conn.unavailable = 1;
 
@@ -931,19 +938,15 @@ ngx_http_hermes_ssh_relay_give_up(ngx_http_hermes_relay_t *rl,
         return;
     }
 
-    last = buf + sizeof(buf);
-
-    p = ngx_cpymem(buf, "\x1e{\"relay\":\"unreachable\",\"status\":\"error\","
-                   "\"error\":\"the kernel host ",
-                   sizeof("\x1e{\"relay\":\"unreachable\",\"status\":\"error\","
-                          "\"error\":\"the kernel host ") - 1);
+    p = ngx_cpymem(buf, start, sizeof(start) - 1);
 
     len = ngx_min(ngx_strlen(h->host), NGX_HTTP_HERMES_HOST_MAX);
     p = (u_char *) ngx_escape_json(p, h->host, len);
 
-    p = ngx_slprintf(p, last, ":%ui could not be reached for %M.%M s during "
-                     "the cell; the kernel there is killed once the host "
-                     "answers again, and the session's state is lost\"}",
+    p = ngx_slprintf(p, buf + sizeof(buf),
+                     ":%ui could not be reached for %M.%M s during the cell; "
+                     "the kernel there is killed once the host answers "
+                     "again, and the session's state is lost\"}",
                      h->port, down / 1000, down % 1000 / 100);
 
     (void) ngx_http_hermes_relay_write(rl->fd, buf, p - buf);
