@@ -10,18 +10,30 @@
  *
  * A cell is relayed by hermes_relay.py on the kernel host over one channel:
  * it ships the cell, then streams cell_out as it grows and the result, and
- * the relay thread copies that into a socketpair the event loop reads.
+ * the relay thread copies that into a socketpair the event loop reads.  A
+ * connection that breaks is made again, with back-off, until the cell's
+ * deadline, and the relay resumed where it was cut.
  */
 
 
 #include "ngx_hermes.h"
 
+#include <poll.h>
 #include <libssh/libssh.h>
 
 
 #define NGX_HTTP_HERMES_SSH_IDLE        16      /* sessions kept per host */
 #define NGX_HTTP_HERMES_SSH_READ_MS     1000
-#define NGX_HTTP_HERMES_SSH_RESUMES     6       /* 1.5 s of back-off */
+
+/* resuming a broken relay: back-off from 100 ms doubling to 2 s */
+#define NGX_HTTP_HERMES_SSH_BACKOFF     100
+#define NGX_HTTP_HERMES_SSH_BACKOFF_MAX 2000
+
+/* give up this long before the cell's timer, so the cell hears why */
+#define NGX_HTTP_HERMES_SSH_MARGIN      500
+
+/* a relay that exits without its result on a working connection */
+#define NGX_HTTP_HERMES_SSH_CUTS        3
 
 
 struct ngx_http_hermes_ssh_host_s {
@@ -43,13 +55,29 @@ typedef struct {
     u_char                      *req;
     size_t                       req_len;
     u_char                       resume[NGX_HTTP_HERMES_DIR_MAX * 2 + 64];
+    uint32_t                     id;
+    ngx_msec_t                   deadline;      /* monotonic: give up then */
+
+    /* what was forwarded, over whichever channel */
+    off_t                        offset;        /* cell_out's bytes */
+    size_t                       res_sent;      /* "\x1e" and the result's */
+    ngx_uint_t                   header;        /* "\x1f\n" bytes seen */
+    unsigned                     shipped:1;
 } ngx_http_hermes_relay_t;
 
 
-static ngx_int_t ngx_http_hermes_ssh_connect(ngx_http_hermes_conn_t *conn);
+static ngx_int_t ngx_http_hermes_ssh_connect(ngx_http_hermes_conn_t *conn,
+    ngx_msec_t timeout);
 static ngx_int_t ngx_http_hermes_ssh_run(ngx_http_hermes_conn_t *conn,
     ngx_http_hermes_cmd_t *cmd);
 static void ngx_http_hermes_ssh_relay_thread(void *data, ngx_log_t *log);
+static ngx_int_t ngx_http_hermes_ssh_relay_channel(
+    ngx_http_hermes_relay_t *rl, u_char *cmd, ngx_uint_t first);
+static ngx_int_t ngx_http_hermes_ssh_relay_wait(ngx_socket_t fd,
+    ngx_msec_t ms);
+static void ngx_http_hermes_ssh_relay_give_up(ngx_http_hermes_relay_t *rl,
+    ngx_msec_t down, ngx_log_t *log);
+static ngx_msec_t ngx_http_hermes_ssh_now(void);
 static void ngx_http_hermes_ssh_relay_done(ngx_event_t *ev);
 
 
@@ -212,16 +240,16 @@ ngx_http_hermes_ssh_exit_process(ngx_http_hermes_backend_conf_t *bcf)
 
 
 /*
- * Thread pool: connect and authenticate.  Public key from identity= only,
- * the host key checked against known_hosts= only (no user or system
- * config, no agent), an unknown or changed key refused.
+ * Thread pool: connect and authenticate, within "timeout" ms.  Public key
+ * from identity= only, the host key checked against known_hosts= only (no
+ * user or system config, no agent), an unknown or changed key refused.
  */
 
 static ngx_int_t
-ngx_http_hermes_ssh_connect(ngx_http_hermes_conn_t *conn)
+ngx_http_hermes_ssh_connect(ngx_http_hermes_conn_t *conn, ngx_msec_t timeout)
 {
     int                              rc, no;
-    long                             timeout;
+    long                             sec, usec;
     ssh_key                          key;
     ssh_session                      s;
     ngx_http_hermes_ssh_host_t     **hosts, *h;
@@ -248,7 +276,8 @@ ngx_http_hermes_ssh_connect(ngx_http_hermes_conn_t *conn)
     }
 
     no = 0;
-    timeout = (long) ngx_max(bcf->connect_timeout / 1000, 1);
+    sec = (long) (timeout / 1000);
+    usec = (long) (timeout % 1000) * 1000;
 
     if (ssh_options_set(s, SSH_OPTIONS_PROCESS_CONFIG, &no) != SSH_OK
         || ssh_options_set(s, SSH_OPTIONS_HOST, h->host) != SSH_OK
@@ -259,7 +288,8 @@ ngx_http_hermes_ssh_connect(ngx_http_hermes_conn_t *conn)
         || ssh_options_set(s, SSH_OPTIONS_GLOBAL_KNOWNHOSTS,
                            bcf->known_hosts.data)
            != SSH_OK
-        || ssh_options_set(s, SSH_OPTIONS_TIMEOUT, &timeout) != SSH_OK)
+        || ssh_options_set(s, SSH_OPTIONS_TIMEOUT, &sec) != SSH_OK
+        || ssh_options_set(s, SSH_OPTIONS_TIMEOUT_USEC, &usec) != SSH_OK)
     {
         ngx_snprintf(conn->err, sizeof(conn->err),
                      "ssh options for %V:%ui: %s%Z", &h->name, h->port,
@@ -315,6 +345,24 @@ ngx_http_hermes_ssh_connect(ngx_http_hermes_conn_t *conn)
         return NGX_ERROR;
     }
 
+    if (timeout != bcf->connect_timeout) {
+        /* a kept session's later calls get the configured bound */
+
+        sec = (long) (bcf->connect_timeout / 1000);
+        usec = (long) (bcf->connect_timeout % 1000) * 1000;
+
+        if (ssh_options_set(s, SSH_OPTIONS_TIMEOUT, &sec) != SSH_OK
+            || ssh_options_set(s, SSH_OPTIONS_TIMEOUT_USEC, &usec) != SSH_OK)
+        {
+            ngx_snprintf(conn->err, sizeof(conn->err),
+                         "ssh options for %V:%ui: %s%Z", &h->name, h->port,
+                         ssh_get_error(s));
+            ssh_disconnect(s);
+            ssh_free(s);
+            return NGX_ERROR;
+        }
+    }
+
     conn->session = s;
 
     return NGX_OK;
@@ -340,7 +388,9 @@ ngx_http_hermes_ssh_exec(ngx_http_hermes_conn_t *conn,
 
     fresh = (conn->session == NULL || !ssh_is_connected(conn->session));
 
-    if (ngx_http_hermes_ssh_connect(conn) != NGX_OK) {
+    if (ngx_http_hermes_ssh_connect(conn, conn->bcf->connect_timeout)
+        != NGX_OK)
+    {
         conn->unavailable = 1;
         return NGX_DECLINED;
     }
@@ -353,7 +403,9 @@ ngx_http_hermes_ssh_exec(ngx_http_hermes_conn_t *conn,
         ssh_free(conn->session);
         conn->session = NULL;
 
-        if (ngx_http_hermes_ssh_connect(conn) != NGX_OK) {
+        if (ngx_http_hermes_ssh_connect(conn, conn->bcf->connect_timeout)
+        != NGX_OK)
+    {
             conn->unavailable = 1;
             return NGX_DECLINED;
         }
@@ -483,15 +535,15 @@ failed:
 
 /*
  * Event loop: relay cell "id" of the kernel in "dir" (process group "pid")
- * into fd, in a task of its own.  The task owns the session, the fd and a
- * copy of the request; it is freed when it completes, whether or not the
- * cell is still there.
+ * into fd, in a task of its own, for at most "timeout" ms (the cell's).
+ * The task owns the session, the fd and a copy of the request; it is freed
+ * when it completes, whether or not the cell is still there.
  */
 
 ngx_int_t
 ngx_http_hermes_ssh_relay(ngx_thread_pool_t *tp, ngx_http_hermes_conn_t *conn,
-    u_char *dir, uint32_t id, ngx_pid_t pid, u_char *req, size_t req_len,
-    ngx_socket_t fd, ngx_log_t *log)
+    u_char *dir, uint32_t id, ngx_pid_t pid, ngx_msec_t timeout, u_char *req,
+    size_t req_len, ngx_socket_t fd, ngx_log_t *log)
 {
     ngx_http_hermes_relay_t  *rl;
 
@@ -505,6 +557,11 @@ ngx_http_hermes_ssh_relay(ngx_thread_pool_t *tp, ngx_http_hermes_conn_t *conn,
     rl->req = (u_char *) rl + sizeof(ngx_http_hermes_relay_t);
     rl->req_len = req_len;
     ngx_memcpy(rl->req, req, req_len);
+    rl->id = id;
+
+    /* before the cell's timer fires, which is set just after this */
+    rl->deadline = ngx_http_hermes_ssh_now() + timeout
+                   - ngx_min(timeout, NGX_HTTP_HERMES_SSH_MARGIN);
 
     /* -1: ship the request first; a resume gives the offset reached */
 
@@ -560,9 +617,12 @@ ngx_http_hermes_relay_write(ngx_socket_t fd, u_char *p, size_t n)
 
 /*
  * Thread pool.  The relay writes "\x1f\n" once the cell is shipped, then
- * cell_out's bytes, then "\x1e" and the result.  A channel that breaks
- * mid-stream is reopened and the relay resumed from the cell_out offset
- * reached: the files are the truth.
+ * cell_out's bytes, then "\x1e" and the result.  A connection that breaks
+ * after the cell was shipped is made again, backing off from 100 ms to 2 s
+ * (jittered), until the cell's deadline; the relay is resumed from the
+ * cell_out offset forwarded (the files are the truth) and what the new
+ * channel repeats of the result is dropped.  Each try is bounded by what
+ * is left of the cell, and the cell closing its end stops them at once.
  */
 
 static void
@@ -570,128 +630,338 @@ ngx_http_hermes_ssh_relay_thread(void *data, ngx_log_t *log)
 {
     ngx_http_hermes_relay_t *rl = data;
 
-    int          n, tries;
-    u_char      *cmd, *p, *last, *m, *resume, buf[16384];
-    off_t        offset;
-    size_t       len;
-    ngx_uint_t   phase, header, ended;
+    off_t        before;
+    u_char      *cmd, *resume;
+    ngx_int_t    rc;
+    ngx_msec_t   now, left, timeout, delay, wait, broke;
+    ngx_uint_t   cuts, reached;
+
+    cmd = rl->cmd;
+    resume = rl->resume + ngx_strlen(rl->resume);
+    timeout = rl->conn.bcf->connect_timeout;
+    delay = 0;
+    broke = 0;
+    cuts = 0;
+
+    for ( ;; ) {
+
+        if (cmd == rl->resume) {
+            now = ngx_http_hermes_ssh_now();
+
+            if (now >= rl->deadline) {
+                ngx_http_hermes_ssh_relay_give_up(rl, now - broke, log);
+                break;
+            }
+
+            timeout = ngx_min(rl->conn.bcf->connect_timeout,
+                              rl->deadline - now);
+        }
+
+        before = rl->offset + (off_t) (rl->res_sent + rl->header);
+        reached = 0;
+
+        if (ngx_http_hermes_ssh_connect(&rl->conn, timeout) != NGX_OK) {
+            rc = NGX_AGAIN;
+
+        } else {
+            reached = 1;
+            rc = ngx_http_hermes_ssh_relay_channel(rl, cmd, cmd == rl->cmd);
+        }
+
+        if (rc == NGX_OK || rc == NGX_DONE) {
+            /* the relay ended, or the cell did */
+            break;
+        }
+
+        if (!rl->shipped) {
+            /* no resume: the cell says it could not be shipped */
+            rl->conn.unavailable = !reached;
+            break;
+        }
+
+        now = ngx_http_hermes_ssh_now();
+
+        if (reached) {
+            /* the host answered until now */
+            broke = now;
+        }
+
+        if (rl->offset + (off_t) (rl->res_sent + rl->header) != before) {
+            /* it streamed: a new outage, if any, starts here */
+            delay = 0;
+            cuts = 0;
+
+        } else if (rc == NGX_DECLINED
+                   && ++cuts >= NGX_HTTP_HERMES_SSH_CUTS)
+        {
+            /* it exits at once each time: not an outage */
+            break;
+        }
+
+        if (delay == 0) {
+            ngx_log_error(NGX_LOG_WARN, log, 0,
+                          "hermes: the relay of cell %uD was cut at offset "
+                          "%O: %s; resuming", rl->id, rl->offset,
+                          rc == NGX_DECLINED ? "it exited"
+                                             : "the connection broke");
+        }
+
+        if (rc == NGX_AGAIN && rl->conn.session) {
+            ssh_free(rl->conn.session);
+            rl->conn.session = NULL;
+        }
+
+        delay = delay ? ngx_min(delay * 2, NGX_HTTP_HERMES_SSH_BACKOFF_MAX)
+                      : NGX_HTTP_HERMES_SSH_BACKOFF;
+
+        left = (now < rl->deadline) ? rl->deadline - now : 0;
+        wait = delay / 2 + (ngx_msec_t) ngx_random() % (delay / 2 + 1);
+        wait = ngx_min(wait, left);
+
+        if (ngx_http_hermes_ssh_relay_wait(rl->fd, wait) != NGX_OK) {
+            /* the cell ended meanwhile */
+            break;
+        }
+
+        ngx_sprintf(resume, " %O%Z", rl->offset);
+        cmd = rl->resume;
+    }
+}
+
+
+/*
+ * One channel of the relay: NGX_OK when the relay ended (the result sent,
+ * or the cell not shipped), NGX_DONE when the cell went away, NGX_AGAIN
+ * when the channel or its connection broke, NGX_DECLINED when the relay
+ * exited mid-stream on a working connection.
+ */
+
+static ngx_int_t
+ngx_http_hermes_ssh_relay_channel(ngx_http_hermes_relay_t *rl, u_char *cmd,
+    ngx_uint_t first)
+{
+    int          n;
+    u_char      *p, *q, *m, *last, buf[16384];
+    size_t       len, seen;
+    ngx_int_t    rc;
+    ngx_uint_t   phase;
     ssh_channel  ch;
 
-    /* phase 0: before "\x1f\n"; 1: cell_out's bytes; 2: the result */
+    ch = ssh_channel_new(rl->conn.session);
+    if (ch == NULL) {
+        return NGX_AGAIN;
+    }
 
-    phase = 0;
-    header = 0;
-    ended = 0;
-    offset = 0;
-    cmd = rl->cmd;
+    if (ssh_channel_open_session(ch) != SSH_OK
+        || ssh_channel_request_exec(ch, (char *) cmd) != SSH_OK)
+    {
+        ssh_channel_free(ch);
+        return NGX_AGAIN;
+    }
 
-    resume = rl->resume + ngx_strlen(rl->resume);
+    if (first) {
+        for (len = 0; len < rl->req_len; len += n) {
+            n = ssh_channel_write(ch, rl->req + len, rl->req_len - len);
+            if (n <= 0) {
+                break;
+            }
+        }
+    }
 
-    for (tries = 0; tries < NGX_HTTP_HERMES_SSH_RESUMES && !ended; tries++) {
+    ssh_channel_send_eof(ch);
 
-        if (tries) {
-            if (phase != 1) {
-                /* not shipped yet, or the result was under way: no resume */
+    /* phase 0: before "\x1f\n"; 1: cell_out's bytes; 2: "\x1e", the result */
+
+    phase = first ? 0 : 1;
+    seen = 0;
+
+    for ( ;; ) {
+        n = ssh_channel_read_timeout(ch, buf, sizeof(buf), 0,
+                                     NGX_HTTP_HERMES_SSH_READ_MS);
+
+        if (n == SSH_ERROR) {
+            rc = NGX_AGAIN;
+            break;
+        }
+
+        if (n == 0) {
+            if (ssh_channel_is_eof(ch)) {
+                rc = (phase == 1) ? NGX_DECLINED : NGX_OK;
                 break;
             }
 
-            /* the host may be restarting its sshd: back off a little */
-            ngx_msleep(100 * tries);
+            /* quiet: is the cell still there to read what comes? */
 
-            ngx_sprintf(resume, " %O%Z", offset);
-            cmd = rl->resume;
-
-            if (rl->conn.session) {
-                ssh_free(rl->conn.session);
-                rl->conn.session = NULL;
-            }
-        }
-
-        if (ngx_http_hermes_ssh_connect(&rl->conn) != NGX_OK) {
-            rl->conn.unavailable = (tries == 0);
-            continue;
-        }
-
-        ch = ssh_channel_new(rl->conn.session);
-        if (ch == NULL) {
-            continue;
-        }
-
-        if (ssh_channel_open_session(ch) != SSH_OK
-            || ssh_channel_request_exec(ch, (char *) cmd) != SSH_OK)
-        {
-            ssh_channel_free(ch);
-            continue;
-        }
-
-        if (tries == 0) {
-            for (len = 0; len < rl->req_len; len += n) {
-                n = ssh_channel_write(ch, rl->req + len, rl->req_len - len);
-                if (n <= 0) {
-                    break;
-                }
-            }
-        }
-
-        ssh_channel_send_eof(ch);
-
-        for ( ;; ) {
-            n = ssh_channel_read_timeout(ch, buf, sizeof(buf), 0,
-                                         NGX_HTTP_HERMES_SSH_READ_MS);
-
-            if (n == SSH_ERROR) {
+            if (recv(rl->fd, buf, 1, MSG_PEEK|MSG_DONTWAIT) == 0) {
+                rc = NGX_DONE;
                 break;
             }
 
-            if (n == 0) {
-                if (ssh_channel_is_eof(ch)) {
-                    /* mid-stream, the relay was cut off: resume */
-                    ended = (phase != 1);
-                    break;
+            continue;
+        }
+
+        p = buf;
+        q = buf;            /* forwarded from q on */
+        last = buf + n;
+
+        while (p < last) {
+
+            if (phase == 0) {
+                if (*p == '\x1e') {
+                    /* the relay's word before shipping: a dead kernel */
+                    phase = 2;
+                    continue;
                 }
 
-                /* quiet: is the cell still there to read what comes? */
+                if (++rl->header == 2) {
+                    rl->shipped = 1;
+                    phase = 1;
+                }
 
-                if (recv(rl->fd, buf, 1, MSG_PEEK|MSG_DONTWAIT) == 0) {
-                    ended = 1;
-                    break;
+                p++;
+                continue;
+            }
+
+            if (phase == 1) {
+                m = ngx_strlchr(p, last, '\x1e');
+                len = (m ? m : last) - p;
+
+                rl->offset += len;
+                p += len;
+
+                if (m) {
+                    phase = 2;
                 }
 
                 continue;
             }
 
-            p = buf;
-            last = buf + n;
+            /* what an earlier channel forwarded of the result is dropped */
 
-            while (phase == 0 && p < last) {
-                if (++header == 2) {
-                    phase = 1;
+            if (seen < rl->res_sent) {
+                len = ngx_min((size_t) (last - p), rl->res_sent - seen);
+
+                if (ngx_http_hermes_relay_write(rl->fd, q, p - q) != NGX_OK) {
+                    rc = NGX_DONE;
+                    goto done;
                 }
 
-                p++;
+                p += len;
+                q = p;
+                seen += len;
+                continue;
             }
 
-            if (phase == 1 && p < last) {
-                m = ngx_strlchr(p, last, '\x1e');
-                offset += (m ? m : last) - p;
-
-                if (m) {
-                    phase = 2;
-                }
-            }
-
-            if (ngx_http_hermes_relay_write(rl->fd, buf, n) != NGX_OK) {
-                /* the cell went away: stop relaying */
-                ended = 1;
-                break;
-            }
+            len = last - p;
+            seen += len;
+            rl->res_sent += len;
+            p = last;
         }
 
-        ssh_channel_close(ch);
-        ssh_channel_free(ch);
+        if (ngx_http_hermes_relay_write(rl->fd, q, last - q) != NGX_OK) {
+            /* the cell went away: stop relaying */
+            rc = NGX_DONE;
+            break;
+        }
     }
 
-    (void) log;
+done:
+
+    ssh_channel_close(ch);
+    ssh_channel_free(ch);
+
+    return rc;
+}
+
+
+/* wait "ms" between tries: NGX_DONE if the cell closed its end meanwhile */
+
+static ngx_int_t
+ngx_http_hermes_ssh_relay_wait(ngx_socket_t fd, ngx_msec_t ms)
+{
+    u_char         c;
+    ssize_t        n;
+    struct pollfd  pfd;
+
+    pfd.fd = fd;
+    pfd.events = POLLIN;
+    pfd.revents = 0;
+
+    if (poll(&pfd, 1, (int) ms) <= 0) {
+        /* the time is up (or a signal cut it short) */
+        return NGX_OK;
+    }
+
+    n = recv(fd, &c, 1, MSG_PEEK|MSG_DONTWAIT);
+
+    if (n == 0 || (n == -1 && ngx_socket_errno != NGX_EAGAIN
+                   && ngx_socket_errno != NGX_EINTR))
+    {
+        return NGX_DONE;
+    }
+
+    return NGX_OK;
+}
+
+
+/*
+ * The host stayed unreachable until the cell's deadline: the cell hears it
+ * as the relay's word, with an error for its answer.  Its kernel is killed
+ * (the kill is retried while the host is down) and the session's state is
+ * lost.
+ */
+
+static void
+ngx_http_hermes_ssh_relay_give_up(ngx_http_hermes_relay_t *rl,
+    ngx_msec_t down, ngx_log_t *log)
+{
+    u_char                       *p;
+    u_char                        buf[NGX_HTTP_HERMES_HOST_MAX * 6 + 512];
+    size_t                        len;
+    ngx_http_hermes_ssh_host_t  **hosts, *h;
+
+    static u_char                 start[] = "\x1e{\"relay\":\"unreachable\","
+                                            "\"status\":\"error\",\"error\":"
+                                            "\"the kernel host ";
+
+    rl->conn.unavailable = 1;
+
+    hosts = rl->conn.bcf->hosts->elts;
+    h = hosts[rl->conn.host];
+
+    ngx_log_error(NGX_LOG_WARN, log, 0,
+                  "hermes: the kernel host %s:%ui could not be reached for "
+                  "%M ms during cell %uD, giving up at its deadline",
+                  h->host, h->port, down, rl->id);
+
+    if (rl->res_sent) {
+        /* the result's marker went out: nothing more can be said */
+        return;
+    }
+
+    p = ngx_cpymem(buf, start, sizeof(start) - 1);
+
+    len = ngx_min(ngx_strlen(h->host), NGX_HTTP_HERMES_HOST_MAX);
+    p = (u_char *) ngx_escape_json(p, h->host, len);
+
+    p = ngx_slprintf(p, buf + sizeof(buf),
+                     ":%ui could not be reached for %M.%M s during the cell; "
+                     "the kernel there is killed once the host answers "
+                     "again, and the session's state is lost\"}",
+                     h->port, down / 1000, down % 1000 / 100);
+
+    (void) ngx_http_hermes_relay_write(rl->fd, buf, p - buf);
+}
+
+
+static ngx_msec_t
+ngx_http_hermes_ssh_now(void)
+{
+    struct timespec  ts;
+
+    (void) clock_gettime(CLOCK_MONOTONIC, &ts);
+
+    return (ngx_msec_t) ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
 }
 
 

@@ -977,7 +977,8 @@ ngx_http_hermes_cell_run_relay(ngx_http_hermes_cell_t *cell)
 
     rc = ngx_http_hermes_ssh_relay(cell->hlcf->thread_pool, &conn,
                                    cell->ref.dir, cell->ref.cell_id,
-                                   cell->ref.pid, b->pos, b->last - b->pos,
+                                   cell->ref.pid, cell->timeout,
+                                   b->pos, b->last - b->pos,
                                    sv[1], cell->log);
     if (rc != NGX_OK) {
         ngx_http_hermes_conn_give(&conn);
@@ -1177,6 +1178,18 @@ ngx_http_hermes_cell_relay_end(ngx_http_hermes_cell_t *cell)
     n = b->last - p;
 
     if (ngx_strlcasestrn(p, p + ngx_min(n, 20), (u_char *) "\"relay\"", 6)) {
+
+        /* the relay's own word: the host stayed unreachable */
+
+        if (ngx_http_hermes_json_parse_result(cell->pool, p, n, &cell->res)
+            == NGX_OK
+            && cell->res.error.len)
+        {
+            ngx_http_hermes_cell_fail(cell, NGX_HTTP_HERMES_CELL_ERROR,
+                                      (char *) cell->res.error.data);
+            return;
+        }
+
         ngx_log_error(NGX_LOG_WARN, cell->log, 0,
                       "hermes: kernel %*s of session \"%V\" died during "
                       "cell %uD", (size_t) NGX_HTTP_HERMES_ID_LEN,

@@ -1,6 +1,6 @@
 #!/usr/bin/perl
-# The kernel host's Python (src/remote), tested as Python: the runner and
-# the tools client driven through their files.
+# The kernel host's Python (src/remote), tested as Python: the runner, the
+# tools client and the ssh relay driven through their files.
 
 use strict;
 use warnings;
@@ -9,8 +9,10 @@ use Test::More;
 use Hermes::Test;
 
 my $dir = Hermes::Test::repo_root() . '/src/remote';
-my $out = `cd '$dir' && PYTHONDONTWRITEBYTECODE=1 /usr/bin/python3 -m unittest test_remote 2>&1`;
-is($?, 0, 'python3 -m unittest test_remote') or diag $out;
-like($out, qr/^OK/m, 'all Python tests passed');
+for my $m (qw(test_remote test_relay)) {
+    my $out = `cd '$dir' && PYTHONDONTWRITEBYTECODE=1 /usr/bin/python3 -m unittest $m 2>&1`;
+    is($?, 0, "python3 -m unittest $m") or diag $out;
+    like($out, qr/^OK/m, "$m: all Python tests passed");
+}
 
 done_testing;

@@ -10,6 +10,8 @@ shipped the output is "\\x1e" {"relay": "dead"}; when it dies during the
 cell, "\\x1e" {"relay": "died"}.  JSON text never holds a raw 0x1e or 0x1f,
 so the markers cannot be confused with output.  The files are the truth:
 a relay that loses its channel is started again with the offset reached.
+A relay whose channel is gone (sshd's session process, its parent, died
+with the connection) exits at once rather than wait for output to fail on.
 """
 
 import errno
@@ -89,6 +91,7 @@ def relay(cell, pid, offset, out):
     res_path = os.path.join(CELLS, "cell_res_%06d.json" % cell)
     fd = None
     delay = 0.0005
+    parent = os.getppid()
     while True:
         if fd is None:
             try:
@@ -117,6 +120,8 @@ def relay(cell, pid, offset, out):
             out.write(b'\x1e{"relay":"died"}')
             out.flush()
             return
+        if os.getppid() != parent:
+            return  # orphaned: no channel reads us; a resume starts anew
         # quick while output flows, backing off to 10 ms while the cell works
         time.sleep(delay)
         delay = min(delay * 2, 0.01)
