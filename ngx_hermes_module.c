@@ -221,6 +221,9 @@ ngx_http_hermes_create_main_conf(ngx_conf_t *cf)
         != NGX_OK
         || ngx_array_init(&hmcf->backends, cf->pool, 4,
                           sizeof(ngx_http_hermes_backend_conf_t *))
+           != NGX_OK
+        || ngx_array_init(&hmcf->locations, cf->pool, 4,
+                          sizeof(ngx_http_hermes_location_t))
            != NGX_OK)
     {
         return NULL;
@@ -818,8 +821,10 @@ ngx_http_hermes_content(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
 {
     ngx_http_hermes_loc_conf_t *hlcf = conf;
 
-    ngx_str_t                 *value;
-    ngx_http_core_loc_conf_t  *clcf;
+    ngx_str_t                    *value;
+    ngx_http_core_loc_conf_t     *clcf;
+    ngx_http_hermes_location_t   *loc;
+    ngx_http_hermes_main_conf_t  *hmcf;
 
     if (hlcf->handler != NGX_HTTP_HERMES_HANDLER_NONE) {
         return "is duplicate";
@@ -845,6 +850,22 @@ ngx_http_hermes_content(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
 
     clcf = ngx_http_conf_get_module_loc_conf(cf, ngx_http_core_module);
     clcf->handler = (ngx_http_handler_pt) cmd->post;
+
+    /* a URI never names a named location */
+
+    if (clcf->named) {
+        return NGX_CONF_OK;
+    }
+
+    hmcf = ngx_http_conf_get_module_main_conf(cf, ngx_http_hermes_module);
+
+    loc = ngx_array_push(&hmcf->locations);
+    if (loc == NULL) {
+        return NGX_CONF_ERROR;
+    }
+
+    loc->cscf = ngx_http_conf_get_module_srv_conf(cf, ngx_http_core_module);
+    loc->clcf = clcf;
 
     return NGX_CONF_OK;
 }

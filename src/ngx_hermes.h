@@ -92,9 +92,18 @@ typedef struct {
 } ngx_http_hermes_zone_t;
 
 
+/* a location of ours, for the errors nginx answers before a lookup */
+
+typedef struct {
+    ngx_http_core_srv_conf_t     *cscf;
+    ngx_http_core_loc_conf_t     *clcf;
+} ngx_http_hermes_location_t;
+
+
 typedef struct {
     ngx_array_t                   zones;        /* ngx_shm_zone_t * */
     ngx_array_t                   backends;     /* backend_conf_t * */
+    ngx_array_t                   locations;    /* ngx_http_hermes_location_t */
 } ngx_http_hermes_main_conf_t;
 
 

@@ -712,145 +712,21 @@ ngx_http_hermes_send_buf(ngx_http_request_t *r, ngx_uint_t status,
 
 
 /*
- * nginx's own lookup of a location, without its side effects (no
- * captures, no redirect): NGX_OK, NGX_DONE, NGX_AGAIN, NGX_DECLINED as
- * in ngx_http_core_find_static_location(), the match in *loc_conf.
- */
-
-static ngx_int_t
-ngx_http_hermes_static_location(ngx_http_request_t *r,
-    ngx_http_location_tree_node_t *node, void ***loc_conf)
-{
-    u_char     *uri;
-    size_t      len, n;
-    ngx_int_t   rc, rv;
-
-    len = r->uri.len;
-    uri = r->uri.data;
-
-    rv = NGX_DECLINED;
-
-    while (node) {
-        n = (len <= (size_t) node->len) ? len : node->len;
-
-        rc = ngx_filename_cmp(uri, node->name, n);
-
-        if (rc != 0) {
-            node = (rc < 0) ? node->left : node->right;
-            continue;
-        }
-
-        if (len > (size_t) node->len) {
-
-            if (node->inclusive) {
-                *loc_conf = node->inclusive->loc_conf;
-                rv = NGX_AGAIN;
-
-                node = node->tree;
-                uri += n;
-                len -= n;
-
-                continue;
-            }
-
-            node = node->right;
-            continue;
-        }
-
-        if (len == (size_t) node->len) {
-            *loc_conf = node->exact ? node->exact->loc_conf
-                                    : node->inclusive->loc_conf;
-            return NGX_OK;
-        }
-
-        if (len + 1 == (size_t) node->len && node->auto_redirect) {
-            *loc_conf = node->exact ? node->exact->loc_conf
-                                    : node->inclusive->loc_conf;
-            rv = NGX_DONE;
-        }
-
-        node = node->left;
-    }
-
-    return rv;
-}
-
-
-static ngx_int_t
-ngx_http_hermes_find_location(ngx_http_request_t *r, void ***loc_conf)
-{
-    ngx_int_t                  rc;
-    ngx_http_core_loc_conf_t  *pclcf;
-#if (NGX_PCRE)
-    ngx_int_t                  n;
-    ngx_uint_t                 noregex;
-    ngx_http_core_loc_conf_t  *clcf, **clcfp;
-
-    noregex = 0;
-#endif
-
-    pclcf = (*loc_conf)[ngx_http_core_module.ctx_index];
-
-    rc = ngx_http_hermes_static_location(r, pclcf->static_locations,
-                                         loc_conf);
-
-    if (rc == NGX_AGAIN) {
-
-#if (NGX_PCRE)
-        clcf = (*loc_conf)[ngx_http_core_module.ctx_index];
-        noregex = clcf->noregex;
-#endif
-
-        rc = ngx_http_hermes_find_location(r, loc_conf);
-    }
-
-    if (rc == NGX_OK || rc == NGX_DONE) {
-        return rc;
-    }
-
-#if (NGX_PCRE)
-
-    if (noregex == 0 && pclcf->regex_locations) {
-
-        for (clcfp = pclcf->regex_locations; *clcfp; clcfp++) {
-
-            n = ngx_regex_exec((*clcfp)->regex->regex, &r->uri, NULL, 0);
-
-            if (n == NGX_REGEX_NO_MATCHED) {
-                continue;
-            }
-
-            if (n < 0) {
-                return NGX_ERROR;
-            }
-
-            *loc_conf = (*clcfp)->loc_conf;
-
-            rc = ngx_http_hermes_find_location(r, loc_conf);
-
-            return (rc == NGX_ERROR) ? rc : NGX_OK;
-        }
-    }
-
-#endif
-
-    return rc;
-}
-
-
-/*
  * An error nginx answers before it looked up a location (a malformed
- * header, TRACE) has the server's configuration: is the location the
- * request names one of ours?
+ * header, TRACE) has the server's configuration: does the URI name one
+ * of our locations?  Each is tried on its own, the others not at all: a
+ * URI that nginx would give to a longer prefix or a regex location of
+ * another module, but that also falls under one of ours, is ours here.
  */
 
 static ngx_uint_t
 ngx_http_hermes_location_is_ours(ngx_http_request_t *r)
 {
-    void                        **loc_conf;
-    ngx_int_t                     rc;
-    ngx_http_hermes_loc_conf_t   *hlcf;
+    ngx_uint_t                    i;
+    ngx_http_core_loc_conf_t     *clcf;
     ngx_http_core_srv_conf_t     *cscf;
+    ngx_http_hermes_location_t   *loc;
+    ngx_http_hermes_main_conf_t  *hmcf;
 
     cscf = ngx_http_get_module_srv_conf(r, ngx_http_core_module);
 
@@ -858,17 +734,43 @@ ngx_http_hermes_location_is_ours(ngx_http_request_t *r)
         return 0;
     }
 
-    loc_conf = r->loc_conf;
+    hmcf = ngx_http_get_module_main_conf(r, ngx_http_hermes_module);
+    loc = hmcf->locations.elts;
 
-    rc = ngx_http_hermes_find_location(r, &loc_conf);
+    for (i = 0; i < hmcf->locations.nelts; i++) {
 
-    if (rc == NGX_ERROR || rc == NGX_DECLINED) {
-        return 0;
+        if (loc[i].cscf != cscf) {
+            continue;
+        }
+
+        clcf = loc[i].clcf;
+
+#if (NGX_PCRE)
+        if (clcf->regex) {
+            if (ngx_regex_exec(clcf->regex->regex, &r->uri, NULL, 0) >= 0) {
+                return 1;
+            }
+
+            continue;
+        }
+#endif
+
+        /* "location = /a" is /a alone, "location /a" anything it starts */
+
+        if (r->uri.len < clcf->name.len
+            || (clcf->exact_match && r->uri.len != clcf->name.len))
+        {
+            continue;
+        }
+
+        if (ngx_filename_cmp(r->uri.data, clcf->name.data, clcf->name.len)
+            == 0)
+        {
+            return 1;
+        }
     }
 
-    hlcf = loc_conf[ngx_http_hermes_module.ctx_index];
-
-    return hlcf->handler != NGX_HTTP_HERMES_HANDLER_NONE;
+    return 0;
 }
 
 

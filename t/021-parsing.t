@@ -47,6 +47,18 @@ $t->write_conf(<<'CONF');
         location /plain {
             return 200 "plain\n";
         }
+
+        location ~ ^/r[0-9]/execute$ {
+            hermes_execute;
+        }
+    }
+
+    server {
+        listen 127.0.0.1:%%PORT_1%%;
+
+        location /v1/kernels {
+            return 200 "not hermes\n";
+        }
     }
 CONF
 $t->run;
@@ -279,6 +291,20 @@ is($r->{status}, 405, 'TRACE elsewhere: 405');
 unlike($r->{headers}{'content-type'} // '', qr/json/, 'TRACE elsewhere: not JSON');
 $r = $t->raw_request('GET', '/plain', headers => { 'Host' => [ 'a', 'b' ] });
 unlike($r->{headers}{'content-type'} // '', qr/json/, 'bad request elsewhere: not JSON');
+
+# which URIs name a hermes location: prefix, exact, regex, in this server
+for my $uri ('/v1/kernelsx', '/v1/kernels/s1') {
+    error_is($t->raw_request('TRACE', $uri), 405, 'method_not_allowed', "TRACE $uri, under a prefix");
+}
+error_is($t->raw_request('TRACE', '/r7/execute'), 405, 'method_not_allowed', 'TRACE on a regex location');
+for my $uri ('/v1/execute/x', '/v1/executex', '/v1/kernel', '/r7/executex', '/rx/execute') {
+    $r = $t->raw_request('TRACE', $uri);
+    is($r->{status}, 405, "TRACE $uri: 405");
+    unlike($r->{headers}{'content-type'} // '', qr/json/, "TRACE $uri: not JSON");
+}
+$r = $t->raw_request('TRACE', '/v1/kernels', port => $t->port(1));
+is($r->{status}, 405, 'TRACE on another server: 405');
+unlike($r->{headers}{'content-type'} // '', qr/json/, 'TRACE on another server: not JSON');
 
 # 408: half a body, then silence past client_body_timeout
 sub half_body {
