@@ -45,25 +45,32 @@ sub run_cell { my ($s, $code, %o) = @_; $t->execute('/v1/execute', { session => 
 sub status { $t->http('GET', '/v1/status')->{json} }
 sub dir_of { my ($k) = @_; $t->kroot . "/hermes_rkernel_$k" }
 
-# --- cap 2, three sessions, one mid-cell: the running one survives, the LRU
-#     idle one goes
+# --- cap 2, three sessions, one mid-cell: the running one survives even as
+#     the least recently used kernel, the LRU idle one goes
 
 my $kA = run_cell('A', "a = 1")->{result}{kernel}{kernel_id};
 my $kB = run_cell('B', "b = 1")->{result}{kernel}{kernel_id};
+my $pidA = runner_pid($kA);
 my $pidB = runner_pid($kB);
 my $long = $t->execute_async('/v1/execute', { session => 'A',
     code => "import time\ntime.sleep(2)\nprint(a)" }, %alice);
 ok(wait_until(sub { (status()->{running} // 0) == 1 }, 5), 'A is mid-cell');
 
-# A is the least recently used kernel, but it is running: B goes
-my $r = run_cell('C', "c = 1");
+# B is used after A's cell started: A, running, is the least recently used
+my $r = run_cell('B', "b = 2");
+is($r->{result}{kernel}{kernel_id}, $kB, 'B used again while A runs');
+is($t->http('GET', '/v1/kernels', %alice)->{json}{kernels}[-1]{session}, 'A',
+    'A (running) is the least recently used kernel');
+
+$r = run_cell('C', "c = 1");
 is($r->{result}{status}, 'success', 'third session runs');
 my $kC = $r->{result}{kernel}{kernel_id};
 ok(wait_until(sub { !pid_alive($pidB) }, 5), 'the LRU idle kernel (B) was killed');
 ok(wait_until(sub { !-d dir_of($kB) }, 5), 'and its directory removed');
-ok(-d dir_of($kA), 'the running kernel (A) is still there');
+ok(-d dir_of($kA) && pid_alive($pidA), 'the running kernel (A) is still there');
 $r = $long->wait;
 is($r->{result}{output}, "1\n", 'the running cell finished on its kernel');
+is($r->{result}{kernel}{kernel_id}, $kA, 'on the same kernel');
 is(status()->{evicted_cap_total}, 1, 'evicted_cap_total 1');
 is(status()->{kernels}, 2, 'back at the cap');
 
@@ -137,6 +144,26 @@ is($r->{result}{output}, "alice\n", "alice's kernel kept her state");
 
 $r = $t->http('GET', '/v1/kernels');
 is($r->{status}, 401, 'no owner: 401');
+
+# --- owners are compared whole: "ali" is not a prefix of "alice"
+
+my %ali = (headers => { 'X-Owner' => 'ali' });
+$list = $t->http('GET', '/v1/kernels', %ali)->{json};
+is_deeply($list->{kernels}, [], 'ali lists none of alice\'s kernels');
+$r = $t->http('GET', '/v1/kernels/shared-name', %ali);
+unlike($r->{content}, qr/$kAlice/, 'ali cannot GET alice\'s kernel');
+$r = $t->http('DELETE', '/v1/kernels/shared-name', %ali);
+is($r->{status}, 404, 'ali cannot delete alice\'s kernel: 404');
+$r = $t->execute('/v1/execute', { session => 'shared-name',
+    code => "print(globals().get('secret'))" }, %ali);
+is($r->{result}{output}, "None\n", 'ali\'s cell runs on a kernel of his own');
+isnt($r->{result}{kernel}{kernel_id}, $kAlice, 'not alice\'s');
+is($r->{result}{kernel}{reused}, JSON::PP::false, 'a new one');
+$r = $t->http('DELETE', '/v1/kernels/shared-name', %ali);
+is($r->{status}, 204, 'ali deletes his own');
+$r = run_cell('shared-name', "print(secret)");
+is($r->{result}{output}, "alice\n", 'alice\'s kernel is untouched');
+is($r->{result}{kernel}{kernel_id}, $kAlice, 'same kernel');
 
 # --- delete: 409 while a cell runs, ?force=1 kills it anyway, 204
 
