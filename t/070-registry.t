@@ -1,6 +1,7 @@
 #!/usr/bin/perl
 # The registry: the cap never evicts a running kernel, one spawn per key,
-# the queue limit, owner isolation on list/delete/execute, the counters.
+# the queue limit, owner isolation on list/delete/execute, the counters;
+# max_kernels_per_owner: an owner makes room among its own kernels only.
 
 use strict;
 use warnings;
@@ -12,7 +13,10 @@ use Hermes::Test;
 
 my $t = Hermes::Test->new;
 $t->write_conf(<<'CONF');
-    hermes_zone kernels:1m max_kernels=2 idle_timeout=10m sweep=500ms;
+    hermes_zone kernels:1m max_kernels=2 max_kernels_per_owner=8
+                idle_timeout=10m sweep=500ms;
+    hermes_zone fair:1m max_kernels=8 max_kernels_per_owner=2
+                idle_timeout=10m sweep=500ms;
     hermes_backend local root=%%KROOT%%;
     log_format hermes '$hermes_session $hermes_kernel_id $hermes_cell_status $hermes_cell_ms';
 
@@ -20,19 +24,33 @@ $t->write_conf(<<'CONF');
         listen 127.0.0.1:%%PORT_0%%;
 
         location = /v1/execute {
-            hermes_execute;
+            hermes_execute zone=kernels;
             hermes_owner $http_x_owner;
             hermes_queue 1;
             access_log %%PREFIX%%/logs/hermes.log hermes;
         }
 
         location /v1/kernels {
-            hermes_kernels;
+            hermes_kernels zone=kernels;
             hermes_owner $http_x_owner;
         }
 
         location = /v1/status {
-            hermes_status;
+            hermes_status zone=kernels;
+        }
+
+        location = /fair/execute {
+            hermes_execute zone=fair;
+            hermes_owner $http_x_owner;
+        }
+
+        location /fair/kernels {
+            hermes_kernels zone=fair;
+            hermes_owner $http_x_owner;
+        }
+
+        location = /fair/status {
+            hermes_status zone=fair;
         }
     }
 CONF
@@ -204,6 +222,64 @@ like($r->{content}, qr/^hermes_cells_total\{zone="kernels",status="success"\} \d
     'prometheus labelled counter');
 like($r->{content}, qr/^# TYPE hermes_spawned_total counter$/m, 'prometheus TYPE lines');
 
+# --- max_kernels_per_owner=2: alice at her quota makes room among her own
+#     kernels, never bob's; with all of hers busy she gets 429
+
+sub fair_cell {
+    my ($who, $s, $code) = @_;
+    $t->execute('/fair/execute', { session => $s, code => $code },
+        headers => { 'X-Owner' => $who });
+}
+sub fair_status { $t->http('GET', '/fair/status')->{json} }
+sub fair_sessions {
+    my ($who) = @_;
+    my $l = $t->http('GET', '/fair/kernels', headers => { 'X-Owner' => $who })->{json};
+    return join ',', sort map { $_->{session} } @{ $l->{kernels} };
+}
+
+my $kb1 = fair_cell('bob', 'b1', "b = 1")->{result}{kernel}{kernel_id};
+my $ka1 = fair_cell('alice', 'a1', "a = 1")->{result}{kernel}{kernel_id};
+my $ka2 = fair_cell('alice', 'a2', "a = 2")->{result}{kernel}{kernel_id};
+my ($pb1, $pa1, $pa2) = map { runner_pid($_) } $kb1, $ka1, $ka2;
+is(fair_sessions('alice'), 'a1,a2', 'alice has her quota (2)');
+
+# bob's kernel is the least recently used of all: the global LRU would take it
+$r = fair_cell('alice', 'a3', "a = 3");
+is($r->{result}{status}, 'success', 'alice over her quota: a new kernel');
+my $ka3 = $r->{result}{kernel}{kernel_id};
+ok(wait_until(sub { !pid_alive($pa1) }, 5), "alice's LRU idle kernel (a1) was killed");
+ok(wait_until(sub { !-d dir_of($ka1) }, 5), 'and its directory removed');
+is(fair_sessions('alice'), 'a2,a3', 'alice still has 2: a2, a3');
+ok(pid_alive($pb1) && -d dir_of($kb1), "bob's kernel is untouched");
+is(fair_sessions('bob'), 'b1', 'bob still has b1');
+is(fair_status()->{evicted_cap_total}, 1, 'counted as a cap eviction');
+is(fair_status()->{kernels}, 3, 'three kernels in the zone');
+
+# both of alice's kernels busy: a third one is refused, bob is not
+my @busy = map { $t->execute_async('/fair/execute', { session => $_,
+    code => "import time\ntime.sleep(2)\nprint('done')" },
+    headers => { 'X-Owner' => 'alice' }) } 'a2', 'a3';
+ok(wait_until(sub { (fair_status()->{running} // 0) == 2 }, 5), 'a2 and a3 running');
+$r = fair_cell('alice', 'a4', "1");
+is($r->{status}, 429, 'alice, all of her kernels busy: 429');
+is($r->{json}{error}{code}, 'owner_limit', 'owner_limit');
+is($r->{headers}{'retry-after'}, '1', 'Retry-After');
+ok(pid_alive($pa2), 'her running kernels untouched');
+$r = fair_cell('bob', 'b2', "print('bob')");
+is($r->{result}{output}, "bob\n", 'bob gets a new kernel meanwhile');
+$r = fair_cell('bob', 'b1', "print(b)");
+is($r->{result}{output}, "1\n", 'and keeps his old one');
+is($_->wait->{result}{output}, "done\n", "alice's busy cell finished") for @busy;
+
+my $pa3 = runner_pid($ka3);
+fair_cell('alice', 'a2', "1");
+$r = fair_cell('alice', 'a4', "print('a4')");
+is($r->{result}{output}, "a4\n", 'once one is idle again, alice gets her new kernel');
+ok(wait_until(sub { !pid_alive($pa3) }, 5), 'in place of her LRU one (a3)');
+ok(pid_alive($pa2), 'her other one (a2) kept');
+is(fair_sessions('alice'), 'a2,a4', 'alice: a2, a4');
+is(fair_sessions('bob'), 'b1,b2', 'bob: b1, b2');
+
 # --- access log variables
 
 open my $log, '<', $t->prefix . '/logs/hermes.log' or die;
@@ -212,4 +288,16 @@ ok((grep { /^A $kA success \d+$/ } @lines), 'access log: session, kernel id, sta
 ok((grep { /^busy - - -$/ } @lines), 'access log: the 429 has a session, no kernel, no cell');
 
 $t->stop;
+
+# --- bad max_kernels_per_owner values fail nginx -t, saying why
+
+for my $bad ('0', '-1', 'x', '') {
+    my $c = Hermes::Test->new;
+    $c->write_conf("hermes_zone z:1m max_kernels_per_owner=$bad;\n");
+    my ($rc, $out) = $c->test_config;
+    isnt($rc, 0, "max_kernels_per_owner=$bad: nginx -t fails");
+    like($out, qr/invalid hermes_zone max_kernels_per_owner "max_kernels_per_owner=\Q$bad\E": a number of at least 1 expected/,
+        "max_kernels_per_owner=$bad: says why") or diag $out;
+}
+
 done_testing;
