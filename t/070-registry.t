@@ -300,4 +300,21 @@ for my $bad ('0', '-1', 'x', '') {
         "max_kernels_per_owner=$bad: says why") or diag $out;
 }
 
+# --- processes racing on the same keys of one shared zone: one spawn per
+#     key, one entry per key (t/unit/registry_race.c)
+
+SKIP: {
+    my $root = Hermes::Test::repo_root();
+    skip 'build/nginx/Makefile missing: run "make module" first', 2
+        unless -f "$root/build/nginx/Makefile";
+    skip 'cmocka.h missing: apt-get install libcmocka-dev', 2
+        unless -f '/usr/include/cmocka.h';
+
+    my $out = `make -s -C $root/t/unit race 2>&1`;
+    is($?, 0, 'make -C t/unit race') or diag $out;
+    $out = `$root/t/unit/build/registry_race 2>&1`;
+    is($?, 0, 'registry_race: one spawn and one entry per key') or diag $out;
+    note $out;
+}
+
 done_testing;
