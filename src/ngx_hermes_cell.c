@@ -293,8 +293,8 @@ ngx_http_hermes_cell_acquired(ngx_http_hermes_cell_t *cell, ngx_int_t rc)
     case NGX_HTTP_HERMES_ACQ_OWNER_FULL:
         ngx_http_hermes_cell_error(cell, NGX_HTTP_TOO_MANY_REQUESTS,
                                    "owner_limit",
-                                   "all of your kernels are busy and you "
-                                   "have max_kernels_per_owner of them");
+                                   "you have max_kernels_per_owner kernels "
+                                   "and all of them are busy");
         return NGX_DONE;
 
     case NGX_HTTP_HERMES_ACQ_NOMEM:
