@@ -366,7 +366,10 @@ ngx_http_hermes_merge_loc_conf(ngx_conf_t *cf, void *parent, void *child)
 }
 
 
-/* hermes_zone NAME:SIZE [max_kernels=N] [idle_timeout=TIME] [sweep=TIME] */
+/*
+ * hermes_zone NAME:SIZE [max_kernels=N] [max_kernels_per_owner=N]
+ *             [idle_timeout=TIME] [sweep=TIME]
+ */
 
 static char *
 ngx_http_hermes_zone(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
@@ -377,7 +380,7 @@ ngx_http_hermes_zone(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
     ssize_t                  size;
     ngx_int_t                n;
     ngx_str_t               *value, name, s;
-    ngx_uint_t               i;
+    ngx_uint_t               i, per_owner;
     ngx_msec_t               sweep;
     ngx_shm_zone_t          *shm_zone, **z;
     ngx_http_hermes_zone_t  *zone;
@@ -392,6 +395,7 @@ ngx_http_hermes_zone(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
     zone->max_kernels = 64;
     zone->idle_timeout = 30 * 60 * 1000;
     sweep = NGX_CONF_UNSET_MSEC;
+    per_owner = NGX_CONF_UNSET_UINT;
 
     p = (u_char *) ngx_strchr(value[1].data, ':');
 
@@ -440,6 +444,21 @@ ngx_http_hermes_zone(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
             continue;
         }
 
+        if (ngx_strncmp(value[i].data, "max_kernels_per_owner=", 22) == 0) {
+            n = ngx_atoi(value[i].data + 22, value[i].len - 22);
+
+            if (n == NGX_ERROR || n < 1) {
+                ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                                   "invalid hermes_zone max_kernels_per_owner "
+                                   "\"%V\": a number of at least 1 expected",
+                                   &value[i]);
+                return NGX_CONF_ERROR;
+            }
+
+            per_owner = n;
+            continue;
+        }
+
         if (ngx_strncmp(value[i].data, "idle_timeout=", 13) == 0) {
             s.data = value[i].data + 13;
             s.len = value[i].len - 13;
@@ -483,6 +502,10 @@ ngx_http_hermes_zone(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
 
     zone->sweep = (sweep != NGX_CONF_UNSET_MSEC)
                   ? sweep : ngx_min(zone->idle_timeout / 10, 10000);
+
+    zone->max_kernels_per_owner = (per_owner != NGX_CONF_UNSET_UINT)
+                                  ? per_owner
+                                  : ngx_max(zone->max_kernels / 4, 1);
 
     shm_zone = ngx_shared_memory_add(cf, &name, size, &ngx_http_hermes_module);
     if (shm_zone == NULL) {

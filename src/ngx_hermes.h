@@ -85,6 +85,7 @@ typedef struct {
     ngx_slab_pool_t              *shpool;
     ngx_shm_zone_t               *shm_zone;
     ngx_uint_t                    max_kernels;
+    ngx_uint_t                    max_kernels_per_owner;
     ngx_msec_t                    idle_timeout;
     ngx_msec_t                    sweep;
     ngx_thread_pool_t            *thread_pool;  /* kills evicted kernels */
@@ -233,9 +234,10 @@ typedef struct {
 
 
 /*
- * One kernel.  The node's key is a crc32 of the registry key
- * "owner \0 backend-tag \0 session"; the key and the kernel's directory
- * follow the struct in data[].
+ * One kernel.  The node's key is a crc32 of the owner and one of the
+ * registry key "owner \0 backend-tag \0 session" (see
+ * ngx_hermes_registry.c); the key and the kernel's directory follow the
+ * struct in data[].
  */
 typedef struct {
     ngx_rbtree_node_t             node;
@@ -328,6 +330,7 @@ typedef enum {
     NGX_HTTP_HERMES_ACQ_SPAWN,          /* new entry: spawn, then run */
     NGX_HTTP_HERMES_ACQ_WAIT,           /* queued behind another cell */
     NGX_HTTP_HERMES_ACQ_QUEUE_FULL,
+    NGX_HTTP_HERMES_ACQ_OWNER_FULL,     /* max_kernels_per_owner, all busy */
     NGX_HTTP_HERMES_ACQ_NOMEM,
     NGX_HTTP_HERMES_ACQ_GONE            /* entry vanished while queued */
 } ngx_http_hermes_acq_e;

@@ -311,6 +311,13 @@ ngx_http_hermes_cell_acquired(ngx_http_hermes_cell_t *cell, ngx_int_t rc)
                                    "session's kernel");
         return NGX_DONE;
 
+    case NGX_HTTP_HERMES_ACQ_OWNER_FULL:
+        ngx_http_hermes_cell_error(cell, NGX_HTTP_TOO_MANY_REQUESTS,
+                                   "owner_limit",
+                                   "you have max_kernels_per_owner kernels "
+                                   "and all of them are busy");
+        return NGX_DONE;
+
     case NGX_HTTP_HERMES_ACQ_NOMEM:
         ngx_log_error(NGX_LOG_ERR, cell->log, 0,
                       "hermes: zone \"%V\" is full, no kernel for "

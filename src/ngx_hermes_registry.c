@@ -7,6 +7,12 @@
  * ngx_http_limit_req_module.c.  Every worker sees the same entries; the
  * zone is reused across reloads.
  *
+ * The upper half of a node's key is a crc32 of the owner alone: an owner's
+ * entries are one run of the tree, walked in O(log n + its entries) to
+ * count its kernels (max_kernels_per_owner), list or shut them down.  With
+ * 32-bit keys the key is the owner's crc32 only; lookups stay O(log n), by
+ * comparing the keys.
+ *
  * Cells on one kernel run one at a time in arrival order: a request takes
  * ticket_next++ and runs when ticket_serving reaches its ticket.
  */
@@ -17,8 +23,18 @@
 #include <sodium.h>
 
 
+static ngx_rbtree_key_t ngx_http_hermes_registry_key(
+    ngx_http_hermes_kernel_ref_t *ref, uint32_t *ohash);
 static ngx_http_hermes_node_t *ngx_http_hermes_registry_lookup(
-    ngx_http_hermes_zone_t *zone, ngx_str_t *key, uint32_t hash);
+    ngx_http_hermes_zone_t *zone, ngx_str_t *key, ngx_rbtree_key_t hash);
+static ngx_http_hermes_node_t *ngx_http_hermes_registry_owner_next(
+    ngx_http_hermes_zone_t *zone, ngx_str_t *owner, uint32_t ohash,
+    ngx_http_hermes_node_t *kn);
+static ngx_int_t ngx_http_hermes_registry_owner_room(
+    ngx_http_hermes_zone_t *zone, ngx_str_t *owner, uint32_t ohash,
+    ngx_http_hermes_victims_t *victims);
+static ngx_int_t ngx_libc_cdecl ngx_http_hermes_registry_recent_first(
+    const void *one, const void *two);
 static void ngx_http_hermes_registry_rbtree_insert(ngx_rbtree_node_t *temp,
     ngx_rbtree_node_t *node, ngx_rbtree_node_t *sentinel);
 static ngx_int_t ngx_http_hermes_registry_turn(ngx_http_hermes_zone_t *zone,
@@ -58,6 +74,15 @@ static void ngx_http_hermes_registry_reclaim(ngx_http_hermes_zone_t *zone,
 
 #define ngx_http_hermes_pending(kn)                                           \
     ((uint32_t) ((kn)->ticket_next - (kn)->ticket_serving))
+
+#if (NGX_PTR_SIZE == 8)
+#define ngx_http_hermes_rbkey(ohash, hash)                                    \
+    ((ngx_rbtree_key_t) (ohash) << 32 | (hash))
+#define ngx_http_hermes_rbkey_owner(key)   ((uint32_t) ((key) >> 32))
+#else
+#define ngx_http_hermes_rbkey(ohash, hash)  ((ngx_rbtree_key_t) (ohash))
+#define ngx_http_hermes_rbkey_owner(key)   ((uint32_t) (key))
+#endif
 
 
 ngx_int_t
@@ -152,9 +177,26 @@ ngx_http_hermes_registry_rbtree_insert(ngx_rbtree_node_t *temp,
 }
 
 
+static ngx_rbtree_key_t
+ngx_http_hermes_registry_key(ngx_http_hermes_kernel_ref_t *ref,
+    uint32_t *ohash)
+{
+    uint32_t  oh;
+
+    oh = ngx_crc32_short(ref->owner.data, ref->owner.len);
+
+    if (ohash) {
+        *ohash = oh;
+    }
+
+    return ngx_http_hermes_rbkey(oh,
+                                 ngx_crc32_short(ref->key.data, ref->key.len));
+}
+
+
 static ngx_http_hermes_node_t *
 ngx_http_hermes_registry_lookup(ngx_http_hermes_zone_t *zone, ngx_str_t *key,
-    uint32_t hash)
+    ngx_rbtree_key_t hash)
 {
     ngx_int_t                rc;
     ngx_rbtree_node_t       *node, *sentinel;
@@ -192,18 +234,122 @@ ngx_http_hermes_registry_lookup(ngx_http_hermes_zone_t *zone, ngx_str_t *key,
 }
 
 
+/* the owner's entry after kn (NULL: its first), in its run of the tree */
+
+static ngx_http_hermes_node_t *
+ngx_http_hermes_registry_owner_next(ngx_http_hermes_zone_t *zone,
+    ngx_str_t *owner, uint32_t ohash, ngx_http_hermes_node_t *kn)
+{
+    ngx_rbtree_key_t         lo;
+    ngx_rbtree_node_t       *node, *first, *sentinel;
+
+    if (kn) {
+        node = ngx_rbtree_next(&zone->sh->rbtree, &kn->node);
+
+    } else {
+        lo = ngx_http_hermes_rbkey(ohash, 0);
+
+        node = zone->sh->rbtree.root;
+        sentinel = zone->sh->rbtree.sentinel;
+        first = NULL;
+
+        while (node != sentinel) {
+            if (node->key < lo) {
+                node = node->right;
+
+            } else {
+                first = node;
+                node = node->left;
+            }
+        }
+
+        node = first;
+    }
+
+    for ( /* void */ ; node; node = ngx_rbtree_next(&zone->sh->rbtree, node))
+    {
+        if (ngx_http_hermes_rbkey_owner(node->key) != ohash) {
+            return NULL;
+        }
+
+        /* owners of the same crc32 share a run */
+
+        kn = (ngx_http_hermes_node_t *) node;
+
+        if (kn->owner_len == owner->len
+            && ngx_memcmp(kn->data, owner->data, owner->len) == 0)
+        {
+            return kn;
+        }
+    }
+
+    return NULL;
+}
+
+
+/*
+ * A new kernel for an owner at max_kernels_per_owner: its own least
+ * recently used idle kernel makes room, never another owner's.
+ * NGX_DECLINED: all of its kernels are busy (running, queued, spawning).
+ */
+
+static ngx_int_t
+ngx_http_hermes_registry_owner_room(ngx_http_hermes_zone_t *zone,
+    ngx_str_t *owner, uint32_t ohash, ngx_http_hermes_victims_t *victims)
+{
+    ngx_uint_t               kernels;
+    ngx_http_hermes_node_t  *kn, *lru;
+
+    for ( ;; ) {
+        kernels = 0;
+        lru = NULL;
+
+        for (kn = ngx_http_hermes_registry_owner_next(zone, owner, ohash,
+                                                      NULL);
+             kn;
+             kn = ngx_http_hermes_registry_owner_next(zone, owner, ohash, kn))
+        {
+            if (kn->state == NGX_HTTP_HERMES_STATE_LOST) {
+                continue;
+            }
+
+            kernels++;
+
+            if (!ngx_http_hermes_pending(kn)
+                && (lru == NULL || kn->last_used < lru->last_used))
+            {
+                lru = kn;
+            }
+        }
+
+        if (kernels < zone->max_kernels_per_owner) {
+            return NGX_OK;
+        }
+
+        if (lru == NULL
+            || ngx_http_hermes_registry_evict(zone, lru, victims) != NGX_OK)
+        {
+            return NGX_DECLINED;
+        }
+
+        zone->sh->evicted_cap_total++;
+    }
+}
+
+
 ngx_int_t
 ngx_http_hermes_registry_acquire(ngx_http_hermes_zone_t *zone,
     ngx_http_hermes_kernel_ref_t *ref, ngx_str_t *root, ngx_uint_t queue,
     ngx_http_hermes_victims_t *victims)
 {
     size_t                   n, dir_len;
-    uint32_t                 hash;
+    uint32_t                 ohash;
     ngx_int_t                rc;
     ngx_uint_t               tries;
+    ngx_rbtree_key_t         hash;
     ngx_http_hermes_node_t  *kn;
 
-    hash = ngx_crc32_short(ref->key.data, ref->key.len);
+    hash = ngx_http_hermes_registry_key(ref, &ohash);
 
     ngx_shmtx_lock(&zone->shpool->mutex);
 
@@ -211,6 +357,18 @@ ngx_http_hermes_registry_acquire(ngx_http_hermes_zone_t *zone,
     ngx_http_hermes_registry_sweep_locked(zone, victims, 0);
 
     kn = ngx_http_hermes_registry_lookup(zone, &ref->key, hash);
+
+    if ((kn == NULL
+         || (kn->state == NGX_HTTP_HERMES_STATE_LOST
+             && ngx_http_hermes_pending(kn) == 0))
+        && ngx_http_hermes_registry_owner_room(zone, &ref->owner, ohash,
+                                               victims)
+           != NGX_OK)
+    {
+        /* this request would spawn one more of the owner's kernels */
+        ngx_shmtx_unlock(&zone->shpool->mutex);
+        return NGX_HTTP_HERMES_ACQ_OWNER_FULL;
+    }
 
     if (kn == NULL) {
         dir_len = root->len + sizeof("/hermes_rkernel_") - 1
@@ -398,11 +556,11 @@ ngx_int_t
 ngx_http_hermes_registry_poll(ngx_http_hermes_zone_t *zone,
     ngx_http_hermes_kernel_ref_t *ref, ngx_str_t *root)
 {
-    uint32_t                 hash;
     ngx_int_t                rc;
+    ngx_rbtree_key_t         hash;
     ngx_http_hermes_node_t  *kn;
 
-    hash = ngx_crc32_short(ref->key.data, ref->key.len);
+    hash = ngx_http_hermes_registry_key(ref, NULL);
 
     ngx_shmtx_lock(&zone->shpool->mutex);
 
@@ -427,10 +585,10 @@ static ngx_http_hermes_node_t *
 ngx_http_hermes_registry_mine(ngx_http_hermes_zone_t *zone,
     ngx_http_hermes_kernel_ref_t *ref)
 {
-    uint32_t                 hash;
+    ngx_rbtree_key_t         hash;
     ngx_http_hermes_node_t  *kn;
 
-    hash = ngx_crc32_short(ref->key.data, ref->key.len);
+    hash = ngx_http_hermes_registry_key(ref, NULL);
 
     kn = ngx_http_hermes_registry_lookup(zone, &ref->key, hash);
 
@@ -813,32 +971,30 @@ ngx_http_hermes_registry_sweep(ngx_http_hermes_zone_t *zone,
 }
 
 
-/* the owner's kernels, copied out for listing */
+/* the owner's kernels, copied out for listing, most recently used first */
 
 ngx_int_t
 ngx_http_hermes_registry_list(ngx_http_hermes_zone_t *zone, ngx_str_t *owner,
     ngx_array_t *out)
 {
     u_char                      *p;
+    uint32_t                     ohash;
     uint64_t                     now;
-    ngx_queue_t                 *q;
+    ngx_uint_t                   first;
     ngx_http_hermes_node_t      *kn;
     ngx_http_hermes_listing_t   *l;
 
     now = ngx_http_hermes_now_ms();
+    ohash = ngx_crc32_short(owner->data, owner->len);
+    first = out->nelts;
 
     ngx_shmtx_lock(&zone->shpool->mutex);
 
-    for (q = ngx_queue_head(&zone->sh->lru);
-         q != ngx_queue_sentinel(&zone->sh->lru);
-         q = ngx_queue_next(q))
+    for (kn = ngx_http_hermes_registry_owner_next(zone, owner, ohash, NULL);
+         kn;
+         kn = ngx_http_hermes_registry_owner_next(zone, owner, ohash, kn))
     {
-        kn = ngx_queue_data(q, ngx_http_hermes_node_t, queue);
-
-        if (kn->state == NGX_HTTP_HERMES_STATE_LOST
-            || kn->owner_len != owner->len
-            || ngx_memcmp(kn->data, owner->data, owner->len) != 0)
-        {
+        if (kn->state == NGX_HTTP_HERMES_STATE_LOST) {
             continue;
         }
 
@@ -873,7 +1029,20 @@ ngx_http_hermes_registry_list(ngx_http_hermes_zone_t *zone, ngx_str_t *owner,
 
     ngx_shmtx_unlock(&zone->shpool->mutex);
 
+    ngx_sort((ngx_http_hermes_listing_t *) out->elts + first,
+             out->nelts - first, sizeof(ngx_http_hermes_listing_t),
+             ngx_http_hermes_registry_recent_first);
+
     return NGX_OK;
+}
+
+
+static ngx_int_t ngx_libc_cdecl
+ngx_http_hermes_registry_recent_first(const void *one, const void *two)
+{
+    const ngx_http_hermes_listing_t  *a = one, *b = two;
+
+    return (a->last_used < b->last_used) - (a->last_used > b->last_used);
 }
 
 
@@ -888,12 +1057,13 @@ ngx_http_hermes_registry_shutdown(ngx_http_hermes_zone_t *zone,
     ngx_http_hermes_victims_t *victims)
 {
     u_char                  *p;
+    uint32_t                 ohash;
     ngx_int_t                rc;
     ngx_uint_t               pass;
-    ngx_queue_t             *q, *next;
-    ngx_http_hermes_node_t  *kn;
+    ngx_http_hermes_node_t  *kn, *next;
 
     rc = NGX_DECLINED;
+    ohash = ngx_crc32_short(owner->data, owner->len);
 
     ngx_shmtx_lock(&zone->shpool->mutex);
 
@@ -901,18 +1071,17 @@ ngx_http_hermes_registry_shutdown(ngx_http_hermes_zone_t *zone,
 
     for (pass = force ? 1 : 0; pass < 2; pass++) {
 
-        for (q = ngx_queue_head(&zone->sh->lru);
-             q != ngx_queue_sentinel(&zone->sh->lru);
-             q = next)
+        for (kn = ngx_http_hermes_registry_owner_next(zone, owner, ohash,
+                                                      NULL);
+             kn;
+             kn = next)
         {
-            next = ngx_queue_next(q);
-            kn = ngx_queue_data(q, ngx_http_hermes_node_t, queue);
+            /* deleting a node relinks the tree, the others stay in it */
+            next = ngx_http_hermes_registry_owner_next(zone, owner, ohash, kn);
 
             p = ngx_http_hermes_node_session(kn);
 
             if (kn->state == NGX_HTTP_HERMES_STATE_LOST
-                || kn->owner_len != owner->len
-                || ngx_memcmp(kn->data, owner->data, owner->len) != 0
                 || (size_t) (kn->data + kn->key_len - p) != session->len
                 || ngx_memcmp(p, session->data, session->len) != 0)
             {

@@ -1,13 +1,16 @@
 #!/usr/bin/perl
 # The registry over time: idle kernels are reaped (never a running one), a
-# worker killed mid-cell leaves no mark that pins its kernel, reload keeps
-# kernels and lets a streaming cell finish, a full zone answers 503.
+# worker killed mid-cell or while its cell waits in the queue leaves no mark
+# that pins its kernel, reload keeps kernels and lets a streaming cell
+# finish, a full zone answers 503.
 
 use strict;
 use warnings;
 
 use Test::More;
 use Time::HiRes qw(time sleep);
+use IO::Socket::INET;
+use JSON::PP ();
 
 use Hermes::Test;
 
@@ -100,6 +103,83 @@ is($r->{result}{status}, 'success', 'the kernel takes cells again');
 is($r->{result}{output}, "after\n", 'after the orphaned cell finished on it');
 ok(time - $t0 < 5, sprintf('reclaimed in %.1fs', time - $t0));
 like($t->error_log, qr/worker \d+ died holding kernel/, 'the reclaim is logged');
+
+# --- kill -9 of a worker whose cell waits in the queue (not running): its
+#     place in the queue is given up by the sweep
+
+# an execute on a connection of our own, to learn which worker holds it
+sub raw_connect {
+    return IO::Socket::INET->new(PeerAddr => '127.0.0.1', PeerPort => $t->port(0))
+        // die "connect: $!";
+}
+
+sub raw_execute {
+    my ($c, $session, $code) = @_;
+    my $body = JSON::PP->new->encode({ session => $session, code => $code });
+    print $c "POST /v1/execute HTTP/1.1\r\nHost: localhost\r\n"
+        . "Content-Type: application/json\r\nAccept: application/json\r\n"
+        . "Content-Length: " . length($body) . "\r\nConnection: close\r\n\r\n$body";
+    $c->flush;
+    return $c;
+}
+
+sub worker_of_conn {
+    my ($c) = @_;
+    my ($port, $cport) = ($t->port(0), $c->sockport);
+    my $inode;
+    open my $tcp, '<', '/proc/net/tcp' or return;
+    while (<$tcp>) {
+        my @f = split;
+        next unless $f[1] && $f[1] =~ /:([0-9A-F]{4})$/ && hex($1) == $port;
+        next unless $f[2] =~ /:([0-9A-F]{4})$/ && hex($1) == $cport;
+        $inode = $f[9];
+    }
+    return unless $inode;
+    for my $w ($t->worker_pids) {
+        for my $fd (glob "/proc/$w/fd/*") {
+            my $l = readlink($fd) // next;
+            return $w if $l eq "socket:[$inode]";
+        }
+    }
+    return;
+}
+
+sub read_all { my ($c) = @_; local $/; my $a = <$c>; return $a // '' }
+
+run_cell('queued', "q = 0");
+my $running = raw_connect();
+my $wr;
+ok(wait_until(sub { $wr = worker_of_conn($running) }, 5), 'the running cell has a worker');
+raw_execute($running, 'queued', "import time\ntime.sleep(2.5)\nq = 1");
+ok(wait_until(sub { grep { $_->{state} eq 'running' }
+    @{ $t->http('GET', '/v1/kernels')->{json}{kernels} } }, 5), 'its cell runs');
+
+# the queued cell on the other worker, if the kernel lets us pick one
+my ($waiting, $ww, $tries);
+for $tries (1 .. 30) {
+    $waiting = raw_connect();
+    wait_until(sub { $ww = worker_of_conn($waiting) }, 5);
+    last if $ww && $ww != $wr;
+}
+ok($ww, "the queued cell's worker: $ww (the running one's: $wr)");
+raw_execute($waiting, 'queued', "q = 'lost'");
+sleep 0.5;
+kill 'KILL', $ww;
+ok(wait_until(sub { scalar($t->worker_pids) == 2 && !grep { $_ == $ww } $t->worker_pids }, 5),
+    'the master started a new worker');
+like(read_all($running), qr/"status":"success"/, 'the running cell finished')
+    if $ww != $wr;
+
+$t0 = time;
+$r = run_cell('queued', "print(q)", timeout => 15);
+is($r->{result}{status}, 'success', 'a later cell runs on the kernel');
+is($r->{result}{output}, "1\n", 'after the running one, without the dead queued one');
+ok(time - $t0 < 6, sprintf('not held by the dead queued cell (%.1fs)', time - $t0));
+my $kq = $r->{result}{kernel}{kernel_id};
+my $pq = runner_pid($kq);
+$r = $t->http('DELETE', '/v1/kernels/queued');
+is($r->{status}, 204, 'the kernel can be shut down: nothing queued on it');
+ok(wait_until(sub { !pid_alive($pq) }, 5), 'its process is gone');
 
 $t->stop;
 

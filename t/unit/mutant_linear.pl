@@ -37,7 +37,7 @@ EOF
 
 my $n = ($src =~ s{
     (\nngx_http_hermes_registry_lookup\(ngx_http_hermes_zone_t\s*\*zone,
-     \s*ngx_str_t\s*\*key,\s*uint32_t\s+hash\)\n)
+     \s*ngx_str_t\s*\*key,\s*\w+\s+hash\)\n)
     \{\n.*?\n\}\n
 }{$1$linear}sx);
 

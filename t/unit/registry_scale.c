@@ -247,6 +247,7 @@ make_zone(ngx_shm_zone_t *shm_zone, ngx_http_hermes_zone_t *zone,
 
     zone->shm_zone = shm_zone;
     zone->max_kernels = max_kernels;
+    zone->max_kernels_per_owner = max_kernels;
     zone->idle_timeout = 7 * 24 * 3600 * 1000;     /* nothing goes idle */
     zone->sweep = 10000;
 
