@@ -108,6 +108,7 @@ race_cell(race_t *r, ngx_uint_t round, ngx_uint_t k)
     ngx_uint_t                     polls;
     ngx_http_hermes_victims_t      victims;
     ngx_http_hermes_kernel_ref_t   ref;
+    ngx_http_hermes_spawned_t      sp;
     u_char                         buf[RACE_KEY_MAX];
 
     race_ref(&ref, buf, round, k);
@@ -132,9 +133,13 @@ race_cell(race_t *r, ngx_uint_t round, ngx_uint_t k)
         (void) ngx_atomic_fetch_add(&r->shared->spawns[round * r->keys + k],
                                     1);
 
-        ref.pid = (ngx_pid_t) (4000000 + round);
+        ngx_memzero(&sp, sizeof(ngx_http_hermes_spawned_t));
+        ngx_memcpy(sp.kernel_id, ref.kernel_id, NGX_HTTP_HERMES_ID_LEN);
+        ngx_memcpy(sp.dir, ref.dir, ref.dir_len);
+        sp.dir_len = ref.dir_len;
+        sp.pid = (ngx_pid_t) (4000000 + round);
 
-        if (ngx_http_hermes_registry_spawned(&r->zone, &ref) != NGX_OK) {
+        if (ngx_http_hermes_registry_spawned(&r->zone, &ref, &sp) != NGX_OK) {
             return NGX_ERROR;
         }
 
