@@ -13,7 +13,7 @@ PORT       ?= 8088
 # Everything a fresh Debian 12 machine needs for build, run and test.
 PKGS       := nginx nginx-dev libssh-dev libyajl-dev libsodium-dev \
               libcmocka-dev python3 openssh-server openssh-client \
-              curl perl gcc make
+              curl perl gcc make bubblewrap util-linux acl
 
 SRCS       := config ngx_hermes_module.c $(wildcard src/*.c src/*.h)
 REMOTE_PY  := src/remote/kernel_runner.py src/remote/hermes_tools.py \
@@ -37,6 +37,12 @@ deps: .deps-ok
 	    echo "installing Debian packages:$$missing"; \
 	    export DEBIAN_FRONTEND=noninteractive; \
 	    apt-get update -qq && apt-get install -y -qq $$missing >/dev/null; \
+	fi
+	@# kernels of a root worker run as this user (hermes_sandbox user=)
+	@if [ "$$(id -u)" = 0 ] && ! id -u hermes-kernel >/dev/null 2>&1; then \
+	    echo "creating the system user hermes-kernel"; \
+	    useradd --system --no-create-home --home-dir /nonexistent \
+	        --shell /usr/sbin/nologin hermes-kernel; \
 	fi
 	@touch $@
 

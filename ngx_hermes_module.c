@@ -119,6 +119,13 @@ static ngx_command_t  ngx_http_hermes_commands[] = {
       offsetof(ngx_http_hermes_loc_conf_t, queue),
       &ngx_http_hermes_queue_bounds },
 
+    { ngx_string("hermes_sandbox"),
+      NGX_HTTP_MAIN_CONF|NGX_HTTP_SRV_CONF|NGX_HTTP_LOC_CONF|NGX_CONF_1MORE,
+      ngx_http_hermes_sandbox_conf,
+      NGX_HTTP_LOC_CONF_OFFSET,
+      offsetof(ngx_http_hermes_loc_conf_t, sandbox),
+      NULL },
+
     { ngx_string("hermes_thread_pool"),
       NGX_HTTP_MAIN_CONF|NGX_HTTP_SRV_CONF|NGX_HTTP_LOC_CONF|NGX_CONF_TAKE1,
       ngx_conf_set_str_slot,
@@ -256,6 +263,7 @@ ngx_http_hermes_create_loc_conf(ngx_conf_t *cf)
      */
 
     conf->cell_timeout = NGX_CONF_UNSET_MSEC;
+    conf->sandbox = NGX_CONF_UNSET_PTR;
     conf->max_output = NGX_CONF_UNSET_SIZE;
     conf->max_stream = NGX_CONF_UNSET_SIZE;
     conf->max_code = NGX_CONF_UNSET_SIZE;
@@ -291,6 +299,15 @@ ngx_http_hermes_merge_loc_conf(ngx_conf_t *cf, void *parent, void *child)
 
     if (conf->backend == NULL) {
         conf->backend = prev->backend;
+    }
+
+    ngx_conf_merge_ptr_value(conf->sandbox, prev->sandbox, NULL);
+
+    if (conf->sandbox == NULL) {
+        conf->sandbox = ngx_http_hermes_sandbox_default(cf);
+        if (conf->sandbox == NULL) {
+            return NGX_CONF_ERROR;
+        }
     }
 
     if (conf->backend == NULL) {

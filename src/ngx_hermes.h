@@ -108,6 +108,27 @@ typedef struct {
 } ngx_http_hermes_main_conf_t;
 
 
+/* the kernel's sandbox on its host */
+
+typedef enum {
+    NGX_HTTP_HERMES_SANDBOX_OFF = 0,
+    NGX_HTTP_HERMES_SANDBOX_BWRAP
+} ngx_http_hermes_sandbox_e;
+
+
+typedef struct {
+    ngx_uint_t                    mode;
+    ngx_str_t                     user;         /* when the spawn is root's */
+    off_t                         memory;
+    off_t                         tmp;
+    ngx_uint_t                    pids;
+    ngx_uint_t                    cpu;          /* percent of one CPU */
+    ngx_array_t                  *ro;           /* ngx_str_t */
+    unsigned                      net:1;
+    unsigned                      implicit:1;   /* the default, not set */
+} ngx_http_hermes_sandbox_t;
+
+
 typedef enum {
     NGX_HTTP_HERMES_HANDLER_NONE = 0,
     NGX_HTTP_HERMES_HANDLER_EXECUTE,
@@ -123,6 +144,7 @@ typedef struct {
 
     ngx_http_hermes_backend_conf_t *backend;
     ngx_http_complex_value_t     *owner;
+    ngx_http_hermes_sandbox_t    *sandbox;
 
     ngx_msec_t                    cell_timeout;
     size_t                        max_output;
@@ -252,6 +274,7 @@ typedef struct {
     /* what tells this kernel from a stranger reusing its pid or its path */
     uint64_t                      start;        /* pid's start, clock ticks */
     uint64_t                      ino;          /* the directory's inode */
+    uint32_t                      uid;          /* the kernel's user */
 
     uint64_t                      created;      /* ms since the epoch */
     uint64_t                      last_used;
@@ -293,6 +316,7 @@ typedef struct {
     ngx_pid_t                     pid;
     uint64_t                      start;
     uint64_t                      ino;
+    uint32_t                      uid;
     ngx_uint_t                    host;
 
     uint32_t                      gen;
@@ -315,6 +339,7 @@ typedef struct {
     ngx_pid_t                     pid;
     uint64_t                      start;
     uint64_t                      ino;
+    uint32_t                      uid;
 } ngx_http_hermes_spawned_t;
 
 
@@ -386,12 +411,12 @@ typedef struct {
 
 ngx_int_t ngx_http_hermes_local_exec(ngx_http_hermes_cmd_t *cmd);
 ngx_int_t ngx_http_hermes_local_write_at(ngx_fd_t dir, const char *name,
-    u_char *data, size_t len, ngx_log_t *log);
+    u_char *data, size_t len, ngx_uid_t uid, ngx_log_t *log);
 ngx_fd_t ngx_http_hermes_local_open_at(ngx_fd_t dir, const char *name,
     off_t *size);
 ngx_int_t ngx_http_hermes_local_wake(ngx_fd_t dir, ngx_log_t *log);
 ngx_int_t ngx_http_hermes_local_wait_ready(u_char *dir, ngx_pid_t pid,
-    ngx_msec_t timeout);
+    ngx_pid_t expect, ngx_msec_t timeout);
 ngx_int_t ngx_http_hermes_ready_pid(u_char *buf, ngx_pid_t pid);
 ngx_int_t ngx_http_hermes_proc_start(u_char *stat, size_t len,
     uint64_t *start);
@@ -439,6 +464,20 @@ ngx_int_t ngx_http_hermes_kernel_init_process(ngx_cycle_t *cycle,
 void ngx_http_hermes_kernel_exit_process(ngx_cycle_t *cycle);
 ngx_int_t ngx_http_hermes_backend_exec(ngx_http_hermes_conn_t *conn,
     ngx_http_hermes_cmd_t *cmd);
+
+
+/* sandboxes: bwrap, a user that is not root, cgroups or rlimits */
+
+char *ngx_http_hermes_sandbox_conf(ngx_conf_t *cf, ngx_command_t *cmd,
+    void *conf);
+ngx_http_hermes_sandbox_t *ngx_http_hermes_sandbox_default(ngx_conf_t *cf);
+ngx_int_t ngx_http_hermes_sandbox_check(ngx_conf_t *cf,
+    ngx_http_hermes_sandbox_t *sb);
+u_char *ngx_http_hermes_sandbox_user(u_char *p, u_char *last,
+    ngx_http_hermes_sandbox_t *sb);
+u_char *ngx_http_hermes_sandbox_start(u_char *p, u_char *last,
+    ngx_http_hermes_sandbox_t *sb, u_char *dir, u_char *kid, ngx_uint_t root);
+u_char *ngx_http_hermes_sandbox_kill(u_char *p, u_char *last, u_char *kid);
 
 
 /* JSON: requests in, results and errors out (yajl) */

@@ -245,7 +245,7 @@ ngx_http_hermes_local_exec(ngx_http_hermes_cmd_t *cmd)
 
 ngx_int_t
 ngx_http_hermes_local_write_at(ngx_fd_t dir, const char *name, u_char *data,
-    size_t len, ngx_log_t *log)
+    size_t len, ngx_uid_t uid, ngx_log_t *log)
 {
     u_char     tmp[128];
     ssize_t    n;
@@ -262,6 +262,16 @@ ngx_http_hermes_local_write_at(ngx_fd_t dir, const char *name, u_char *data,
     if (fd == -1) {
         ngx_log_error(NGX_LOG_ERR, log, ngx_errno,
                       "hermes: openat(\"%s\") failed", tmp);
+        return NGX_ERROR;
+    }
+
+    /* a root worker writes for a kernel that runs as another user */
+
+    if (uid != geteuid() && fchown(fd, uid, (ngx_gid_t) -1) == -1) {
+        ngx_log_error(NGX_LOG_ERR, log, ngx_errno,
+                      "hermes: fchown(\"%s\", %d) failed", tmp, (int) uid);
+        close(fd);
+        (void) unlinkat(dir, (char *) tmp, 0);
         return NGX_ERROR;
     }
 
@@ -376,7 +386,7 @@ ngx_http_hermes_local_wake(ngx_fd_t dir, ngx_log_t *log)
 /* thread pool: wait for the runner's "ready" file naming pid */
 
 ngx_int_t
-ngx_http_hermes_local_wait_ready(u_char *dir, ngx_pid_t pid,
+ngx_http_hermes_local_wait_ready(u_char *dir, ngx_pid_t pid, ngx_pid_t expect,
     ngx_msec_t timeout)
 {
     u_char           path[NGX_HTTP_HERMES_DIR_MAX + 16], buf[64];
@@ -403,7 +413,7 @@ ngx_http_hermes_local_wait_ready(u_char *dir, ngx_pid_t pid,
 
             if (n > 0) {
                 buf[n] = '\0';
-                return ngx_http_hermes_ready_pid(buf, pid);
+                return ngx_http_hermes_ready_pid(buf, expect);
             }
         }
 
@@ -420,7 +430,10 @@ ngx_http_hermes_local_wait_ready(u_char *dir, ngx_pid_t pid,
 }
 
 
-/* "ready" holds {"pid":N}: NGX_OK when N is the pid that was started */
+/*
+ * "ready" holds {"pid":N}: NGX_OK when N is the pid that was started, or
+ * any pid when that is 0 (the runner sees its own in a pid namespace)
+ */
 
 ngx_int_t
 ngx_http_hermes_ready_pid(u_char *buf, ngx_pid_t pid)
@@ -443,7 +456,7 @@ ngx_http_hermes_ready_pid(u_char *buf, ngx_pid_t pid)
 
     got = ngx_atoi(p, q - p);
 
-    return (got == pid) ? NGX_OK : NGX_ERROR;
+    return (got == NGX_ERROR || (pid && got != pid)) ? NGX_ERROR : NGX_OK;
 }
 
 

@@ -115,7 +115,8 @@ static void ngx_http_hermes_cell_end(ngx_http_hermes_cell_t *cell);
 static void ngx_http_hermes_inotify_handler(ngx_event_t *ev);
 static ngx_int_t ngx_http_hermes_cell_open_kernel(
     ngx_http_hermes_cell_t *cell);
-static ngx_int_t ngx_http_hermes_cell_private_dir(ngx_file_info_t *fi);
+static ngx_int_t ngx_http_hermes_cell_private_dir(ngx_file_info_t *fi,
+    uint32_t uid);
 static void ngx_http_hermes_cell_close_kernel(ngx_http_hermes_cell_t *cell);
 static void ngx_http_hermes_cell_disk_full(ngx_http_hermes_cell_t *cell);
 static void ngx_http_hermes_cell_drain(ngx_http_hermes_cell_t *cell);
@@ -488,6 +489,7 @@ ngx_http_hermes_cell_spawned(void *data, ngx_int_t rc,
         cell->ref.pid = k->pid;
         cell->ref.start = k->start;
         cell->ref.ino = k->ino;
+        cell->ref.uid = k->uid;
         ngx_http_hermes_cell_kill(cell);
         ngx_http_hermes_cell_error(cell, NGX_HTTP_BAD_GATEWAY, "spawn_failed",
                                    "the kernel was shut down while starting");
@@ -561,7 +563,8 @@ ngx_http_hermes_cell_run(ngx_http_hermes_cell_t *cell)
     ngx_http_hermes_cell_name(cell, name, "cell_req");
 
     rc = ngx_http_hermes_local_write_at(cell->cells_fd, (char *) name,
-                                        b->pos, b->last - b->pos, cell->log);
+                                        b->pos, b->last - b->pos,
+                                        (ngx_uid_t) cell->ref.uid, cell->log);
 
     if (rc == NGX_DECLINED) {
         ngx_http_hermes_cell_disk_full(cell);
@@ -693,7 +696,7 @@ ngx_http_hermes_cell_open_kernel(ngx_http_hermes_cell_t *cell)
 
     if (ngx_fd_info(cell->dir_fd, &fi) == NGX_FILE_ERROR
         || (uint64_t) fi.st_ino != cell->ref.ino
-        || ngx_http_hermes_cell_private_dir(&fi) != NGX_OK)
+        || ngx_http_hermes_cell_private_dir(&fi, cell->ref.uid) != NGX_OK)
     {
         ngx_log_error(NGX_LOG_WARN, cell->log, 0,
                       "hermes: \"%s\" is not the directory kernel %*s was "
@@ -708,7 +711,7 @@ ngx_http_hermes_cell_open_kernel(ngx_http_hermes_cell_t *cell)
 
     if (cell->cells_fd == NGX_INVALID_FILE
         || ngx_fd_info(cell->cells_fd, &fi) == NGX_FILE_ERROR
-        || ngx_http_hermes_cell_private_dir(&fi) != NGX_OK)
+        || ngx_http_hermes_cell_private_dir(&fi, cell->ref.uid) != NGX_OK)
     {
         ngx_log_error(NGX_LOG_WARN, cell->log, 0,
                       "hermes: \"%s/cells\" is not an owner-only directory",
@@ -721,9 +724,9 @@ ngx_http_hermes_cell_open_kernel(ngx_http_hermes_cell_t *cell)
 
 
 static ngx_int_t
-ngx_http_hermes_cell_private_dir(ngx_file_info_t *fi)
+ngx_http_hermes_cell_private_dir(ngx_file_info_t *fi, uint32_t uid)
 {
-    if (!ngx_is_dir(fi) || fi->st_uid != geteuid()
+    if (!ngx_is_dir(fi) || fi->st_uid != uid
         || (fi->st_mode & 07777) != 0700)
     {
         return NGX_DECLINED;

@@ -16,7 +16,7 @@
 
 #define NGX_HTTP_HERMES_CMD_TIMEOUT   10000
 #define NGX_HTTP_HERMES_READY_TIMEOUT 10000
-#define NGX_HTTP_HERMES_CMD_MAX       (4 * NGX_HTTP_HERMES_DIR_MAX + 256)
+#define NGX_HTTP_HERMES_CMD_MAX       (16 * NGX_HTTP_HERMES_DIR_MAX + 2048)
 
 /* the runner outlives the registry's idle clock a little, then exits */
 #define NGX_HTTP_HERMES_RUNNER_GRACE  30
@@ -30,7 +30,9 @@
 struct ngx_http_hermes_spawn_s {
     ngx_http_hermes_conn_t         conn;
     ngx_http_hermes_spawned_t      k;
-    ngx_str_t                      root;
+    ngx_str_t                      root_dir;
+    ngx_http_hermes_sandbox_t     *sandbox;
+    ngx_uint_t                     root;        /* we spawn as root */
     u_char                         env[256];
     size_t                         env_len;
     ngx_int_t                      rc;
@@ -101,7 +103,12 @@ ngx_http_hermes_kernel_spawn(ngx_http_hermes_loc_conf_t *hlcf,
     ngx_memcpy(s->k.kernel_id, ref->kernel_id, NGX_HTTP_HERMES_ID_LEN);
     ngx_memcpy(s->k.dir, ref->dir, ref->dir_len + 1);
     s->k.dir_len = ref->dir_len;
-    s->root = hlcf->backend->root;
+    s->root_dir = hlcf->backend->root;
+    s->sandbox = hlcf->sandbox;
+    s->root = (hlcf->backend->type == NGX_HTTP_HERMES_BACKEND_LOCAL)
+              ? (geteuid() == 0)
+              : (hlcf->backend->user.len == 4
+                 && ngx_strncmp(hlcf->backend->user.data, "root", 4) == 0);
     s->done = done;
     s->data = data;
 
@@ -146,8 +153,9 @@ ngx_http_hermes_spawn_thread(void *data, ngx_log_t *log)
 {
     ngx_http_hermes_spawn_t *s = data;
 
-    u_char                         *d, *p, *last;
-    ngx_int_t                       pid, rc;
+    u_char                         *d, *p, *q, *last;
+    ngx_int_t                       pid, uid, rc;
+    ngx_pid_t                       expect;
     ngx_uint_t                      tries;
     ngx_http_hermes_remote_file_t  *rf;
     u_char                          cmd[NGX_HTTP_HERMES_CMD_MAX];
@@ -177,7 +185,7 @@ ngx_http_hermes_spawn_thread(void *data, ngx_log_t *log)
             " mkdir -m 700 -- '%s/cells' '%s/rpc'"
             " && stat -c '%%F:%%u:%%a:%%i' -- '%s' '%s/cells' '%s/rpc'"
             " && id -u",
-            &s->root, d, d, d, d, d, d, d, d, d) = '\0';
+            &s->root_dir, d, d, d, d, d, d, d, d, d) = '\0';
 
         rc = ngx_http_hermes_spawn_run(s, cmd, NULL, 0, out, sizeof(out),
                                        "directory setup");
@@ -247,15 +255,33 @@ ngx_http_hermes_spawn_thread(void *data, ngx_log_t *log)
 
     /*
      * 4. start: the env is sourced in a subshell, so the token never
-     * enters the outer shell; the runner leads its own process group;
-     * -I: no script directory, user site or PYTHON* variables on its path
+     * enters the outer shell; the runner leads its own process group, in
+     * its sandbox, never as root; -I: no script directory, user site or
+     * PYTHON* variables on its path.  Printed: the pid, the kernel's uid.
      */
 
-    *ngx_slprintf(cmd, last,
-                  "umask 077 && cd '%s' && { ( set -a; . ./kernel.env; set +a;"
-                  " rm -f ./kernel.env; exec setsid python3 -I kernel_runner.py )"
-                  " >runner.log 2>&1 </dev/null & } && echo $!",
-                  d) = '\0';
+    p = ngx_slprintf(cmd, last, "umask 077 && cd '%s' &&", d);
+
+    if (s->root) {
+        p = ngx_http_hermes_sandbox_user(p, last, s->sandbox);
+    }
+
+    p = ngx_slprintf(p, last,
+                     " { ( set -a; . ./kernel.env; set +a; rm -f ./kernel.env;");
+
+    p = ngx_http_hermes_sandbox_start(p, last, s->sandbox, d,
+                                      s->k.kernel_id, s->root);
+
+    p = ngx_slprintf(p, last,
+                     " ) >runner.log 2>&1 </dev/null & } && echo $! && id -u%s",
+                     s->root ? " \"$u\"" : "");
+
+    if (p == last) {
+        ngx_snprintf(s->err, sizeof(s->err), "start: the command is too long%Z");
+        goto failed;
+    }
+
+    *p = '\0';
 
     if (ngx_http_hermes_spawn_run(s, cmd, NULL, 0, out, sizeof(out),
                                   "start")
@@ -267,12 +293,25 @@ ngx_http_hermes_spawn_thread(void *data, ngx_log_t *log)
     for (p = out; *p >= '0' && *p <= '9'; p++) { /* void */ }
 
     pid = ngx_atoi(out, p - out);
-    if (pid == NGX_ERROR || pid <= 1) {
+    if (pid == NGX_ERROR || pid <= 1 || *p != '\n') {
         ngx_snprintf(s->err, sizeof(s->err), "start: no pid: \"%s\"%Z", out);
         goto failed;
     }
 
     s->k.pid = (ngx_pid_t) pid;
+
+    for (q = ++p; *q >= '0' && *q <= '9'; q++) { /* void */ }
+
+    uid = ngx_atoi(p, q - p);
+    if (uid == NGX_ERROR || (s->root && uid == 0)) {
+        ngx_snprintf(s->err, sizeof(s->err), "start: no uid: \"%s\"%Z", out);
+        goto failed;
+    }
+
+    s->k.uid = (uint32_t) uid;
+
+    /* in a pid namespace, the runner's own pid is another one */
+    expect = (s->sandbox->mode == NGX_HTTP_HERMES_SANDBOX_OFF) ? s->k.pid : 0;
 
     /*
      * 5. alive: the runner says "ready" with its pid; the pid's start time
@@ -280,7 +319,7 @@ ngx_http_hermes_spawn_thread(void *data, ngx_log_t *log)
      */
 
     if (s->conn.bcf->type == NGX_HTTP_HERMES_BACKEND_LOCAL) {
-        rc = ngx_http_hermes_local_wait_ready(d, s->k.pid,
+        rc = ngx_http_hermes_local_wait_ready(d, s->k.pid, expect,
                                               NGX_HTTP_HERMES_READY_TIMEOUT);
         if (rc == NGX_OK) {
             rc = ngx_http_hermes_local_proc_start(s->k.pid, &s->k.start);
@@ -298,7 +337,7 @@ ngx_http_hermes_spawn_thread(void *data, ngx_log_t *log)
         rc = ngx_http_hermes_spawn_run(s, cmd, NULL, 0, out, sizeof(out),
                                        "ready");
         if (rc == NGX_OK) {
-            rc = ngx_http_hermes_ready_pid(out, s->k.pid);
+            rc = ngx_http_hermes_ready_pid(out, expect);
         }
 
         if (rc == NGX_OK) {
@@ -613,7 +652,7 @@ ngx_http_hermes_kill_thread(void *data, ngx_log_t *log)
 
     u_char                 *p, *last;
     u_char                  out[256];
-    u_char                  cmd[NGX_HTTP_HERMES_DIR_MAX + 512];
+    u_char                  cmd[4 * NGX_HTTP_HERMES_DIR_MAX + 1024];
     ngx_http_hermes_cmd_t   c;
 
     p = cmd;
@@ -628,8 +667,13 @@ ngx_http_hermes_kill_thread(void *data, ngx_log_t *log)
                          k->v.pid, k->v.start, k->v.pid, k->v.pid);
     }
 
+    if (k->v.dir_len > NGX_HTTP_HERMES_ID_LEN) {
+        p = ngx_http_hermes_sandbox_kill(p, last, k->v.dir + k->v.dir_len
+                                                  - NGX_HTTP_HERMES_ID_LEN);
+    }
+
     p = ngx_slprintf(p, last,
-                     "[ '%uL' = 0 ] || [ \"$(stat -c %%i -- '%s' 2>/dev/null)\""
+                     " [ '%uL' = 0 ] || [ \"$(stat -c %%i -- '%s' 2>/dev/null)\""
                      " = '%uL' ] && rm -rf -- '%s'; exit 0",
                      k->v.ino, k->v.dir, k->v.ino, k->v.dir);
     *p = '\0';

@@ -527,6 +527,7 @@ ngx_http_hermes_registry_new_kernel(ngx_http_hermes_node_t *kn,
     kn->pid = 0;
     kn->start = 0;
     kn->ino = 0;
+    kn->uid = 0;
     kn->cell_seq = 0;
     kn->execution_count = 0;
 }
@@ -546,6 +547,7 @@ ngx_http_hermes_registry_snapshot(ngx_http_hermes_node_t *kn,
     ref->pid = kn->pid;
     ref->start = kn->start;
     ref->ino = kn->ino;
+    ref->uid = kn->uid;
     ref->host = kn->host;
     ref->cell_id = kn->cell_seq;
     ref->execution_count = kn->execution_count;
@@ -663,6 +665,7 @@ ngx_http_hermes_registry_spawned(ngx_http_hermes_zone_t *zone,
     kn->pid = k->pid;
     kn->start = k->start;
     kn->ino = k->ino;
+    kn->uid = k->uid;
     kn->host = (uint8_t) ref->host;
     kn->had_kernel = 1;
     kn->cell_seq = 1;

@@ -4,7 +4,7 @@ package Hermes::Test;
 # Perl core modules only.
 #
 #   use Hermes::Test;
-#   my $t = Hermes::Test->new(workers => 2);     # temp prefix, logs/, kroot/ (0700)
+#   my $t = Hermes::Test->new(workers => 2);     # temp prefix, logs/, kroot/ (0711)
 #   $t->write_conf('server { listen 127.0.0.1:%%PORT_0%%;
 #                   location /x { hermes_execute; } }', main => '...');
 #   $t->run;                                       # dies with error.log on failure
@@ -86,8 +86,10 @@ sub new {
     {
         mkdir $d or die "mkdir $d: $!";
     }
-    mkdir $self->{kroot}, 0700 or die "mkdir $self->{kroot}: $!";
-    chmod 0700, $self->{kroot};
+    # others may pass through (a root worker's kernels run as another
+    # user), not list or write
+    mkdir $self->{kroot}, 0711 or die "mkdir $self->{kroot}: $!";
+    chmod 0711, $self->{kroot};
 
     Test::More::diag("hermes test prefix kept: $prefix") if $keep;
 
@@ -401,13 +403,28 @@ sub prefix_pids {
 # kill whatever still runs with its cwd in the prefix (kernels left behind)
 sub kill_strays {
     my ($self) = @_;
-    my @p = $self->prefix_pids or return 0;
+    my @p = $self->prefix_pids;
     for my $pid (@p) {
         my $st = _proc_stat($pid);
         kill 'KILL', -$st->{pgrp} if $st && $st->{pgrp} == $pid;
         kill 'KILL', $pid;
     }
+    $self->remove_cgroups;
     return scalar @p;
+}
+
+# the (empty, once their processes are gone) cgroups of this test's kernels
+sub remove_cgroups {
+    my ($self) = @_;
+    opendir my $dh, $self->{kroot} or return;
+    my @ids = map { /^hermes_rkernel_([0-9a-f]{32})$/ ? $1 : () } readdir $dh;
+    closedir $dh;
+    for my $id (@ids) {
+        for my $d (glob("/sys/fs/cgroup/*/hermes/$id"), "/sys/fs/cgroup/hermes/$id") {
+            next unless -d $d;
+            wait_until(sub { rmdir $d }, 2);
+        }
+    }
 }
 
 sub _auto_cleanup {

@@ -1,0 +1,444 @@
+
+/*
+ * ngx_hermes: each kernel in its own sandbox.
+ *
+ * The start step of a spawn runs the runner under bubblewrap: new user,
+ * pid, mount, ipc and uts namespaces (and net with net=off), a read-only
+ * view of the system, a private /tmp, and of the kernels root only the
+ * kernel's own directory.  The runner's pid namespace dies with its init,
+ * and its init with the bwrap process whose pid the registry keeps: a
+ * kill ends everything the kernel ever started.
+ *
+ * A spawn as root (the worker, or an ssh login) never runs a kernel as
+ * root: the directory is handed to user= and the start drops to it.  As
+ * root, limits are cgroups (v1 or v2, per kernel, under "hermes/"); as
+ * anyone else, rlimits are what is left.
+ */
+
+
+#include "ngx_hermes.h"
+
+
+#define NGX_HTTP_HERMES_SANDBOX_USER  "hermes-kernel"
+
+static ngx_conf_enum_t  ngx_http_hermes_sandbox_modes[] = {
+    { ngx_string("off"), NGX_HTTP_HERMES_SANDBOX_OFF },
+    { ngx_string("bwrap"), NGX_HTTP_HERMES_SANDBOX_BWRAP },
+    { ngx_null_string, 0 }
+};
+
+
+static char *ngx_http_hermes_sandbox_path(ngx_conf_t *cf, ngx_str_t *path);
+
+
+
+/* hermes_sandbox off | bwrap [user=] [net=] [memory=] [pids=] [cpu=] ... */
+
+char *
+ngx_http_hermes_sandbox_conf(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
+{
+    ngx_http_hermes_sandbox_t  **sbp = (ngx_http_hermes_sandbox_t **)
+                                       ((char *) conf + cmd->offset);
+
+    off_t                       size;
+    ngx_str_t                  *value, v, *ro;
+    ngx_int_t                   n;
+    ngx_uint_t                  i;
+    ngx_conf_enum_t            *e;
+    ngx_http_hermes_sandbox_t  *sb;
+
+    if (*sbp != NGX_CONF_UNSET_PTR) {
+        return "is duplicate";
+    }
+
+    sb = ngx_http_hermes_sandbox_default(cf);
+    if (sb == NULL) {
+        return NGX_CONF_ERROR;
+    }
+
+    sb->implicit = 0;
+
+    value = cf->args->elts;
+
+    for (e = ngx_http_hermes_sandbox_modes; e->name.len; e++) {
+        if (e->name.len == value[1].len
+            && ngx_strcmp(e->name.data, value[1].data) == 0)
+        {
+            break;
+        }
+    }
+
+    if (e->name.len == 0) {
+        ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                           "invalid hermes_sandbox \"%V\": \"off\" or "
+                           "\"bwrap\" expected", &value[1]);
+        return NGX_CONF_ERROR;
+    }
+
+    sb->mode = e->value;
+
+    if (sb->mode == NGX_HTTP_HERMES_SANDBOX_OFF && cf->args->nelts > 2) {
+        return "takes no options with \"off\"";
+    }
+
+    for (i = 2; i < cf->args->nelts; i++) {
+
+        if (ngx_strncmp(value[i].data, "user=", 5) == 0) {
+            v.data = value[i].data + 5;
+            v.len = value[i].len - 5;
+
+            if (v.len == 0 || v.len > 32
+                || ngx_strlchr(v.data, v.data + v.len, '\'')
+                || ngx_strcmp(v.data, "root") == 0)
+            {
+                goto invalid;
+            }
+
+            sb->user = v;
+            continue;
+        }
+
+        if (ngx_strcmp(value[i].data, "net=on") == 0) {
+            sb->net = 1;
+            continue;
+        }
+
+        if (ngx_strcmp(value[i].data, "net=off") == 0) {
+            sb->net = 0;
+            continue;
+        }
+
+        if (ngx_strncmp(value[i].data, "memory=", 7) == 0
+            || ngx_strncmp(value[i].data, "tmp=", 4) == 0)
+        {
+            n = (value[i].data[0] == 'm') ? 7 : 4;
+            v.data = value[i].data + n;
+            v.len = value[i].len - n;
+
+            size = ngx_parse_offset(&v);
+            if (size == NGX_ERROR || size < 16 * 1024 * 1024) {
+                ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                                   "invalid hermes_sandbox \"%V\": a size "
+                                   "of at least 16m expected", &value[i]);
+                return NGX_CONF_ERROR;
+            }
+
+            if (n == 7) {
+                sb->memory = size;
+
+            } else {
+                sb->tmp = size;
+            }
+
+            continue;
+        }
+
+        if (ngx_strncmp(value[i].data, "pids=", 5) == 0) {
+            n = ngx_atoi(value[i].data + 5, value[i].len - 5);
+            if (n == NGX_ERROR || n < 8) {
+                ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                                   "invalid hermes_sandbox \"%V\": a number "
+                                   "of at least 8 expected", &value[i]);
+                return NGX_CONF_ERROR;
+            }
+
+            sb->pids = n;
+            continue;
+        }
+
+        if (ngx_strncmp(value[i].data, "cpu=", 4) == 0) {
+            n = ngx_atoi(value[i].data + 4, value[i].len - 4);
+            if (n == NGX_ERROR || n < 1 || n > 100000) {
+                ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                                   "invalid hermes_sandbox \"%V\": a percent "
+                                   "of one CPU, 1 or more, expected",
+                                   &value[i]);
+                return NGX_CONF_ERROR;
+            }
+
+            sb->cpu = n;
+            continue;
+        }
+
+        if (ngx_strncmp(value[i].data, "ro=", 3) == 0) {
+            v.data = value[i].data + 3;
+            v.len = value[i].len - 3;
+
+            if (ngx_http_hermes_sandbox_path(cf, &v) != NGX_CONF_OK) {
+                goto invalid;
+            }
+
+            if (sb->ro == NULL) {
+                sb->ro = ngx_array_create(cf->pool, 4, sizeof(ngx_str_t));
+                if (sb->ro == NULL) {
+                    return NGX_CONF_ERROR;
+                }
+            }
+
+            ro = ngx_array_push(sb->ro);
+            if (ro == NULL) {
+                return NGX_CONF_ERROR;
+            }
+
+            *ro = v;
+            continue;
+        }
+
+        goto invalid;
+    }
+
+    if (sb->mode == NGX_HTTP_HERMES_SANDBOX_BWRAP
+        && ngx_http_hermes_sandbox_check(cf, sb) != NGX_OK)
+    {
+        return NGX_CONF_ERROR;
+    }
+
+    *sbp = sb;
+
+    return NGX_CONF_OK;
+
+invalid:
+
+    ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                       "invalid hermes_sandbox parameter \"%V\"", &value[i]);
+    return NGX_CONF_ERROR;
+}
+
+
+/* absolute, no quotes or control characters: it goes into a command */
+
+static char *
+ngx_http_hermes_sandbox_path(ngx_conf_t *cf, ngx_str_t *path)
+{
+    u_char  *p;
+
+    if (path->len == 0 || path->data[0] != '/') {
+        return NGX_CONF_ERROR;
+    }
+
+    for (p = path->data; p < path->data + path->len; p++) {
+        if (*p < 0x20 || *p == 0x7f || *p == '\'' || *p == '\\') {
+            return NGX_CONF_ERROR;
+        }
+    }
+
+    return NGX_CONF_OK;
+}
+
+
+/* the default: bwrap net=on memory=1g pids=256, where bwrap is */
+
+ngx_http_hermes_sandbox_t *
+ngx_http_hermes_sandbox_default(ngx_conf_t *cf)
+{
+    ngx_http_hermes_sandbox_t  *sb;
+
+    sb = ngx_pcalloc(cf->pool, sizeof(ngx_http_hermes_sandbox_t));
+    if (sb == NULL) {
+        return NULL;
+    }
+
+    sb->mode = NGX_HTTP_HERMES_SANDBOX_BWRAP;
+    sb->implicit = 1;
+    sb->net = 1;
+    sb->memory = 1024 * 1024 * 1024;
+    sb->pids = 256;
+    sb->tmp = 64 * 1024 * 1024;
+
+    return sb;
+}
+
+
+/*
+ * What this host can enforce, told at nginx -t: the nginx host is the
+ * kernel host of the local backend, and often looks like the others.
+ */
+
+ngx_int_t
+ngx_http_hermes_sandbox_check(ngx_conf_t *cf, ngx_http_hermes_sandbox_t *sb)
+{
+    if (access("/usr/bin/bwrap", X_OK) != 0
+        && access("/bin/bwrap", X_OK) != 0)
+    {
+        ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                           "hermes_sandbox bwrap: bwrap (Debian package "
+                           "\"bubblewrap\") is not installed on this host");
+        return NGX_ERROR;
+    }
+
+    if (access("/sys/fs/cgroup/cgroup.controllers", F_OK) != 0
+        && access("/sys/fs/cgroup/memory", W_OK) != 0)
+    {
+        ngx_conf_log_error(NGX_LOG_WARN, cf, 0,
+                           "hermes_sandbox: no cgroup v1 or v2 hierarchy "
+                           "this host can write: memory= and pids= are "
+                           "enforced as rlimits (RLIMIT_AS, RLIMIT_NPROC of "
+                           "the kernel user), cpu= not at all");
+    }
+
+    return NGX_OK;
+}
+
+
+/*
+ * Appended to the start step's subshell, after kernel.env is sourced; the
+ * shell is in DIR, and as root when "root" is set.  It ends by exec-ing
+ * the runner, sandboxed; the pid it had is the kernel's anchor.
+ */
+
+u_char *
+ngx_http_hermes_sandbox_start(u_char *p, u_char *last,
+    ngx_http_hermes_sandbox_t *sb, u_char *dir, u_char *kid, ngx_uint_t root)
+{
+    ngx_str_t   *ro;
+    ngx_uint_t   i;
+
+    if (root) {
+        /* never root: the directory and the kernel go to user= */
+        p = ngx_slprintf(p, last,
+                         " chown -R -- \"$u:$(id -g \"$u\")\" . || exit 1;");
+    }
+
+    if (sb->mode == NGX_HTTP_HERMES_SANDBOX_OFF || sb->memory == 0) {
+        goto start;
+    }
+
+    if (root) {
+        /*
+         * a cgroup of its own, joined by this shell ("0": the writer) so
+         * that everything it starts is in it; v2, else v1; else rlimits
+         */
+
+        p = ngx_slprintf(p, last,
+            " k=hermes/%*s; c=/sys/fs/cgroup;"
+            " if [ -f $c/cgroup.controllers ]; then"
+            " mkdir -p $c/hermes && echo '+memory +pids +cpu'"
+            " > $c/hermes/cgroup.subtree_control 2>/dev/null;"
+            " mkdir $c/$k && echo %O > $c/$k/memory.max"
+            " && echo %ui > $c/$k/pids.max",
+            (size_t) NGX_HTTP_HERMES_ID_LEN, kid, sb->memory, sb->pids);
+
+        if (sb->cpu) {
+            p = ngx_slprintf(p, last, " && echo '%ui 100000' > $c/$k/cpu.max",
+                             sb->cpu * 1000);
+        }
+
+        p = ngx_slprintf(p, last,
+            " && echo 0 > $c/$k/cgroup.procs || exit 1;"
+            " elif [ -w $c/memory ]; then"
+            " mkdir -p $c/memory/$k $c/pids/$k $c/cpu/$k"
+            " && echo %O > $c/memory/$k/memory.limit_in_bytes"
+            " && echo %ui > $c/pids/$k/pids.max",
+            sb->memory, sb->pids);
+
+        if (sb->cpu) {
+            p = ngx_slprintf(p, last,
+                             " && echo %ui > $c/cpu/$k/cpu.cfs_quota_us",
+                             sb->cpu * 1000);
+        }
+
+        p = ngx_slprintf(p, last,
+            " && for d in memory pids cpu; do echo 0 > $c/$d/$k/cgroup.procs;"
+            " done || exit 1; else ulimit -v %O; ulimit -u %ui; fi;",
+            sb->memory / 1024, sb->pids);
+
+    } else {
+        p = ngx_slprintf(p, last, " ulimit -v %O; ulimit -u %ui;",
+                         sb->memory / 1024, sb->pids);
+    }
+
+start:
+
+    /* r: the runner's start, this shell's pid kept (exec) */
+
+    p = ngx_slprintf(p, last, " r() { exec setsid");
+
+    if (root) {
+        p = ngx_slprintf(p, last,
+                         " setpriv --reuid=\"$u\" --regid=\"$(id -g \"$u\")\""
+                         " --clear-groups --no-new-privs --");
+    }
+
+    p = ngx_slprintf(p, last, " \"$@\"; };");
+
+    if (sb->mode == NGX_HTTP_HERMES_SANDBOX_OFF) {
+        return ngx_slprintf(p, last, " r python3 -I kernel_runner.py");
+    }
+
+    if (sb->implicit) {
+        /* the default sandboxes where bwrap is, and says so where not */
+        p = ngx_slprintf(p, last,
+                         " command -v bwrap >/dev/null || { echo 'hermes:"
+                         " bwrap is not installed, the kernel runs without"
+                         " a sandbox' >&2; r python3 -I kernel_runner.py; };");
+    }
+
+    /*
+     * bwrap: everything unshared, the system read-only, its own /tmp,
+     * /proc of its own pid namespace, and of the kernels root its own
+     * directory alone
+     */
+
+    p = ngx_slprintf(p, last,
+                     " r bwrap --unshare-all%s --die-with-parent --new-session"
+                     " --ro-bind /usr /usr --symlink usr/lib /lib"
+                     " --symlink usr/lib64 /lib64 --symlink usr/bin /bin"
+                     " --symlink usr/sbin /sbin --ro-bind /etc /etc"
+                     " --proc /proc --dev /dev --size %O --tmpfs /tmp"
+                     " --dir /var/tmp",
+                     sb->net ? " --share-net" : "", sb->tmp);
+
+    if (sb->ro) {
+        ro = sb->ro->elts;
+
+        for (i = 0; i < sb->ro->nelts; i++) {
+            p = ngx_slprintf(p, last, " --ro-bind-try '%V' '%V'",
+                             &ro[i], &ro[i]);
+        }
+    }
+
+    return ngx_slprintf(p, last,
+                        " --bind '%s' '%s' --chdir '%s'"
+                        " --setenv PATH /usr/local/bin:/usr/bin:/bin"
+                        " python3 -I kernel_runner.py",
+                        dir, dir, dir);
+}
+
+
+/*
+ * The shell variable u: the user kernels run as when the spawn is root's;
+ * set before the start step's subshell, which sees it too.
+ */
+
+u_char *
+ngx_http_hermes_sandbox_user(u_char *p, u_char *last,
+    ngx_http_hermes_sandbox_t *sb)
+{
+    if (sb->user.len) {
+        return ngx_slprintf(p, last, " u='%V';", &sb->user);
+    }
+
+    return ngx_slprintf(p, last,
+                        " u=" NGX_HTTP_HERMES_SANDBOX_USER ";"
+                        " id -u \"$u\" >/dev/null 2>&1 || u=nobody;");
+}
+
+
+/*
+ * Appended to the kill command (as root): every process left in the
+ * kernel's cgroups, whatever pid namespace or session it is in, then the
+ * cgroups themselves once empty.
+ */
+
+u_char *
+ngx_http_hermes_sandbox_kill(u_char *p, u_char *last, u_char *kid)
+{
+    return ngx_slprintf(p, last,
+        " for d in /sys/fs/cgroup/hermes/%*s /sys/fs/cgroup/*/hermes/%*s;"
+        " do [ -d \"$d\" ] || continue;"
+        " i=0; while [ $i -lt 100 ] && ! rmdir \"$d\" 2>/dev/null;"
+        " do kill -9 $(cat \"$d/cgroup.procs\") 2>/dev/null;"
+        " sleep 0.02; i=$((i+1)); done; done;",
+        (size_t) NGX_HTTP_HERMES_ID_LEN, kid,
+        (size_t) NGX_HTTP_HERMES_ID_LEN, kid);
+}
