@@ -254,20 +254,22 @@ ngx_http_hermes_spawn_thread(void *data, ngx_log_t *log)
     }
 
     /*
-     * 4. start: the env is sourced in a subshell, so the token never
-     * enters the outer shell; the runner leads its own process group, in
-     * its sandbox, never as root; -I: no script directory, user site or
-     * PYTHON* variables on its path.  Printed: the pid, the kernel's uid.
+     * 4. start: kernel.env goes to the runner as an open file, unlinked
+     * at once, so the token is in no process's environment or argv; the
+     * runner leads its own process group, in its sandbox, never as root;
+     * -I: no script directory, user site or PYTHON* variables on its
+     * path.  Printed: the pid, the kernel's uid.
      */
 
-    p = ngx_slprintf(cmd, last, "umask 077 && cd '%s' &&", d);
+    p = ngx_slprintf(cmd, last, "umask 077; cd '%s' || exit 1;", d);
 
     if (s->root) {
         p = ngx_http_hermes_sandbox_user(p, last, s->sandbox);
     }
 
     p = ngx_slprintf(p, last,
-                     " { ( set -a; . ./kernel.env; set +a; rm -f ./kernel.env;");
+                     " { ( exec 3<./kernel.env && rm -f ./kernel.env"
+                     " && export HERMES_ENV_FD=3 || exit 1;");
 
     p = ngx_http_hermes_sandbox_start(p, last, s->sandbox, d,
                                       s->k.kernel_id, s->root);

@@ -62,7 +62,7 @@ my $root = abs_path(dirname(abs_path(__FILE__)) . '/..');
     is($t->port(0), $p0, 'port(0) stable');
     isnt($t->port(1), $p0, 'port(1) differs');
     ok(-d $t->kroot, 'kroot exists');
-    is((stat $t->kroot)[2] & 07777, 0700, 'kroot is 0700');
+    is((stat $t->kroot)[2] & 07777, 0711, 'kroot is 0711 (passable, not listable)');
 
     local $ENV{HERMES_NO_MODULE} = 1;
     unlike($t->write_conf(''), qr/load_module/, 'HERMES_NO_MODULE omits load_module');

@@ -86,10 +86,11 @@ is($r->{result}{kernel}{state_lost}, JSON::PP::true, 'after a crash: state_lost'
 
 # --- a client that disconnects does not stop its cell
 
-my $mark = $t->prefix . '/cell-finished';
 $r = $t->execute('/v1/execute', { session => 'gone', code => "q = 'still here'" });
+# the kernel sees its own directory only: the mark goes there
+my $mark = $t->kroot . "/hermes_rkernel_$r->{events}[0]{kernel_id}/cell-finished";
 $r = $t->execute('/v1/execute', { session => 'gone',
-    code => "import time\nprint('started', flush=True)\ntime.sleep(1.5)\nq = 'after'\nopen('$mark', 'w').write('done')" },
+    code => "import time\nprint('started', flush=True)\ntime.sleep(1.5)\nq = 'after'\nopen('cell-finished', 'w').write('done')" },
     on_event => sub { my ($e) = @_; return ($e->{type} eq 'stdout') ? ABORT_STREAM : undef });
 ok($r->{aborted}, 'client hung up mid-cell');
 ok(wait_until(sub { -e $mark }, 10), 'the cell ran to its end');

@@ -20,7 +20,7 @@ plan skip_all => 'needs root to mount a tmpfs' if $> != 0;
 my $t = Hermes::Test->new(workers => 1);
 my $root = $t->prefix . '/small';
 mkdir $root, 0700 or die;
-if (system('mount', '-t', 'tmpfs', '-o', 'size=8m,mode=0700', 'hermes-test', $root) != 0) {
+if (system('mount', '-t', 'tmpfs', '-o', 'size=8m,mode=0711', 'hermes-test', $root) != 0) {
     plan skip_all => 'cannot mount a tmpfs here';
 }
 END { system('umount', '-l', $root) if $root && -d $root }

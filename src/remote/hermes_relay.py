@@ -47,6 +47,9 @@ def write_file(path, data):
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
     try:
         os.fchmod(fd, 0o600)
+        if os.geteuid() == 0:     # the kernel runs as the directory's owner
+            st = os.stat(HERE)
+            os.fchown(fd, st.st_uid, st.st_gid)
         os.write(fd, data)
     finally:
         os.close(fd)

@@ -822,6 +822,38 @@ def _pending(last):
     return sorted(ids)
 
 
+def _read_env_fd():
+    """The spawn hands kernel.env over as an open file (HERMES_ENV_FD),
+    already unlinked, so the token is in no process's environment at all:
+    not ours, not the sandbox's.  Its other settings go to os.environ."""
+    fd = os.environ.pop("HERMES_ENV_FD", None)
+    if fd is None:
+        return None
+    try:
+        fd = int(fd)
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return None
+        data = os.pread(fd, 65536, 0).decode("utf-8", "replace")
+    except (ValueError, OSError):
+        return None
+    finally:
+        try:
+            os.close(fd)
+        except (TypeError, OSError):
+            pass
+    token = None
+    for line in data.splitlines():
+        key, sep, value = line.partition("=")
+        if not sep or not key.startswith("HERMES_"):
+            continue
+        value = value.strip("'")
+        if key == "HERMES_RPC_TOKEN":
+            token = value
+        else:
+            os.environ[key] = value
+    return token
+
+
 def _take_token():
     """Move HERMES_RPC_TOKEN from the environment into hermes_tools, so a
     cell's subprocesses do not inherit it.  Also blank the copy in the
@@ -860,7 +892,7 @@ def main():
             os.setsid()
         except OSError:                  # EPERM: already a group leader
             pass
-    hermes_tools._token = _take_token()
+    hermes_tools._token = _read_env_fd() or _take_token()
     try:
         idle = max(float(os.environ.get("HERMES_IDLE_TIMEOUT", "0") or 0), 0.0)
     except ValueError:
