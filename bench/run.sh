@@ -50,13 +50,14 @@ fi
 
 # --- temporary prefix and cleanup ---------------------------------------------
 prefix=$(mktemp -d /tmp/hermes-bench.XXXXXXXX)
-chmod 700 "$prefix"
+# 0711: a root worker's kernels run as another user, who passes through
+chmod 711 "$prefix"
 # A second kernels root on tmpfs: the file protocol (a few files created,
 # renamed and deleted a cell) costs much more on a disk filesystem.
 shm=""
 if [ "${BENCH_TMPFS:-1}" = 1 ] && [ -d /dev/shm ] && [ -w /dev/shm ]; then
     shm=$(mktemp -d /dev/shm/hermes-bench.XXXXXXXX)
-    chmod 700 "$shm"
+    chmod 711 "$shm"
 fi
 pids=()           # group leaders we started (setsid): nginx, jupyter x2
 
@@ -147,13 +148,13 @@ mkdir -p "$prefix/nginx/logs" "$prefix/nginx/tmp" "$prefix/kernels"
 # the inode), and a running master that has the file mapped then forks
 # workers that crash at once (signal 11) in a loop.
 cp "$module" "$prefix/nginx/ngx_http_hermes_module.so"
-chmod 700 "$prefix/kernels"
+chmod 711 "$prefix/kernels"
 user=""
 [ "$(id -u)" = 0 ] && user="user root;"
 shm_location=""
 if [ -n "$shm" ]; then
     mkdir -p "$shm/kernels"
-    chmod 700 "$shm/kernels"
+    chmod 711 "$shm/kernels"
     shm_location="
         location = /v1/execute-tmpfs {
             hermes_backend local root=$shm/kernels;
@@ -177,7 +178,7 @@ http {
     access_log off;
     client_body_temp_path $prefix/nginx/tmp;
 
-    hermes_zone bench:4m max_kernels=128 idle_timeout=10m;
+    hermes_zone bench:4m max_kernels=128 max_kernels_per_owner=128 idle_timeout=10m;
     hermes_backend local root=$prefix/kernels;
 
     server {

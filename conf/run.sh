@@ -6,7 +6,8 @@ top=$(cd "$(dirname "$0")/.." && pwd)
 port=${1:-8088}
 prefix=$top/run
 mkdir -p "$prefix/logs" "$prefix/kernels" "$prefix/tmp"
-chmod 700 "$prefix/kernels"
+# passable, not listable: a root worker's kernels run as another user
+chmod 711 "$prefix/kernels"
 
 user=""
 [ "$(id -u)" = 0 ] && user="user root;"
