@@ -426,7 +426,7 @@ ngx_http_hermes_spawn_check_dirs(ngx_http_hermes_spawn_t *s, u_char *out,
         {
             p = ngx_slprintf(s->err, elast, "directory setup: not an "
                              "owner-only directory of uid ");
-            p = ngx_http_hermes_log_escape(p, elast, uid, uid_len);
+            p = ngx_http_hermes_log_escape(p, elast, uid, uid_len, 0);
             p = ngx_slprintf(p, elast, ": ");
             ngx_http_hermes_spawn_error(s, p, f[0], f[3] - 1 - f[0]);
             return NGX_ERROR;
@@ -545,7 +545,7 @@ ngx_http_hermes_spawn_error(ngx_http_hermes_spawn_t *s, u_char *p,
 
     if (last - p >= 2) {
         *p++ = '"';
-        p = ngx_http_hermes_log_escape(p, last - 1, text, len);
+        p = ngx_http_hermes_log_escape(p, last - 1, text, len, 1);
         *p++ = '"';
     }
 
@@ -561,21 +561,22 @@ ngx_http_hermes_conn_error(u_char *buf, u_char *last,
 {
     return ngx_http_hermes_log_escape(buf, last, conn->err,
                                       ngx_strnlen(conn->err,
-                                                  sizeof(conn->err)));
+                                                  sizeof(conn->err)), 0);
 }
 
 
 /*
  * Text from elsewhere (the kernel host's output, an ssh server's words)
- * into a log line: printable ASCII as it is, any other byte and the quote
- * and backslash as \xNN, so that one event stays one line and a forged
- * line or a quote cannot end it.  What does not fit before last is cut,
- * and "..." says so.  The caller terminates.
+ * into a log line: printable ASCII as it is, any other byte and the
+ * backslash as \xNN, so that one event stays one line and no line can be
+ * forged; in quoted text the quote too, so that the text cannot end it.
+ * What does not fit before last is cut, and "..." says so.  The caller
+ * terminates.
  */
 
 u_char *
 ngx_http_hermes_log_escape(u_char *dst, u_char *last, u_char *src,
-    size_t len)
+    size_t len, ngx_uint_t quoted)
 {
     u_char          c, *end;
     static u_char   hex[] = "0123456789abcdef";
@@ -590,7 +591,7 @@ ngx_http_hermes_log_escape(u_char *dst, u_char *last, u_char *src,
     for ( /* void */ ; len; len--, src++) {
         c = *src;
 
-        if (c >= 0x20 && c < 0x7f && c != '"' && c != '\\') {
+        if (c >= 0x20 && c < 0x7f && c != '\\' && (c != '"' || !quoted)) {
             if (dst == end) {
                 break;
             }
