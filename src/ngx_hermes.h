@@ -464,6 +464,8 @@ ngx_int_t ngx_http_hermes_kernel_init_process(ngx_cycle_t *cycle,
 void ngx_http_hermes_kernel_exit_process(ngx_cycle_t *cycle);
 ngx_int_t ngx_http_hermes_backend_exec(ngx_http_hermes_conn_t *conn,
     ngx_http_hermes_cmd_t *cmd);
+u_char *ngx_http_hermes_log_escape(u_char *dst, u_char *last, u_char *src,
+    size_t len, ngx_uint_t quoted);
 
 
 /* sandboxes: bwrap, a user that is not root, cgroups or rlimits */

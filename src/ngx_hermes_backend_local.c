@@ -252,7 +252,7 @@ ngx_http_hermes_local_write_at(ngx_fd_t dir, const char *name, u_char *data,
     ngx_fd_t   fd;
     ngx_err_t  err;
 
-    ngx_snprintf(tmp, sizeof(tmp), "%s.tmp%Z", name);
+    *ngx_slprintf(tmp, tmp + sizeof(tmp) - 1, "%s.tmp", name) = '\0';
 
     /* O_EXCL: a name already there (planted, or a symlink) is not ours */
 
@@ -395,7 +395,7 @@ ngx_http_hermes_local_wait_ready(u_char *dir, ngx_pid_t pid, ngx_pid_t expect,
     ngx_msec_t       waited, delay;
     struct timespec  ts;
 
-    ngx_snprintf(path, sizeof(path), "%s/ready%Z", dir);
+    *ngx_slprintf(path, path + sizeof(path) - 1, "%s/ready", dir) = '\0';
 
     delay = 1;
 

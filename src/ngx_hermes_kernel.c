@@ -26,6 +26,9 @@
 /* kernel directories that may already exist before we give up */
 #define NGX_HTTP_HERMES_MKDIR_TRIES   4
 
+/* a spawn's error: its step, and the step's output, escaped */
+#define NGX_HTTP_HERMES_SPAWN_ERR     512
+
 
 struct ngx_http_hermes_spawn_s {
     ngx_http_hermes_conn_t         conn;
@@ -36,7 +39,8 @@ struct ngx_http_hermes_spawn_s {
     u_char                         env[256];
     size_t                         env_len;
     ngx_int_t                      rc;
-    u_char                         err[256];
+    u_char                         err[NGX_HTTP_HERMES_SPAWN_ERR];
+    size_t                         out_len;
     ngx_http_hermes_spawn_done_pt  done;
     void                          *data;
     unsigned                       made:1;
@@ -66,11 +70,15 @@ static ngx_queue_t                   ngx_http_hermes_kills_waiting;
 static void ngx_http_hermes_spawn_thread(void *data, ngx_log_t *log);
 static void ngx_http_hermes_spawn_event(ngx_event_t *ev);
 static ngx_int_t ngx_http_hermes_spawn_check_dirs(ngx_http_hermes_spawn_t *s,
-    u_char *out);
+    u_char *out, size_t len);
 static void ngx_http_hermes_kernel_new_id(ngx_http_hermes_spawn_t *s);
 static ngx_int_t ngx_http_hermes_spawn_run(ngx_http_hermes_spawn_t *s,
     u_char *cmd, const u_char *in, size_t in_len, u_char *out,
     size_t out_size, const char *step);
+static void ngx_http_hermes_spawn_error(ngx_http_hermes_spawn_t *s, u_char *p,
+    u_char *text, size_t len);
+static u_char *ngx_http_hermes_conn_error(u_char *buf, u_char *last,
+    ngx_http_hermes_conn_t *conn);
 static void ngx_http_hermes_kill_post(ngx_http_hermes_kill_t *k);
 static void ngx_http_hermes_kill_repost(void);
 static void ngx_http_hermes_kill_thread(void *data, ngx_log_t *log);
@@ -153,7 +161,7 @@ ngx_http_hermes_spawn_thread(void *data, ngx_log_t *log)
 {
     ngx_http_hermes_spawn_t *s = data;
 
-    u_char                         *d, *p, *q, *last;
+    u_char                         *d, *p, *q, *last, *elast;
     ngx_int_t                       pid, uid, rc;
     ngx_pid_t                       expect;
     ngx_uint_t                      tries;
@@ -164,6 +172,7 @@ ngx_http_hermes_spawn_thread(void *data, ngx_log_t *log)
     d = s->k.dir;
     s->rc = NGX_ERROR;
     last = cmd + sizeof(cmd) - 1;
+    elast = s->err + sizeof(s->err) - 1;
 
     /*
      * 1. A directory of our own, never one found there: a co-tenant who
@@ -202,10 +211,10 @@ ngx_http_hermes_spawn_thread(void *data, ngx_log_t *log)
         }
 
         if (tries == NGX_HTTP_HERMES_MKDIR_TRIES) {
-            ngx_snprintf(s->err, sizeof(s->err),
-                         "directory setup: %ui kernel directories in a row "
-                         "existed already: another user is making them%Z",
-                         tries + 1);
+            *ngx_slprintf(s->err, elast,
+                          "directory setup: %ui kernel directories in a row "
+                          "existed already: another user is making them",
+                          tries + 1) = '\0';
             goto failed;
         }
 
@@ -216,7 +225,9 @@ ngx_http_hermes_spawn_thread(void *data, ngx_log_t *log)
         ngx_http_hermes_kernel_new_id(s);
     }
 
-    if (ngx_http_hermes_spawn_check_dirs(s, out + 5) != NGX_OK) {
+    if (ngx_http_hermes_spawn_check_dirs(s, out + 5, s->out_len - 5)
+        != NGX_OK)
+    {
         goto failed;
     }
 
@@ -279,7 +290,7 @@ ngx_http_hermes_spawn_thread(void *data, ngx_log_t *log)
                      s->root ? " \"$u\"" : "");
 
     if (p == last) {
-        ngx_snprintf(s->err, sizeof(s->err), "start: the command is too long%Z");
+        *ngx_slprintf(s->err, elast, "start: the command is too long") = '\0';
         goto failed;
     }
 
@@ -296,7 +307,8 @@ ngx_http_hermes_spawn_thread(void *data, ngx_log_t *log)
 
     pid = ngx_atoi(out, p - out);
     if (pid == NGX_ERROR || pid <= 1 || *p != '\n') {
-        ngx_snprintf(s->err, sizeof(s->err), "start: no pid: \"%s\"%Z", out);
+        p = ngx_slprintf(s->err, elast, "start: no pid: ");
+        ngx_http_hermes_spawn_error(s, p, out, s->out_len);
         goto failed;
     }
 
@@ -306,7 +318,8 @@ ngx_http_hermes_spawn_thread(void *data, ngx_log_t *log)
 
     uid = ngx_atoi(p, q - p);
     if (uid == NGX_ERROR || (s->root && uid == 0)) {
-        ngx_snprintf(s->err, sizeof(s->err), "start: no uid: \"%s\"%Z", out);
+        p = ngx_slprintf(s->err, elast, "start: no uid: ");
+        ngx_http_hermes_spawn_error(s, p, out, s->out_len);
         goto failed;
     }
 
@@ -352,9 +365,9 @@ ngx_http_hermes_spawn_thread(void *data, ngx_log_t *log)
 
     if (rc != NGX_OK) {
         if (s->rc != NGX_DECLINED) {
-            ngx_snprintf(s->err, sizeof(s->err),
-                         "the kernel did not start (see \"%s/runner.log\")%Z",
-                         d);
+            *ngx_slprintf(s->err, elast,
+                          "the kernel did not start (see \"%s/runner.log\")",
+                          d) = '\0';
         }
 
         goto failed;
@@ -399,52 +412,75 @@ failed:
  */
 
 static ngx_int_t
-ngx_http_hermes_spawn_check_dirs(ngx_http_hermes_spawn_t *s, u_char *out)
+ngx_http_hermes_spawn_check_dirs(ngx_http_hermes_spawn_t *s, u_char *out,
+    size_t len)
 {
-    u_char      *p, *nl, *uid, *f[4];
+    off_t        ino;
+    u_char      *p, *nl, *last, *elast, *uid, *f[4];
+    size_t       uid_len;
     ngx_uint_t   i, n;
 
-    uid = NULL;
+    last = out + len;
+    elast = s->err + sizeof(s->err) - 1;
 
-    for (p = out, i = 0; i < 4; i++, p = nl + 1) {
-        nl = (u_char *) ngx_strchr(p, '\n');
+    for (p = out, i = 0; i < 3; i++, p = nl + 1) {
+        nl = ngx_strlchr(p, last, '\n');
         if (nl == NULL) {
             goto bad;
         }
-
-        if (i == 3) {
-            uid = p;
-            *nl = '\0';
-            break;
-        }
     }
 
-    for (p = out, i = 0; i < 3; i++) {
-        for (n = 0; n < 4; n++) {
-            f[n] = p;
-            while (*p != ':' && *p != '\n') {
-                p++;
-            }
+    uid = p;
 
-            if ((n < 3 && *p != ':') || (n == 3 && *p != '\n')) {
+    nl = ngx_strlchr(p, last, '\n');
+    if (nl == NULL || nl == uid) {
+        goto bad;
+    }
+
+    uid_len = nl - uid;
+
+    for (p = out, i = 0; i < 3; i++, p = nl + 1) {
+        nl = ngx_strlchr(p, last, '\n');
+
+        /* field n runs from f[n] to the ':' before f[n + 1] */
+
+        f[0] = p;
+
+        for (n = 1; n < 4; n++) {
+            p = ngx_strlchr(p, nl, ':');
+            if (p == NULL) {
                 goto bad;
             }
 
-            *p++ = '\0';
+            f[n] = ++p;
         }
 
-        if (ngx_strcmp(f[0], "directory") != 0
-            || ngx_strcmp(f[1], uid) != 0
-            || ngx_strcmp(f[2], "700") != 0)
+        if (ngx_strlchr(p, nl, ':') != NULL || p == nl) {
+            goto bad;
+        }
+
+        if (f[1] - f[0] != sizeof("directory:") - 1
+            || ngx_strncmp(f[0], "directory:", f[1] - f[0]) != 0
+            || (size_t) (f[2] - f[1] - 1) != uid_len
+            || ngx_strncmp(f[1], uid, uid_len) != 0
+            || f[3] - f[2] != sizeof("700:") - 1
+            || ngx_strncmp(f[2], "700:", f[3] - f[2]) != 0)
         {
-            ngx_snprintf(s->err, sizeof(s->err),
-                         "directory setup: not an owner-only directory of "
-                         "uid %s: \"%s:%s:%s\"%Z", uid, f[0], f[1], f[2]);
+            p = ngx_slprintf(s->err, elast, "directory setup: not an "
+                             "owner-only directory of uid ");
+            p = ngx_http_hermes_log_escape(p, elast, uid, uid_len, 0);
+            p = ngx_slprintf(p, elast, ": ");
+            ngx_http_hermes_spawn_error(s, p, f[0], f[3] - 1 - f[0]);
             return NGX_ERROR;
         }
 
         if (i == 0) {
-            s->k.ino = ngx_atoof(f[3], ngx_strlen(f[3]));
+            ino = ngx_atoof(f[3], nl - f[3]);
+            if (ino == NGX_ERROR) {
+                goto bad;
+            }
+
+            s->k.ino = (uint64_t) ino;
         }
     }
 
@@ -452,8 +488,8 @@ ngx_http_hermes_spawn_check_dirs(ngx_http_hermes_spawn_t *s, u_char *out)
 
 bad:
 
-    ngx_snprintf(s->err, sizeof(s->err),
-                 "directory setup: unexpected output \"%s\"%Z", out);
+    p = ngx_slprintf(s->err, elast, "directory setup: unexpected output ");
+    ngx_http_hermes_spawn_error(s, p, out, len);
 
     return NGX_ERROR;
 }
@@ -479,8 +515,9 @@ ngx_http_hermes_spawn_run(ngx_http_hermes_spawn_t *s, u_char *cmd,
     const u_char *in, size_t in_len, u_char *out, size_t out_size,
     const char *step)
 {
-    ngx_int_t              rc;
-    ngx_http_hermes_cmd_t  c;
+    u_char                 *p, *last;
+    ngx_int_t               rc;
+    ngx_http_hermes_cmd_t   c;
 
     ngx_memzero(&c, sizeof(ngx_http_hermes_cmd_t));
 
@@ -494,32 +531,132 @@ ngx_http_hermes_spawn_run(ngx_http_hermes_spawn_t *s, u_char *cmd,
     rc = ngx_http_hermes_backend_exec(&s->conn, &c);
 
     out[c.out_len] = '\0';
+    s->out_len = c.out_len;
 
     if (step == NULL) {
         return rc;
     }
 
+    p = s->err;
+    last = s->err + sizeof(s->err) - 1;
+
     if (rc == NGX_DECLINED) {
         /* the backend is unreachable: no step ran */
         s->rc = NGX_DECLINED;
-        ngx_snprintf(s->err, sizeof(s->err), "%s%Z", s->conn.err);
+        *ngx_http_hermes_conn_error(p, last, &s->conn) = '\0';
         return NGX_ERROR;
     }
 
     if (rc != NGX_OK) {
-        ngx_snprintf(s->err, sizeof(s->err), "%s: %s%Z", step,
-                     s->conn.err[0] ? (char *) s->conn.err
-                     : c.err ? strerror(c.err) : "failed");
+        p = ngx_slprintf(p, last, "%s: ", step);
+
+        if (s->conn.err[0]) {
+            p = ngx_http_hermes_conn_error(p, last, &s->conn);
+
+        } else {
+            p = ngx_slprintf(p, last, "%s",
+                             c.err ? strerror(c.err) : "failed");
+        }
+
+        *p = '\0';
         return NGX_ERROR;
     }
 
     if (c.status != 0) {
-        ngx_snprintf(s->err, sizeof(s->err), "%s: exit code %d: \"%s\"%Z",
-                     step, c.status, out);
+        p = ngx_slprintf(p, last, "%s: exit code %d: ", step, c.status);
+        ngx_http_hermes_spawn_error(s, p, out, c.out_len);
         return NGX_ERROR;
     }
 
     return NGX_OK;
+}
+
+
+/*
+ * s->err from p on: the text quoted and escaped, as much as fits; always
+ * NUL-terminated (ngx_snprintf's %Z is lost when the text is cut).
+ */
+
+static void
+ngx_http_hermes_spawn_error(ngx_http_hermes_spawn_t *s, u_char *p,
+    u_char *text, size_t len)
+{
+    u_char  *last;
+
+    last = s->err + sizeof(s->err) - 1;
+
+    if (last - p >= 2) {
+        *p++ = '"';
+        p = ngx_http_hermes_log_escape(p, last - 1, text, len, 1);
+        *p++ = '"';
+    }
+
+    *p = '\0';
+}
+
+
+/* the backend's error, escaped: libssh's text may hold the server's */
+
+static u_char *
+ngx_http_hermes_conn_error(u_char *buf, u_char *last,
+    ngx_http_hermes_conn_t *conn)
+{
+    return ngx_http_hermes_log_escape(buf, last, conn->err,
+                                      ngx_strnlen(conn->err,
+                                                  sizeof(conn->err)), 0);
+}
+
+
+/*
+ * Text from elsewhere (the kernel host's output, an ssh server's words)
+ * into a log line: printable ASCII as it is, any other byte and the
+ * backslash as \xNN, so that one event stays one line and no line can be
+ * forged; in quoted text the quote too, so that the text cannot end it.
+ * What does not fit before last is cut, and "..." says so.  The caller
+ * terminates.
+ */
+
+u_char *
+ngx_http_hermes_log_escape(u_char *dst, u_char *last, u_char *src,
+    size_t len, ngx_uint_t quoted)
+{
+    u_char          c, *end;
+    static u_char   hex[] = "0123456789abcdef";
+
+    if (last - dst < 3) {
+        return dst;
+    }
+
+    /* the room for "..." */
+    end = last - 3;
+
+    for ( /* void */ ; len; len--, src++) {
+        c = *src;
+
+        if (c >= 0x20 && c < 0x7f && c != '\\' && (c != '"' || !quoted)) {
+            if (dst == end) {
+                break;
+            }
+
+            *dst++ = c;
+            continue;
+        }
+
+        if (end - dst < 4) {
+            break;
+        }
+
+        *dst++ = '\\';
+        *dst++ = 'x';
+        *dst++ = hex[c >> 4];
+        *dst++ = hex[c & 0xf];
+    }
+
+    if (len) {
+        dst = ngx_cpymem(dst, "...", 3);
+    }
+
+    return dst;
 }
 
 
@@ -699,6 +836,16 @@ ngx_http_hermes_kill_event(ngx_event_t *ev)
 {
     ngx_http_hermes_kill_t *k = ev->data;
 
+    u_char  err[NGX_HTTP_HERMES_SPAWN_ERR];
+
+    if (k->conn.err[0]) {
+        *ngx_http_hermes_conn_error(err, err + sizeof(err) - 1, &k->conn)
+            = '\0';
+
+    } else {
+        ngx_cpystrn(err, (u_char *) "command failed", sizeof(err));
+    }
+
     if (k->failed && k->conn.unavailable
         && k->tries < NGX_HTTP_HERMES_KILL_RETRIES)
     {
@@ -706,7 +853,7 @@ ngx_http_hermes_kill_event(ngx_event_t *ev)
 
         ngx_log_error(NGX_LOG_WARN, k->log, 0,
                       "hermes: killing kernel %P in \"%s\" failed: %s; "
-                      "retrying", k->v.pid, k->v.dir, k->conn.err);
+                      "retrying", k->v.pid, k->v.dir, err);
 
         ngx_http_hermes_conn_give(&k->conn);
 
@@ -724,8 +871,7 @@ ngx_http_hermes_kill_event(ngx_event_t *ev)
     if (k->failed) {
         ngx_log_error(NGX_LOG_WARN, k->log, 0,
                       "hermes: killing kernel %P in \"%s\" failed: %s",
-                      k->v.pid, k->v.dir,
-                      k->conn.err[0] ? (char *) k->conn.err : "command failed");
+                      k->v.pid, k->v.dir, err);
 
     } else {
         ngx_log_debug2(NGX_LOG_DEBUG_HTTP, k->log, 0,

@@ -1,0 +1,110 @@
+#!/usr/bin/perl
+# A local kernel holds nothing of the worker's: no listening or client
+# socket, no epoll, eventfd or inotify fd, no log file.  The runner's fds
+# are only what it opened itself: 0 on /dev/null, 1 and 2 on runner.log,
+# the wake FIFO and files in its own directory.  The spawn steps' shells
+# hand the runner every fd they hold (the start step's subshell becomes
+# it), so a leak into them shows here too; and so does one into the
+# processes a cell starts.
+
+use strict;
+use warnings;
+
+use Test::More;
+use IO::Socket::INET;
+use Time::HiRes qw(time sleep);
+
+use Hermes::Test;
+
+$SIG{$_} = sub { exit 1 } for qw(INT TERM HUP);
+
+my $t = Hermes::Test->new(workers => 1);
+$t->write_conf(<<'CONF');
+    hermes_zone kernels:1m;
+    hermes_backend local root=%%KROOT%%;
+
+    server {
+        listen 127.0.0.1:%%PORT_0%%;
+        listen 127.0.0.1:%%PORT_1%%;
+
+        location = /x {
+            hermes_execute;
+        }
+    }
+CONF
+$t->run;
+
+# a keep-alive client connection open in the worker while kernels spawn
+my $held = IO::Socket::INET->new(PeerAddr => '127.0.0.1', PeerPort => $t->port(1))
+    or die "connect: $!";
+print $held "GET /nothing HTTP/1.1\r\nHost: x\r\n\r\n";
+sleep 0.2;
+
+my ($worker) = $t->worker_pids;
+my %wfd = fds($worker);
+ok(scalar(grep { /^socket:/ } values %wfd) >= 3, 'the worker holds sockets (two listening, one client)')
+    or diag explain \%wfd;
+ok(scalar(grep { /^anon_inode:/ } values %wfd), 'the worker holds epoll/eventfd/inotify fds');
+
+my $r = $t->execute('/x', {session => 'fds', code => 'x = 1'});
+is(($r->{result} // {})->{status}, 'success', 'a kernel runs');
+my $kid = ($r->{result} // {})->{kernel}{kernel_id} // '';
+my $dir = $t->kroot . "/hermes_rkernel_$kid";
+my $pid = runner_pid($kid);
+ok($pid, "runner $pid");
+
+check(fds($pid), 'idle runner');
+my %idle = fds($pid);
+is($idle{0}, '/dev/null', 'fd 0: /dev/null');
+is($idle{1}, "$dir/runner.log", 'fd 1: runner.log');
+is($idle{2}, "$dir/runner.log", 'fd 2: runner.log');
+ok(scalar(grep { $_ eq "$dir/wake" } values %idle), 'the wake FIFO');
+
+# while a cell runs, and in what a cell starts (inheritable fds only)
+my $bg = $t->execute_async('/x', {session => 'fds', code => <<'PY'});
+import os, subprocess, sys, time
+ls = 'import os\nfor f in os.listdir("/proc/self/fd"):\n    print(f, os.readlink("/proc/self/fd/" + f))'
+out = subprocess.run([sys.executable, '-c', ls],
+                     capture_output=True, text=True, close_fds=False).stdout
+print(out, end='', flush=True)
+time.sleep(1.5)
+PY
+ok(wait_until(sub { -e "$dir/cells/cell_out_000002" }, 5), 'the cell runs');
+sleep 0.5;
+check(fds($pid), 'runner during a cell');
+$r = $bg->wait(15);
+is(($r->{result} // {})->{status}, 'success', 'the cell ran');
+my %child = map { split / /, $_, 2 } split /\n/, ($r->{result} // {})->{output} // '';
+ok(scalar keys %child >= 3, 'a process the cell started lists its fds');
+# its own 0-2 are subprocess's pipes; the fd that lists them is its own
+delete @child{0, 1, 2};
+delete $child{$_} for grep { $child{$_} =~ m{^/proc/} } keys %child;
+check(%child, 'a process the cell started');
+
+close $held;
+$t->stop;
+done_testing;
+
+###############################################################################
+
+sub fds {
+    my ($pid) = @_;
+    my %fd;
+    for my $f (glob "/proc/$pid/fd/*") {
+        my ($n) = $f =~ m{/(\d+)$} or next;
+        my $l = readlink $f;
+        $fd{$n} = $l if defined $l;
+    }
+    return %fd;
+}
+
+sub check {
+    my $name = pop;
+    my %fd = @_;
+    my @bad = map { "$_ -> $fd{$_}" }
+              grep { $fd{$_} ne '/dev/null' && index($fd{$_}, "$dir/") != 0 }
+              sort { $a <=> $b } keys %fd;
+    is(join(', ', @bad), '', "$name: every fd is /dev/null or in its own dir");
+    my @leak = grep { /^(?:socket|anon_inode|pipe):/ } values %fd;
+    is("@leak", '', "$name: no socket, anon_inode or pipe of the worker's");
+}
