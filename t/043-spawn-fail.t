@@ -132,6 +132,8 @@ $t->write_conf(<<"CONF");
 
         location = /x {
             hermes_execute;
+            # python3 from the login's PATH (the fake's), not the sandbox's
+            hermes_sandbox off;
             hermes_backend ssh host=127.0.0.1:${\ $s->port } root=$root
                 user=root identity=${\ $s->identity }
                 known_hosts=${\ $s->known_hosts } connect_timeout=3s;

@@ -905,7 +905,8 @@ sub procs_matching {
 sub runner_pid {
     my ($kid) = @_;
     return undef unless $kid;
-    for my $pid (procs_matching(qr/kernel_runner\.py/)) {
+    # python3 itself, not the bwrap around it (whose argv ends the same)
+    for my $pid (procs_matching(qr{^(?:\S*/)?python3 (?:-I )?kernel_runner\.py})) {
         return $pid if (readlink("/proc/$pid/cwd") // '') =~ /hermes_rkernel_$kid$/;
     }
     return undef;
