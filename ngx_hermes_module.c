@@ -337,6 +337,17 @@ ngx_http_hermes_merge_loc_conf(ngx_conf_t *cf, void *parent, void *child)
         return NGX_CONF_OK;
     }
 
+    if (conf->handler == NGX_HTTP_HERMES_HANDLER_EXECUTE
+        && conf->sandbox->implicit
+        && conf->backend->type == NGX_HTTP_HERMES_BACKEND_LOCAL
+        && ngx_http_hermes_sandbox_check(cf, conf->sandbox) != NGX_OK)
+    {
+        /* the default sandboxes where it can; say where it cannot */
+        ngx_conf_log_error(NGX_LOG_WARN, cf, 0,
+                           "kernels of this location run without a sandbox "
+                           "(no hermes_sandbox set, and no bwrap)");
+    }
+
     /* a content handler: find its zone and thread pool */
 
     hmcf = ngx_http_conf_get_module_main_conf(cf, ngx_http_hermes_module);

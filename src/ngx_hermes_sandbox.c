@@ -260,9 +260,13 @@ ngx_http_hermes_sandbox_check(ngx_conf_t *cf, ngx_http_hermes_sandbox_t *sb)
     if (access("/usr/bin/bwrap", X_OK) != 0
         && access("/bin/bwrap", X_OK) != 0)
     {
-        ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
-                           "hermes_sandbox bwrap: bwrap (Debian package "
-                           "\"bubblewrap\") is not installed on this host");
+        if (!sb->implicit) {
+            ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                               "hermes_sandbox bwrap: bwrap (Debian package "
+                               "\"bubblewrap\") is not installed on this "
+                               "host");
+        }
+
         return NGX_ERROR;
     }
 
