@@ -728,6 +728,11 @@ class DiskFullTest(unittest.TestCase):
         for name in os.listdir(k.cells):
             if name.startswith("cell_"):
                 os.unlink(os.path.join(k.cells, name))
+        # the runner keeps its reserve again once there is room
+        reserve = os.path.join(k.cells, "reserve.tmp")
+        self.assertTrue(_wait_for(lambda: os.path.exists(reserve)
+                                  and os.stat(reserve).st_blocks * 512
+                                  >= 64 * 1024, 5), "no reserve kept")
         k.n += 1
         _write_atomic(os.path.join(k.cells, "cell_req_%06d.json" % k.n),
                       json.dumps({"id": k.n, "code": "print(x)\n"
