@@ -437,9 +437,9 @@ void ngx_http_hermes_conn_give(ngx_http_hermes_conn_t *conn);
 ngx_int_t ngx_http_hermes_ssh_exec(ngx_http_hermes_conn_t *conn,
     ngx_http_hermes_cmd_t *cmd);
 ngx_int_t ngx_http_hermes_ssh_relay(ngx_thread_pool_t *tp,
-    ngx_http_hermes_conn_t *conn, u_char *dir, uint32_t id, ngx_pid_t pid,
-    ngx_msec_t timeout, u_char *req, size_t req_len, ngx_socket_t fd,
-    ngx_log_t *log);
+    ngx_http_hermes_conn_t *conn, ngx_http_hermes_kernel_ref_t *ref,
+    off_t out_limit, off_t res_limit, ngx_msec_t timeout, u_char *req,
+    size_t req_len, ngx_socket_t fd, ngx_log_t *log);
 void ngx_http_hermes_ssh_exit_process(ngx_http_hermes_backend_conf_t *bcf);
 
 

@@ -12,7 +12,9 @@
  * it ships the cell, then streams cell_out as it grows and the result, and
  * the relay thread copies that into a socketpair the event loop reads.  A
  * connection that breaks is made again, with back-off, until the cell's
- * deadline, and the relay resumed where it was cut.
+ * deadline, and the relay resumed where it was cut.  The relay's text goes
+ * on the channel's stdin each time, from the module's own copy: the kernel
+ * directory is the cell's to rewrite.
  */
 
 
@@ -35,6 +37,15 @@
 /* a relay that exits without its result on a working connection */
 #define NGX_HTTP_HERMES_SSH_CUTS        3
 
+/*
+ * python3 -c: reads a length line and that many bytes of stdin, the
+ * relay's text, and runs it; the relay reads the cell request from the
+ * same stdin.  No single quotes: it is quoted for the remote shell.
+ */
+#define NGX_HTTP_HERMES_SSH_LOADER                                            \
+    "import sys;i=sys.stdin.buffer;"                                          \
+    "exec(compile(i.read(int(i.readline())),\"hermes_relay.py\",\"exec\"))"
+
 
 struct ngx_http_hermes_ssh_host_s {
     ngx_str_t                    name;          /* "host" or "host:port" */
@@ -51,10 +62,11 @@ typedef struct {
     ngx_thread_task_t            task;
     ngx_http_hermes_conn_t       conn;
     ngx_socket_t                 fd;            /* the thread's end */
-    u_char                       cmd[NGX_HTTP_HERMES_DIR_MAX * 2 + 64];
-    u_char                      *req;
-    size_t                       req_len;
-    u_char                       resume[NGX_HTTP_HERMES_DIR_MAX * 2 + 64];
+    u_char                       cmd[NGX_HTTP_HERMES_DIR_MAX + 512];
+    u_char                       resume[NGX_HTTP_HERMES_DIR_MAX + 512];
+    u_char                      *in;            /* length, relay, request */
+    size_t                       in_len;
+    size_t                       relay_len;     /* length and relay only */
     uint32_t                     id;
     ngx_msec_t                   deadline;      /* monotonic: give up then */
 
@@ -534,43 +546,69 @@ failed:
 
 
 /*
- * Event loop: relay cell "id" of the kernel in "dir" (process group "pid")
- * into fd, in a task of its own, for at most "timeout" ms (the cell's).
+ * Event loop: relay cell "id" of the kernel "ref" into fd, in a task of its
+ * own, for at most "timeout" ms (the cell's).  The relay reads no more than
+ * "out_limit" bytes of cell_out and a result of "res_limit" bytes at most.
  * The task owns the session, the fd and a copy of the request; it is freed
  * when it completes, whether or not the cell is still there.
  */
 
 ngx_int_t
 ngx_http_hermes_ssh_relay(ngx_thread_pool_t *tp, ngx_http_hermes_conn_t *conn,
-    u_char *dir, uint32_t id, ngx_pid_t pid, ngx_msec_t timeout, u_char *req,
-    size_t req_len, ngx_socket_t fd, ngx_log_t *log)
+    ngx_http_hermes_kernel_ref_t *ref, off_t out_limit, off_t res_limit,
+    ngx_msec_t timeout, u_char *req, size_t req_len, ngx_socket_t fd,
+    ngx_log_t *log)
 {
-    ngx_http_hermes_relay_t  *rl;
+    u_char                         *p;
+    ngx_http_hermes_relay_t        *rl;
+    ngx_http_hermes_remote_file_t  *rf;
 
-    rl = ngx_calloc(sizeof(ngx_http_hermes_relay_t) + req_len, log);
+    for (rf = ngx_http_hermes_remote_files; rf->len; rf++) {
+        if (ngx_strcmp(rf->name.data, "hermes_relay.py") == 0) {
+            break;
+        }
+    }
+
+    if (rf->len == 0) {
+        ngx_log_error(NGX_LOG_ALERT, log, 0,
+                      "hermes: hermes_relay.py is not built in");
+        return NGX_ERROR;
+    }
+
+    rl = ngx_calloc(sizeof(ngx_http_hermes_relay_t) + NGX_INT64_LEN + 1
+                    + rf->len + req_len, log);
     if (rl == NULL) {
         return NGX_ERROR;
     }
 
     rl->conn = *conn;
     rl->fd = fd;
-    rl->req = (u_char *) rl + sizeof(ngx_http_hermes_relay_t);
-    rl->req_len = req_len;
-    ngx_memcpy(rl->req, req, req_len);
-    rl->id = id;
+    rl->id = ref->cell_id;
+
+    rl->in = (u_char *) rl + sizeof(ngx_http_hermes_relay_t);
+    p = ngx_sprintf(rl->in, "%uz\n", rf->len);
+    p = ngx_cpymem(p, rf->data, rf->len);
+    rl->relay_len = p - rl->in;
+    p = ngx_cpymem(p, req, req_len);
+    rl->in_len = p - rl->in;
 
     /* before the cell's timer fires, which is set just after this */
     rl->deadline = ngx_http_hermes_ssh_now() + timeout
                    - ngx_min(timeout, NGX_HTTP_HERMES_SSH_MARGIN);
 
-    /* -1: ship the request first; a resume gives the offset reached */
+    /*
+     * DIR N PID START INO OUT_LIMIT RES_LIMIT, then -1: ship the request
+     * first; a resume gives the offset reached
+     */
 
-    *ngx_slprintf(rl->cmd, rl->cmd + sizeof(rl->cmd) - 1,
-                  "exec python3 '%s/hermes_relay.py' %uD %P -1", dir, id, pid)
-        = '\0';
+    p = ngx_slprintf(rl->resume, rl->resume + sizeof(rl->resume) - 1,
+                     "exec python3 -I -c '" NGX_HTTP_HERMES_SSH_LOADER "'"
+                     " '%s' %uD %P %uL %uL %O %O",
+                     ref->dir, ref->cell_id, ref->pid, ref->start, ref->ino,
+                     out_limit, res_limit);
+    *p = '\0';
 
-    *ngx_slprintf(rl->resume, rl->resume + sizeof(rl->resume) - 1,
-                  "exec python3 '%s/hermes_relay.py' %uD %P", dir, id, pid)
+    *ngx_slprintf(rl->cmd, rl->cmd + sizeof(rl->cmd) - 1, "%s -1", rl->resume)
         = '\0';
 
     rl->task.ctx = rl;
@@ -742,7 +780,7 @@ ngx_http_hermes_ssh_relay_channel(ngx_http_hermes_relay_t *rl, u_char *cmd,
 {
     int          n;
     u_char      *p, *q, *m, *last, buf[16384];
-    size_t       len, seen;
+    size_t       len, seen, size;
     ngx_int_t    rc;
     ngx_uint_t   phase;
     ssh_channel  ch;
@@ -759,12 +797,14 @@ ngx_http_hermes_ssh_relay_channel(ngx_http_hermes_relay_t *rl, u_char *cmd,
         return NGX_AGAIN;
     }
 
-    if (first) {
-        for (len = 0; len < rl->req_len; len += n) {
-            n = ssh_channel_write(ch, rl->req + len, rl->req_len - len);
-            if (n <= 0) {
-                break;
-            }
+    /* the relay's text each time; the request only when it is shipped */
+
+    size = first ? rl->in_len : rl->relay_len;
+
+    for (len = 0; len < size; len += n) {
+        n = ssh_channel_write(ch, rl->in + len, size - len);
+        if (n <= 0) {
+            break;
         }
     }
 

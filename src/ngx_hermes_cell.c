@@ -986,9 +986,9 @@ ngx_http_hermes_cell_run_relay(ngx_http_hermes_cell_t *cell)
     ngx_http_hermes_conn_take(&conn, cell->hlcf->backend, cell->ref.host);
 
     rc = ngx_http_hermes_ssh_relay(cell->hlcf->thread_pool, &conn,
-                                   cell->ref.dir, cell->ref.cell_id,
-                                   cell->ref.pid, cell->timeout,
-                                   b->pos, b->last - b->pos,
+                                   &cell->ref, cell->out_limit,
+                                   6 * (off_t) cell->hlcf->max_output + 65536,
+                                   cell->timeout, b->pos, b->last - b->pos,
                                    sv[1], cell->log);
     if (rc != NGX_OK) {
         ngx_http_hermes_conn_give(&conn);
@@ -1037,7 +1037,11 @@ ngx_http_hermes_cell_relay_handler(ngx_event_t *ev)
 
     c = cell->r ? cell->r->connection : NULL;
     b = cell->rbuf;
-    limit = 6 * cell->hlcf->max_output + 2 * NGX_HTTP_HERMES_OUT_CHUNK;
+
+    /* a line of cell_out (the relay bounds it by out_limit), or a result */
+    limit = ngx_max(6 * cell->hlcf->max_output + 65536,
+                    (size_t) cell->out_limit)
+            + 2 * NGX_HTTP_HERMES_OUT_CHUNK;
 
     for ( ;; ) {
 
@@ -1130,9 +1134,9 @@ ngx_http_hermes_cell_relay_handler(ngx_event_t *ev)
             b->pos = nl;
         }
 
-        /* keep the buffer's head free for what follows */
+        /* keep the buffer's head free for what follows, the result too */
 
-        if (!cell->res_ready && b->pos > b->start) {
+        if (b->pos > b->start) {
             p = b->pos;
             b->pos = b->start;
             b->last = ngx_movemem(b->start, p, b->last - p);
@@ -1152,7 +1156,10 @@ done:
 }
 
 
-/* the relay closed: a result, a dead kernel, or a broken connection */
+/*
+ * The relay closed: a result, its word on a cell it did not ship (a dead
+ * kernel, a full disk, another failure), or a broken connection.
+ */
 
 static void
 ngx_http_hermes_cell_relay_end(ngx_http_hermes_cell_t *cell)
@@ -1161,17 +1168,34 @@ ngx_http_hermes_cell_relay_end(ngx_http_hermes_cell_t *cell)
     size_t      n;
     ngx_buf_t  *b;
 
+    static u_char  dead[] = "\x1e{\"relay\":\"dead\"}";
+    static u_char  full[] = "\x1e{\"relay\":\"full\"}";
+
     b = cell->rbuf;
+    n = b->last - b->pos;
 
     if (!cell->res_ready) {
-        if (b->last - b->pos > 0 && b->pos[0] == '\x1e'
-            && ngx_strlcasestrn(b->pos, b->last, (u_char *) "\"dead\"", 5))
-        {
-            ngx_http_hermes_cell_respawn(cell);
-            return;
-        }
-
         if (!cell->shipped) {
+            if (n == sizeof(dead) - 1
+                && ngx_strncmp(b->pos, dead, n) == 0
+                && !cell->ref.spawn)
+            {
+                ngx_http_hermes_cell_respawn(cell);
+                return;
+            }
+
+            if (n == sizeof(full) - 1 && ngx_strncmp(b->pos, full, n) == 0) {
+                ngx_http_hermes_cell_disk_full(cell);
+                return;
+            }
+
+            if (n) {
+                ngx_log_error(NGX_LOG_ERR, cell->log, 0,
+                              "hermes: the relay of cell %uD said: \"%*s\"",
+                              cell->ref.cell_id, ngx_min(n - 1, 256),
+                              b->pos + 1);
+            }
+
             ngx_http_hermes_cell_ship_failed(cell);
             return;
         }

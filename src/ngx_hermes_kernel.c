@@ -234,6 +234,16 @@ ngx_http_hermes_spawn_thread(void *data, ngx_log_t *log)
     /* 2. the runner and the tools client, each on stdin */
 
     for (rf = ngx_http_hermes_remote_files; rf->len; rf++) {
+
+        if (rf->name.len == sizeof("hermes_relay.py") - 1
+            && ngx_strncmp(rf->name.data, "hermes_relay.py", rf->name.len)
+               == 0)
+        {
+            /* sent with each ssh cell; a copy in the kernel dir is the
+             * cell's to rewrite, and nothing runs it */
+            continue;
+        }
+
         *ngx_slprintf(cmd, last,
                       "umask 077 && cat > '%s/%V.tmp'"
                       " && chmod 600 '%s/%V.tmp'"

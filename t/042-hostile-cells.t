@@ -187,7 +187,7 @@ for my $kind (qw(fifo dir symlink)) {
     sleep 0.3;
     kill 'KILL', $holder;
     waitpid $holder, 0;
-    opendir my $dh, $cap;
+    opendir(my $dh, $cap) or die "opendir $cap: $!";
     my @got = grep { !/^\.\.?$/ } readdir $dh;
     is("@got", '', 'stale: nothing shipped into the directory made again');
     is($r->{result}{status}, 'success', 'stale: the cell ran');

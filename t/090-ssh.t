@@ -132,14 +132,15 @@ sub ssh_port_of {
     return $env =~ /(?:^|\0)SSH_CONNECTION=\S+ \d+ \S+ (\d+)(?:\0|$)/ ? $1 : undef;
 }
 
-# relay processes (src/remote/hermes_relay.py, one a running cell) of a kernel
-# (of any kernel under our KROOT without an argument)
+# relay processes (src/remote/hermes_relay.py, run by the loader on the
+# command line, the kernel dir its first argument; one a running cell) of a
+# kernel (of any kernel under our KROOT without an argument)
 sub relays_of {
     my ($kid) = @_;
     my $k = $t->kroot;
     return procs_matching(defined $kid
-        ? qr/\Q$k\E\/hermes_rkernel_\Q$kid\E\/hermes_relay\.py/
-        : qr/\Q$k\E\/hermes_rkernel_[0-9a-f]+\/hermes_relay\.py/);
+        ? qr/hermes_relay\.py.* \Q$k\E\/hermes_rkernel_\Q$kid\E /
+        : qr/hermes_relay\.py.* \Q$k\E\/hermes_rkernel_[0-9a-f]+ /);
 }
 
 # the worker's unix sockets (the relays' socketpairs live there; TCP

@@ -50,7 +50,7 @@ sub dir_of { $t->kroot . "/hermes_rkernel_$_[0]" }
 sub relays_of {
     my ($kid) = @_;
     my $k = $t->kroot;
-    return procs_matching(qr/\Q$k\E\/hermes_rkernel_\Q$kid\E\/hermes_relay\.py/);
+    return procs_matching(qr/hermes_relay\.py.* \Q$k\E\/hermes_rkernel_\Q$kid\E /);
 }
 
 sub slurp {
@@ -113,7 +113,7 @@ my $want = join '', map { "line $_\n" } 0 .. 29;
     ok($took < 12, sprintf('answered in %.2fs (outage %.1f s)', $took, $up - $down));
 
     my @sent = ($s->commands)[$ncmd .. (() = $s->commands) - 1];
-    ok(scalar(grep { m{hermes_relay\.py' 2 \d+ [1-9]\d*$} } @sent),
+    ok(scalar(grep { m{^exec python3 -I -c '.*hermes_relay\.py.*' '[^']*/hermes_rkernel_\Q$kid\E' 2 (?:\d+ ){5}[1-9]\d*$} } @sent),
         'the relay was resumed from the offset reached') or diag explain \@sent;
 
     $r = $t->execute('/v1/execute', { session => 'out-a', code => 'print(k)' });

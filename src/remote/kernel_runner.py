@@ -63,6 +63,7 @@ COALESCE = 0.001         # complete lines closer than this share one write
 # worst) up to RESERVE_MAX; a result that does not fit is cut to fit.
 RESERVE_MAX = 1 << 20
 RESERVE_KEEP = 64 * 1024     # kept between cells, for a disk already full
+RESERVE_RETRY = 0.5          # seconds between tries to keep it, while idle
 RESULT_SLACK = 32 * 1024     # the result's fields and error, escaped
 ERROR_MAX = 2000             # chars of the error line kept in the result
 KICK_EVERY = 0.1             # a cell that outlives a full disk is re-interrupted
@@ -702,6 +703,14 @@ def _reserve(n, size):
             os.close(fd)
 
 
+def _reserve_kept():
+    try:
+        st = os.stat(_reserve_path(), follow_symlinks=False)
+    except OSError:
+        return False
+    return stat.S_ISREG(st.st_mode) and st.st_blocks * 512 >= RESERVE_KEEP
+
+
 def _keep_reserve():
     # For the next cell, which may start on a disk that is full already.
     path = _reserve_path()
@@ -934,6 +943,11 @@ def main():
                 if _pending(last):   # a cell whose wake-up is still coming
                     continue
                 _idle_exit()
+        if not _reserve_kept():
+            # the disk was full after the last cell: try again while idle
+            _keep_reserve()
+            if not _reserve_kept():
+                timeout = RESERVE_RETRY if timeout is None else min(timeout, RESERVE_RETRY)
         if select.select([fifo], [], [], timeout)[0]:
             try:
                 while os.read(fifo, 4096):       # only wake-ups: drain them
