@@ -193,6 +193,16 @@ is(c_to_doc($C{dirs}, 'ROOT'), $DOC{dirs}, 'C directory step = docs');
     $k =~ s/%uL/$n++ ? 'INO' : 'START'/ge;
     is(c_to_doc($k), $DOC{kill}, 'C kill command (pid, cgroups, directory) = docs');
 }
+# ... and the kill thread builds it of these three, in this order
+{
+    my $src = slurp($C_KERNEL) // '';
+    my ($body) = $src =~ /^ngx_http_hermes_kill_thread\(.*?\n\{\n(.*?)\n\}\n/ms;
+    $body //= '';
+    my @at = map { index($body, $_) } '"if s=$(cat /proc/%P/stat', 'ngx_http_hermes_sandbox_kill(', q{" [ '%uL' = 0 ]};
+    ok($at[0] >= 0 && $at[0] < $at[1] && $at[1] < $at[2],
+        'ngx_http_hermes_kill_thread: the pid part, the cgroups (ngx_http_hermes_sandbox_kill), the directory')
+        or diag "positions @at";
+}
 is(c_to_doc($C{ship}), $DOC{ship}, 'C ship step = docs');
 is(c_to_doc($C{env}), $DOC{ship} =~ s/NAME/kernel.env/gr,
     'C kernel.env step = docs ("the same for kernel.env")');
@@ -302,6 +312,10 @@ CONF
         $REC{$mode} = { start => $start, dir => $dir, kid => $kid };
     }
 }
+for my $mode (@MODES) {
+    die "no start command recorded for sandbox $mode: nothing to replay\n"
+        unless length $REC{$mode}{start} && $REC{$mode}{kid};
+}
 
 ###############################################################################
 # replay
@@ -310,8 +324,9 @@ my $tmp = File::Temp->newdir('hermes-replay-XXXXXXXX', TMPDIR => 1, CLEANUP => !
 chmod 0755, "$tmp";
 my $CLEAN_PATH = '/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin';
 
-# what END cleans up if a test fails halfway: [pid, start time], kernel ids
-my (@STARTED, @KIDS);
+# what END cleans up if a test fails halfway: [pid, start time], kernel
+# ids, the (unique) arguments of the sleeps runners start
+my (@STARTED, @KIDS, @SLEEPS);
 
 # the uid the runner gets: the kernel user's as root
 my $KUID = $>;
@@ -702,6 +717,7 @@ for my $shell ('/bin/sh', '/bin/bash') {
         my $mdir = "$root/hermes_rkernel_$mkid";
         my $child = 3000 + int(rand 900);
         my $schild = $child + 1000;
+        push @SLEEPS, $child, $schild;
         prepare($m, $shell, $mdir, what => 'start', kid => $mkid, token => $mtoken, idle => 1830,
             files => { 'kernel_runner.py' => standin_runner(sleep => 60, child => $child,
                                                              $bw ? (setsid_child => $schild) : ()) });
@@ -887,6 +903,9 @@ END {
         next unless $start && proc_start($pid) eq $start;
         kill 'KILL', -$pid;
         kill 'KILL', $pid;
+    }
+    for my $n (@SLEEPS) {
+        kill 'KILL', procs_matching(qr/^sleep $n$/);
     }
     for my $kid (@KIDS) {
         for my $d (cgroup_dirs($kid)) {
