@@ -528,6 +528,24 @@ ngx_http_hermes_spawn_run(ngx_http_hermes_spawn_t *s, u_char *cmd,
     u_char                 *p, *last;
     ngx_int_t               rc;
     ngx_http_hermes_cmd_t   c;
+#if (NGX_DEBUG)
+    u_char                  text[NGX_MAX_ERROR_STR];
+#endif
+
+#if (NGX_DEBUG)
+
+    /* no secret in a command: payloads, the token too, go on stdin */
+
+    if (ngx_cycle->log->log_level & NGX_LOG_DEBUG_HTTP) {
+        *ngx_http_hermes_log_escape(text, text + sizeof(text) - 1, cmd,
+                                    ngx_strlen(cmd), 0) = '\0';
+
+        ngx_log_debug2(NGX_LOG_DEBUG_HTTP, ngx_cycle->log, 0,
+                       "hermes: spawn step \"%s\": %s",
+                       step ? step : "cleanup", text);
+    }
+
+#endif
 
     ngx_memzero(&c, sizeof(ngx_http_hermes_cmd_t));
 

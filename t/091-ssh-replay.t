@@ -1,11 +1,15 @@
 #!/usr/bin/perl
 # The spawn commands of docs/protocol.md ("Spawn"), which the module sends
 # to the kernel host's shell (over ssh: the login shell's `-c`), replayed
-# through real shells under a temp root, payloads on stdin.  No nginx.
+# through real shells under a temp root, payloads on stdin.
 #
-# The command strings are copied here from docs/protocol.md AND read out
-# of the C source (ngx_slprintf format strings): the test fails when either
-# drifts from what is tested, and the replay runs the C strings themselves.
+# The directory, ship and kill commands are read out of the C source
+# (ngx_slprintf format strings).  The start command is composed at run
+# time (hermes_sandbox, root or not), so it is recorded from a real nginx
+# (its debug log shows every step's command), once with "hermes_sandbox
+# off" and once with the default bwrap sandbox, and replayed with this
+# test's kernel directory and id.  Every command is also checked against
+# docs/protocol.md: the test fails when the docs drift from what is sent.
 
 use strict;
 use warnings;
@@ -21,11 +25,20 @@ use Time::HiRes qw(time sleep);
 
 use Hermes::Test;
 
+# a test stopped by a signal still runs END: what it started goes
+$SIG{$_} = sub { exit 1 } for qw(INT TERM HUP);
+
 my $ROOT = Hermes::Test::repo_root();
 my $C_KERNEL = "$ROOT/src/ngx_hermes_kernel.c";
+my $C_SANDBOX = "$ROOT/src/ngx_hermes_sandbox.c";
 my $DOCS = "$ROOT/docs/protocol.md";
 my $PY = -x '/usr/bin/python3' ? '/usr/bin/python3' : undef;
 plan skip_all => '/usr/bin/python3 not found' unless $PY;
+
+my $AS_ROOT = $> == 0;
+my @MODES = ('off', -x '/usr/bin/bwrap' ? 'bwrap' : ());
+diag 'bwrap not installed (Debian package bubblewrap): sandbox off only'
+    if @MODES == 1;
 
 ###############################################################################
 # the commands as documented (copied from docs/protocol.md, section Spawn)
@@ -33,17 +46,55 @@ plan skip_all => '/usr/bin/python3 not found' unless $PY;
 my %DOC = (
     dirs  => 'umask 077; r=ROOT; if [ -n "$(find "$r/" -maxdepth 0 -perm /022 ! -perm -1000)" ]; then echo "the kernels root $r is writable by others without the sticky bit"; exit 3; fi; if ! mkdir -m 700 -- DIR 2>/dev/null; then if [ -e DIR ] || [ -L DIR ]; then echo EEXIST; exit 4; fi; mkdir -m 700 -- DIR; exit 5; fi; echo made; mkdir -m 700 -- DIR/cells DIR/rpc && stat -c %F:%u:%a:%i -- DIR DIR/cells DIR/rpc && id -u',
     ship  => 'umask 077 && cat > DIR/NAME.tmp && chmod 600 DIR/NAME.tmp && mv -f DIR/NAME.tmp DIR/NAME',
-    start => 'umask 077 && cd DIR && { ( set -a; . ./kernel.env; set +a; rm -f ./kernel.env; exec setsid python3 -I kernel_runner.py ) >runner.log 2>&1 </dev/null & } && echo $!',
-    kill  => 'if s=$(cat /proc/PID/stat 2>/dev/null); then s=${s##*) }; set -- $s; [ "${20}" = START ] && kill -9 -PID; else kill -9 -PID; fi 2>/dev/null; [ INO = 0 ] || [ "$(stat -c %i -- DIR 2>/dev/null)" = INO ] && rm -rf -- DIR; exit 0',
+    kill  => 'if s=$(cat /proc/PID/stat 2>/dev/null); then s=${s##*) }; set -- $s; [ "${20}" = START ] && kill -9 -PID; else kill -9 -PID; fi 2>/dev/null; for d in /sys/fs/cgroup/hermes/KID /sys/fs/cgroup/*/hermes/KID; do [ -d "$d" ] || continue; i=0; while [ $i -lt 100 ] && ! rmdir "$d" 2>/dev/null; do kill -9 $(cat "$d/cgroup.procs") 2>/dev/null; sleep 0.02; i=$((i+1)); done; done; [ INO = 0 ] || [ "$(stat -c %i -- DIR 2>/dev/null)" = INO ] && rm -rf -- DIR; exit 0',
+);
+
+# the start step: DIR single-quoted; the pieces and where they go
+my %START = (
+    base     => q{umask 077; cd DIR || exit 1; { ( exec 3<./kernel.env && rm -f ./kernel.env && export HERMES_ENV_FD=3 || exit 1; r() { exec setsid "$@"; }; r python3 -I kernel_runner.py ) >runner.log 2>&1 </dev/null & } && echo $! && id -u},
+    user     => q{u=hermes-kernel; id -u "$u" >/dev/null 2>&1 || u=nobody;},
+    chown    => q{chown -R -- "$u:$(id -g "$u")" . || exit 1;},
+    setpriv  => q{r() { exec setsid setpriv --reuid="$u" --regid="$(id -g "$u")" --clear-groups --no-new-privs -- "$@"; };},
+    cgroup   => q{k=hermes/KID; c=/sys/fs/cgroup; if [ -f $c/cgroup.controllers ]; then mkdir -p $c/hermes && echo '+memory +pids +cpu' > $c/hermes/cgroup.subtree_control 2>/dev/null; mkdir $c/$k && echo MEMORY > $c/$k/memory.max && echo PIDS > $c/$k/pids.max && echo 0 > $c/$k/cgroup.procs || exit 1; elif [ -w $c/memory ]; then mkdir -p $c/memory/$k $c/pids/$k $c/cpu/$k && echo MEMORY > $c/memory/$k/memory.limit_in_bytes && echo PIDS > $c/pids/$k/pids.max && for d in memory pids cpu; do echo 0 > $c/$d/$k/cgroup.procs; done || exit 1; else ulimit -v MEMORY_KB; ulimit -u PIDS; fi;},
+    ulimit   => q{ulimit -v MEMORY_KB; ulimit -u PIDS;},
+    fallback => q{command -v bwrap >/dev/null || { echo 'hermes: bwrap is not installed, the kernel runs without a sandbox' >&2; r python3 -I kernel_runner.py; };},
+    bwrap    => q{r bwrap --unshare-all --share-net --die-with-parent --new-session --ro-bind /usr /usr --symlink usr/lib /lib --symlink usr/lib64 /lib64 --symlink usr/bin /bin --symlink usr/sbin /sbin --ro-bind /etc /etc --proc /proc --dev /dev --size TMP --tmpfs /tmp --dir /var/tmp --bind DIR DIR --chdir DIR --setenv PATH /usr/local/bin:/usr/bin:/bin python3 -I kernel_runner.py},
 );
 
 my $docs = slurp($DOCS) // '';
-for my $k (qw(dirs ship start kill)) {
+for my $k (qw(dirs ship kill)) {
     ok(index($docs, "`$DOC{$k}`") >= 0, "docs/protocol.md still documents the $k step as tested")
         or diag "expected in $DOCS:\n  `$DOC{$k}`";
 }
+for my $k (sort keys %START) {
+    ok(index($docs, "`$START{$k}`") >= 0, "docs/protocol.md documents the start step's $k piece as tested")
+        or diag "expected in $DOCS:\n  `$START{$k}`";
+}
 like($docs, qr/HERMES_RPC_TOKEN.*HERMES_KERNEL_ID.*HERMES_IDLE_TIMEOUT/s,
     'docs: kernel.env holds HERMES_RPC_TOKEN, HERMES_KERNEL_ID, HERMES_IDLE_TIMEOUT');
+
+# the start command the docs give for a spawn as root or not, in a mode
+sub doc_start {
+    my ($root, $mode) = @_;
+    my $s = $START{base};
+    my $put = sub {
+        my ($old, $new) = @_;
+        my $i = index($s, $old);
+        die "docs piece not found: $old\n" if $i < 0;
+        substr($s, $i, length $old) = $new;
+    };
+    if ($root) {
+        $put->('cd DIR || exit 1;', "cd DIR || exit 1; $START{user}");
+        $put->('export HERMES_ENV_FD=3 || exit 1;', "export HERMES_ENV_FD=3 || exit 1; $START{chown}");
+        $put->('r() { exec setsid "$@"; };', $START{setpriv});
+        $s .= ' "$u"';
+    }
+    if ($mode eq 'bwrap') {
+        $put->('r() {', ($root ? $START{cgroup} : $START{ulimit}) . ' r() {');
+        $put->('r python3 -I kernel_runner.py )', "$START{fallback} $START{bwrap} )");
+    }
+    return $s;
+}
 
 ###############################################################################
 # the commands as the C code builds them
@@ -90,11 +141,13 @@ for my $r (@kernel_c) {
     if ($s =~ /^umask 077; r=/)                            { push @{ $C{dirs} }, $s }
     elsif ($s =~ /^umask 077 && cat > '?%s\/%V\.tmp/)      { push @{ $C{ship} }, $s }
     elsif ($s =~ /^umask 077 && cat > '?%s\/kernel\.env/)  { push @{ $C{env} }, $s }
-    elsif ($s =~ /^umask 077 && cd .*kernel_runner\.py/)   { push @{ $C{start} }, $s }
     elsif ($s =~ /^HERMES_RPC_TOKEN=/)                     { push @{ $C{envfmt} }, $s }
     elsif ($s =~ /^kill -9 -%P\b.*rm -rf/)                 { push @{ $C{kill} }, $s }
     elsif ($s =~ /^if s=\$\(cat \/proc\/%P\/stat/)           { push @{ $C{killpid} }, $s }
-    elsif ($s =~ /^\[ '%uL' = 0 \]/)                       { push @{ $C{killdir} }, $s }
+    elsif ($s =~ /^ ?\[ '%uL' = 0 \]/)                     { push @{ $C{killdir} }, $s }
+}
+for my $r (c_strings($C_SANDBOX)) {
+    push @{ $C{killcg} }, $r->[0] if $r->[0] =~ /^ ?for d in \/sys\/fs\/cgroup\//;
 }
 # the kill command (kernel kill and failed-spawn cleanup) may be built in
 # more than one place, but always the same way
@@ -102,18 +155,22 @@ for my $r (@kernel_c) {
     my %k = map { $_ => 1 } @{ $C{kill} || [] };
     $C{kill} = [ keys %k ];
 }
-for my $k (qw(dirs ship env start envfmt kill killpid killdir)) {
-    is(scalar @{ $C{$k} || [] }, 1, "exactly one $k format string in ngx_hermes_kernel.c")
+for my $k (qw(dirs ship env envfmt kill killpid killdir killcg)) {
+    is(scalar @{ $C{$k} || [] }, 1, "exactly one $k format string in the C source")
         or diag explain $C{$k};
     $C{$k} = $C{$k}[0] // '';
 }
 
-# C format -> documented form: quotes dropped, %s -> DIR, %V -> NAME
+# C format -> documented form: quotes dropped, %s -> DIR, %V -> NAME,
+# %*s -> KID, %P -> PID, blanks single
 sub c_to_doc {
     my ($f, $name) = @_;
     $name //= 'NAME';
     (my $s = $f) =~ s/'//g;
-    $s =~ s{%(%|s|V)}{$1 eq '%' ? '%' : $1 eq 's' ? 'DIR' : $name}ge;
+    $s =~ s{%(%|s|V|\*s|P)}{
+        $1 eq '%' ? '%' : $1 eq 's' ? 'DIR' : $1 eq 'V' ? $name : $1 eq 'P' ? 'PID' : 'KID'
+    }ge;
+    $s =~ s/  +/ /g;
     return $s;
 }
 
@@ -131,16 +188,25 @@ sub c_cmd {
 
 is(c_to_doc($C{dirs}, 'ROOT'), $DOC{dirs}, 'C directory step = docs');
 {
-    (my $k = $C{killpid} . $C{killdir}) =~ s/%P/PID/g;
+    (my $k = $C{killpid} . $C{killcg} . $C{killdir}) =~ s/%P/PID/g;
     my $n = 0;
     $k =~ s/%uL/$n++ ? 'INO' : 'START'/ge;
-    is(c_to_doc($k), $DOC{kill}, 'C kill command = docs');
+    is(c_to_doc($k), $DOC{kill}, 'C kill command (pid, cgroups, directory) = docs');
+}
+# ... and the kill thread builds it of these three, in this order
+{
+    my $src = slurp($C_KERNEL) // '';
+    my ($body) = $src =~ /^ngx_http_hermes_kill_thread\(.*?\n\{\n(.*?)\n\}\n/ms;
+    $body //= '';
+    my @at = map { index($body, $_) } '"if s=$(cat /proc/%P/stat', 'ngx_http_hermes_sandbox_kill(', q{" [ '%uL' = 0 ]};
+    ok($at[0] >= 0 && $at[0] < $at[1] && $at[1] < $at[2],
+        'ngx_http_hermes_kill_thread: the pid part, the cgroups (ngx_http_hermes_sandbox_kill), the directory')
+        or diag "positions @at";
 }
 is(c_to_doc($C{ship}), $DOC{ship}, 'C ship step = docs');
 is(c_to_doc($C{env}), $DOC{ship} =~ s/NAME/kernel.env/gr,
     'C kernel.env step = docs ("the same for kernel.env")');
-is(c_to_doc($C{start}), $DOC{start}, 'C start step = docs');
-for my $k (qw(dirs ship env start)) {
+for my $k (qw(dirs ship env)) {
     my @conv = $C{$k} =~ /(%.)/gs;
     ok(!grep({ !/^%[%sV]$/ } @conv), "C $k step: only %s/%V conversions")
         or diag "@conv";
@@ -152,16 +218,106 @@ like($C{envfmt}, qr/^HERMES_RPC_TOKEN='%s'\nHERMES_KERNEL_ID='%\*s'\nHERMES_IDLE
 # any other file of the module that builds a command of this protocol must
 # build it the same way (say, an ssh backend with its own copies)
 {
-    my %known = map { $_ => 1 } grep { length } @C{qw(dirs ship env start)};
+    my %known = map { $_->[0] => 1 } grep { $_->[0] =~ /^umask 077/ } @kernel_c;
     for my $f (sort glob("$ROOT/src/*.c"), "$ROOT/ngx_hermes_module.c") {
         next if $f eq $C_KERNEL || !-f $f;
         for my $r (c_strings($f)) {
             my $s = $r->[0];
-            next unless $s =~ /^umask 077 && (?:mkdir|cat >|cd )/;
+            next unless $s =~ /^umask 077/;
             ok($known{$s}, "$f:$r->[1]: spawn command identical to the tested ones")
                 or diag "untested spawn command: $s";
         }
     }
+}
+
+###############################################################################
+# the commands a real nginx sends, from its debug log
+
+my %REC;    # mode => {start, dir, kid}
+{
+    my $t = Hermes::Test->new(workers => 1, error_log_level => 'debug');
+    $t->write_conf(<<'CONF');
+    hermes_zone kernels:1m;
+    hermes_backend local root=%%KROOT%%;
+
+    server {
+        listen 127.0.0.1:%%PORT_0%%;
+        hermes_cell_timeout 20s;
+
+        location = /off {
+            hermes_execute;
+            hermes_sandbox off;
+        }
+
+        location = /bwrap {
+            hermes_execute;
+        }
+    }
+CONF
+    $t->run;
+
+    my %kid;
+    for my $mode (@MODES) {
+        my $r = $t->execute("/$mode", {session => "replay-$mode", code => 'print(6 * 7)'});
+        is($r->{result}{output}, "42\n", "recording: a cell ran in a kernel spawned with sandbox $mode")
+            or diag explain $r;
+        $kid{$mode} = ($r->{events}[0] // {})->{kernel_id} // '';
+    }
+    my $log = $t->error_log;
+    $t->stop;
+    $t->kill_strays;
+
+    my @steps;
+    for my $line (split /\n/, $log) {
+        next unless $line =~ /\[debug\] .*?hermes: spawn step "([^"]*)": (.*)$/;
+        my ($step, $cmd) = ($1, $2);
+        $cmd =~ s/\\x([0-9a-f]{2})/chr hex $1/ge;
+        push @steps, [$step, $cmd];
+    }
+    ok(scalar @steps, 'the debug log shows the spawn steps');
+    unlike($log, qr/[0-9a-f]{64}/, 'no token (64 hex) in the debug log');
+
+    for my $mode (@MODES) {
+        my $kid = $kid{$mode};
+        my $dir = $t->kroot . "/hermes_rkernel_$kid";
+        my @mine = grep { index($_->[1], "/hermes_rkernel_$kid") >= 0 } @steps;
+        my %by;
+        push @{ $by{$_->[0]} }, $_->[1] for @mine;
+        is_deeply([ sort keys %by ], [ 'directory setup', 'ship kernel.env', 'ship runner', 'start' ],
+            "$mode: the steps of its spawn logged");
+
+        # what the C format strings give is what was sent
+        is_deeply($by{'directory setup'}, [ c_cmd($C{dirs}, $dir) ], "$mode: the directory step sent = C");
+        my %shipped = map { m{^umask 077 && cat > '\Q$dir\E/([\w.]+)\.tmp'} ? ($1 => $_) : ('?' => $_) }
+            @{ $by{'ship runner'} || [] };
+        ok($shipped{'kernel_runner.py'} && $shipped{'hermes_tools.py'},
+            "$mode: kernel_runner.py and hermes_tools.py shipped") or diag explain \%shipped;
+        is_deeply(\%shipped, { map { $_ => c_cmd($C{ship}, $dir, $_) } grep { $_ ne '?' } keys %shipped },
+            "$mode: the ship steps sent = C");
+        is_deeply($by{'ship kernel.env'}, [ c_cmd($C{env}, $dir) ], "$mode: the kernel.env step sent = C");
+
+        my $start = ($by{start} || [])->[0] // '';
+        is(scalar @{ $by{start} || [] }, 1, "$mode: one start command");
+        like($start, $AS_ROOT ? qr/ && id -u "\$u"$/ : qr/ && id -u$/,
+            "$mode: the start command logged whole (one line, not cut)");
+        unlike($start, qr/TOKEN/, "$mode: no token on the start command line");
+
+        # docs: the recorded command, DIR and KID for this kernel's
+        (my $d = $start) =~ s/\Q'$dir'\E/DIR/g;
+        $d =~ s/\Q$kid\E/KID/g;
+        $d =~ s/\b1073741824\b/MEMORY/g;
+        $d =~ s/\b1048576\b/MEMORY_KB/g;
+        $d =~ s/\b67108864\b/TMP/g;
+        $d =~ s/\b256\b/PIDS/g;
+        is($d, doc_start($AS_ROOT, $mode),
+            "$mode: the start command sent = docs (" . ($AS_ROOT ? 'as root' : 'not root') . ')');
+
+        $REC{$mode} = { start => $start, dir => $dir, kid => $kid };
+    }
+}
+for my $mode (@MODES) {
+    die "no start command recorded for sandbox $mode: nothing to replay\n"
+        unless length $REC{$mode}{start} && $REC{$mode}{kid};
 }
 
 ###############################################################################
@@ -171,17 +327,37 @@ my $tmp = File::Temp->newdir('hermes-replay-XXXXXXXX', TMPDIR => 1, CLEANUP => !
 chmod 0755, "$tmp";
 my $CLEAN_PATH = '/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin';
 
-# run_sh($shell, $cmd, stdin => $bytes, timeout => 10)
+# what END cleans up if a test fails halfway: [pid, start time], kernel
+# ids, the (unique) arguments of the sleeps runners start
+my (@STARTED, @KIDS, @SLEEPS);
+
+# the uid the runner gets: the kernel user's as root
+my $KUID = $>;
+if ($AS_ROOT) {
+    my @pw = getpwnam('hermes-kernel');
+    @pw = getpwnam('nobody') unless @pw;
+    $KUID = $pw[2];
+}
+
+# cgroups the start makes (root and bwrap only): v2, else v1, else none
+my $CGROUP = !$AS_ROOT ? ''
+    : -f '/sys/fs/cgroup/cgroup.controllers' ? 'v2'
+    : -w '/sys/fs/cgroup/memory' ? 'v1' : '';
+
+sub cgroup_dirs {
+    my ($kid) = @_;
+    return grep { -d } "/sys/fs/cgroup/hermes/$kid", glob("/sys/fs/cgroup/*/hermes/$kid");
+}
+
+# sh_start($shell, $cmd, stdin => $bytes) -> handle; sh_finish($h, timeout)
 # -> {rc, out, err, elapsed (until stdout EOF and exit)}
 # The shell starts with umask 022 and a clean environment, stdout a pipe:
 # the command must close it (a detached child holding it would hang a
 # remote channel) and exit.
-sub run_sh {
+sub sh_start {
     my ($shell, $cmd, %o) = @_;
-    my $timeout = $o{timeout} // 10;
     my $in = "$tmp/stdin." . $$ . '.' . int(rand 1e9);
     open my $ifh, '>:raw', $in or die; print $ifh $o{stdin} // ''; close $ifh;
-    my $errf = "$in.err";
     pipe my $rd, my $wr or die "pipe: $!";
     my $t0 = time;
     my $pid = fork // die "fork: $!";
@@ -189,7 +365,7 @@ sub run_sh {
         close $rd;
         open STDIN, '<', $in or POSIX::_exit(127);
         open STDOUT, '>&', $wr or POSIX::_exit(127);
-        open STDERR, '>', $errf or POSIX::_exit(127);
+        open STDERR, '>', "$in.err" or POSIX::_exit(127);
         close $wr;
         umask 022;
         %ENV = (PATH => $CLEAN_PATH, LANG => 'C', HOME => '/root');
@@ -198,71 +374,110 @@ sub run_sh {
         POSIX::_exit(127);
     }
     close $wr;
+    return { pid => $pid, rd => $rd, in => $in, t0 => $t0 };
+}
+
+sub sh_finish {
+    my ($h, $timeout) = @_;
     my $out = '';
-    my $sel = IO::Select->new($rd);
-    my $deadline = $t0 + $timeout;
+    my $sel = IO::Select->new($h->{rd});
+    my $deadline = time + ($timeout // 10);
     my $eof = 0;
     while (!$eof && time < $deadline) {
         next unless $sel->can_read($deadline - time);
-        my $n = sysread($rd, my $buf, 65536);
+        my $n = sysread($h->{rd}, my $buf, 65536);
         if (!$n) { $eof = 1; last }
         $out .= $buf;
     }
     my $rc;
     my $exited = wait_until(sub {
-        my $w = waitpid($pid, WNOHANG);
-        $rc = $? >> 8 if $w == $pid;
-        $w == $pid || $w == -1;
+        my $w = waitpid($h->{pid}, WNOHANG);
+        $rc = $? >> 8 if $w == $h->{pid};
+        $w == $h->{pid} || $w == -1;
     }, $deadline - time > 0 ? $deadline - time : 0.01);
-    my $elapsed = time - $t0;
+    my $elapsed = time - $h->{t0};
     unless ($eof && $exited) {
-        kill 'KILL', $pid;
-        waitpid $pid, 0;
+        kill 'KILL', $h->{pid};
+        waitpid $h->{pid}, 0;
         $rc = -1;
     }
-    close $rd;
-    my $err = slurp($errf) // '';
-    unlink $in, $errf;
+    close $h->{rd};
+    my $err = slurp("$h->{in}.err") // '';
+    unlink $h->{in}, "$h->{in}.err";
     return { rc => $rc, out => $out, err => $err, elapsed => $elapsed,
              timed_out => !($eof && $exited) };
 }
 
+sub run_sh {
+    my ($shell, $cmd, %o) = @_;
+    return sh_finish(sh_start($shell, $cmd, %o), $o{timeout});
+}
+
 sub mode { my @s = lstat $_[0]; return @s ? sprintf('%o', $s[2] & 07777) : 'missing' }
 
+# A stand-in kernel_runner.py: takes kernel.env from HERMES_ENV_FD the way
+# kernel_runner.py's _read_env_fd does, reports what it was given and sees
 sub standin_runner {
     my (%o) = @_;
     my $sleep = $o{sleep} // 0;
     my $exit = $o{exit} // 0;
-    my $child = $o{child} ? "import subprocess\nsubprocess.Popen(['sleep', '$o{child}'])" : '';
+    my $child = '';
+    $child .= "subprocess.Popen(['sleep', '$o{child}'])\n" if $o{child};
+    $child .= "subprocess.Popen(['sleep', '$o{setsid_child}'], start_new_session=True)\n"
+        if $o{setsid_child};
     return <<"PY";
 # stand-in kernel_runner.py (t/091-ssh-replay.t): reports what it was given
-import json, os, sys, time
+import json, os, stat, subprocess, sys, time
 old = os.umask(0)
 os.umask(old)
-info = {
-    "token": os.environ.get("HERMES_RPC_TOKEN"),
-    "token_len": len(os.environ.get("HERMES_RPC_TOKEN", "")),
-    "kernel_id": os.environ.get("HERMES_KERNEL_ID"),
-    "idle": os.environ.get("HERMES_IDLE_TIMEOUT"),
+info = {"env_fd": os.environ.pop("HERMES_ENV_FD", None)}
+env = {}
+if info["env_fd"] is not None:
+    fd = int(info["env_fd"])
+    st = os.fstat(fd)
+    info["env_fd_regular"] = stat.S_ISREG(st.st_mode)
+    info["env_fd_links"] = st.st_nlink
+    data = os.pread(fd, 65536, 0).decode()
+    os.close(fd)
+    for line in data.splitlines():
+        key, sep, value = line.partition("=")
+        if sep and key.startswith("HERMES_"):
+            env[key] = value.strip("'")
+def listdir(d):
+    try:
+        return sorted(os.listdir(d))
+    except OSError as e:
+        return [type(e).__name__]
+status = open("/proc/self/status").read()
+info.update({
+    "token": env.get("HERMES_RPC_TOKEN"),
+    "token_len": len(env.get("HERMES_RPC_TOKEN", "")),
+    "kernel_id": env.get("HERMES_KERNEL_ID"),
+    "idle": env.get("HERMES_IDLE_TIMEOUT"),
+    "environ_hermes": sorted(k for k in os.environ if k.startswith("HERMES_")),
     "env_file_present": os.path.exists("kernel.env"),
     "cwd": os.getcwd(),
+    "siblings": listdir(os.path.dirname(os.getcwd())),
+    "procs": sorted(int(p) for p in os.listdir("/proc") if p.isdigit()),
     "pid": os.getpid(), "pgid": os.getpgid(0), "sid": os.getsid(0),
+    "uid": os.getuid(), "euid": os.geteuid(), "groups": os.getgroups(),
+    "no_new_privs": "NoNewPrivs:\\t1" in status,
     "umask": old,
     "argv": sys.argv,
     "stdin_devnull": os.path.samestat(os.fstat(0), os.stat("/dev/null")),
-}
+})
 with open("standin.json.tmp", "w") as f:
     json.dump(info, f)
 os.rename("standin.json.tmp", "standin.json")
 print("runner stdout line", flush=True)
 sys.stderr.write("runner stderr line\\n")
 sys.stderr.flush()
+$child
 # the ready file the way docs/protocol.md says: {"pid": N}, NAME.tmp renamed
 fd = os.open("ready.tmp", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o666)
 os.write(fd, ('{"pid":%d}' % os.getpid()).encode())
 os.close(fd)
 os.rename("ready.tmp", "ready")
-$child
 time.sleep($sleep)
 sys.exit($exit)
 PY
@@ -277,13 +492,26 @@ sub env_payload {
     return $f;
 }
 
-# the kernel kill command for a pid, its start time and the dir's inode
+# the recorded start command, for this test's directory and kernel id
+sub start_cmd {
+    my ($mode, $dir, $kid) = @_;
+    my $rec = $REC{$mode} or die "no start command recorded for $mode\n";
+    die "directory holds a single quote: $dir\n" if $dir =~ /'/;
+    (my $s = $rec->{start}) =~ s/\Q'$rec->{dir}'\E/'$dir'/g;
+    $s =~ s/\Q$rec->{kid}\E/$kid/g;
+    push @KIDS, $kid;
+    return $s;
+}
+
+# the kernel kill command for a pid, its start time, the dir's inode
 sub kill_cmd {
-    my ($pid, $start, $ino, $dir) = @_;
-    my $k = $C{killpid} . $C{killdir};
-    my $n = 0;
+    my ($pid, $start, $ino, $dir, $kid) = @_;
+    # without a pid, only the cgroups and the directory (as the C code)
+    my $k = ($pid > 1 ? $C{killpid} : '') . $C{killcg} . $C{killdir};
+    my $n = $pid > 1 ? 0 : 1;
     $k =~ s/%uL/$n++ ? $ino : $start/ge;
     $k =~ s/%P/$pid/g;
+    $k =~ s/%\*s/$kid/g;
     return c_cmd($k, $dir);
 }
 
@@ -291,6 +519,47 @@ sub proc_start {
     my $s = slurp("/proc/$_[0]/stat") // return 0;
     $s =~ s/.*\) //s;
     return (split ' ', $s)[19];
+}
+
+# [ppid, pgrp, session] of a pid
+sub proc_ids {
+    my $s = slurp("/proc/$_[0]/stat") // return ();
+    $s =~ /\) \S (\d+) (\d+) (\d+)/s or return ();
+    return ($1, $2, $3);
+}
+
+# a pid and every process below it
+sub proc_tree {
+    my ($top) = @_;
+    my %kids;
+    opendir my $dh, '/proc' or return ();
+    for my $p (grep { /^\d+$/ } readdir $dh) {
+        my ($pp) = proc_ids($p);
+        push @{ $kids{$pp} }, $p if defined $pp;
+    }
+    my @r;
+    my @q = ($top);
+    while (@q) {
+        my $p = shift @q;
+        push @r, $p;
+        push @q, @{ $kids{$p} || [] };
+    }
+    return @r;
+}
+
+# the runner's pid as this host sees it (in a sandbox: not its own)
+sub host_runner {
+    my ($pid) = @_;
+    for my $p (proc_tree($pid)) {
+        my $c = slurp("/proc/$p/cmdline") // next;
+        return $p if $c =~ /^python3\0-I\0kernel_runner\.py\0/;
+    }
+    return undef;
+}
+
+sub proc_uids {
+    my $s = slurp("/proc/$_[0]/status") // return '';
+    return $s =~ /^Uid:\s+(.*)$/m ? join(',', split ' ', $1) : '';
 }
 
 sub dirs_out {
@@ -315,6 +584,38 @@ sub cmdlines_with {
     my ($needle) = @_;
     my $all = all_cmdlines();
     return grep { index($all->{$_}, $needle) >= 0 } keys %$all;
+}
+
+sub environs_with {
+    my ($needle) = @_;
+    my $all = all_environs();
+    return grep { index($all->{$_}, $needle) >= 0 } keys %$all;
+}
+
+# directories, the runner (or a stand-in) and kernel.env, each step checked
+sub prepare {
+    my ($sh, $shell, $dir, %o) = @_;
+    my $r = run_sh($shell, c_cmd($C{dirs}, $dir));
+    is($r->{out}, dirs_out($dir), "$sh: $o{what}: directories made") or diag $r->{err};
+    for my $name (sort keys %{ $o{files} }) {
+        $r = run_sh($shell, c_cmd($C{ship}, $dir, $name), stdin => $o{files}{$name});
+        is($r->{rc}, 0, "$sh: $o{what}: shipped $name") or diag $r->{err};
+    }
+    $r = run_sh($shell, c_cmd($C{env}, $dir), stdin => env_payload($o{token}, $o{kid}, $o{idle} // 0));
+    is($r->{rc}, 0, "$sh: $o{what}: shipped kernel.env") or diag $r->{err};
+}
+
+# start: prints the pid and the kernel's uid, at once
+sub start {
+    my ($sh, $shell, $mode, $dir, $kid, $what) = @_;
+    my $r = run_sh($shell, start_cmd($mode, $dir, $kid));
+    is($r->{rc}, 0, "$sh: $what: start exits 0") or diag $r->{err};
+    like($r->{out}, qr/^\d+\n\d+\n$/, "$sh: $what: start prints the pid and the uid")
+        or diag $r->{out};
+    my ($pid, $uid) = $r->{out} =~ /^(\d+)\n(\d+)\n/;
+    $pid //= 0;
+    push @STARTED, [$pid, proc_start($pid)] if $pid > 1;
+    return ($pid, $uid, $r);
 }
 
 for my $shell ('/bin/sh', '/bin/bash') {
@@ -357,47 +658,21 @@ for my $shell ('/bin/sh', '/bin/bash') {
     my @left = glob("$dir/*.tmp");
     is("@left", '', "$sh: no NAME.tmp left behind");
 
-    # 4. start: returns at once with the pid, the runner detached
-    $r = run_sh($shell, c_cmd($C{start}, $dir), timeout => 10);
-    is($r->{rc}, 0, "$sh: start exits 0") or diag $r->{err};
-    like($r->{out}, qr/^\d+\n$/, "$sh: start prints the pid");
-    ok($r->{elapsed} < 1.0, sprintf("$sh: start returns (stdout closed, shell gone) while the runner runs (%.2fs)",
-        $r->{elapsed}));
-    my ($pid) = $r->{out} =~ /^(\d+)/;
-    $pid //= 0;
-
-    # 5. ready with that pid
-    ok(wait_until(sub { defined ready_pid($dir) }, 10), "$sh: ready written");
-    is(ready_pid($dir), $pid, "$sh: ready holds the pid the start step printed");
-    my $info = read_json("$dir/standin.json") // {};
-    is($info->{pid}, $pid, "$sh: the printed pid is the runner itself (exec, no wrapper)");
-    ok(pid_alive($pid), "$sh: the runner is alive after the start command returned");
-    is($info->{token_len}, 64, "$sh: kernel.env reached the child: HERMES_RPC_TOKEN of 64 hex");
-    is($info->{token}, $token, "$sh: the token is the one shipped");
-    is($info->{kernel_id}, $kid, "$sh: HERMES_KERNEL_ID reached the child");
-    is($info->{idle}, '1830', "$sh: HERMES_IDLE_TIMEOUT reached the child");
-    ok(!$info->{env_file_present}, "$sh: kernel.env removed before the runner started");
-    ok(!-e "$dir/kernel.env", "$sh: kernel.env gone");
-    is($info->{cwd}, $dir, "$sh: the runner runs in DIR");
-    is($info->{umask}, 077, "$sh: the runner inherits umask 077");
-    is($info->{pgid}, $pid, "$sh: the runner leads its own process group");
-    is($info->{sid}, $pid, "$sh: and its own session (setsid)");
-    ok($info->{stdin_devnull}, "$sh: the runner's stdin is /dev/null");
-    is(mode("$dir/ready"), '600', "$sh: ready (written by the runner with 0666) is 0600");
-    is(mode("$dir/runner.log"), '600', "$sh: runner.log 0600");
-    is(mode("$dir/standin.json"), '600', "$sh: a file the runner makes is 0600");
-    is(join(',', cmdlines_with($token)), '', "$sh: the token is in no process's argv");
-
-    ok(wait_until(sub { !pid_alive($pid) }, 10), "$sh: the stand-in runner ended");
-    like(slurp("$dir/runner.log") // '', qr/runner stdout line\n.*runner stderr line/s,
-        "$sh: the runner's stdout and stderr go to runner.log");
-
-    # the same start, waited for: the command's status is the runner's
-    # exit code, and nothing of kernel.env reached the outer shell
-    my $dir2 = "$root/hermes_rkernel_" . new_kid();
-    my $token2 = new_token();
-    $r = run_sh($shell, c_cmd($C{dirs}, $dir2));
-    is($r->{rc}, 0, "$sh: a second directory");
+    # a root others may write without the sticky bit: refused, nothing made
+    for my $m (0777, 0775, 01777) {
+        my $open = sprintf("$root/open-%o", $m);
+        mkdir $open or die;
+        chmod $m, $open;
+        my $d = "$open/hermes_rkernel_" . new_kid();
+        $r = run_sh($shell, c_cmd($C{dirs}, $d));
+        if ($m == 01777) {
+            is($r->{rc}, 0, "$sh: a sticky world-writable root (as /tmp) is fine");
+        } else {
+            is($r->{rc}, 3, sprintf("$sh: a %o root: exit 3", $m));
+            like($r->{out}, qr/writable by others without the sticky bit/, "$sh: ... and why");
+            ok(!-e $d, "$sh: ... nothing made");
+        }
+    }
 
     # a path that exists, whatever it is, is never taken over or changed
     for my $plant (qw(dir file symlink)) {
@@ -417,68 +692,6 @@ for my $shell ('/bin/sh', '/bin/bash') {
         }
     }
 
-    # a root others may write without the sticky bit: refused, nothing made
-    for my $m (0777, 0775, 01777) {
-        my $open = sprintf("$root/open-%o", $m);
-        mkdir $open or die;
-        chmod $m, $open;
-        my $d = "$open/hermes_rkernel_" . new_kid();
-        $r = run_sh($shell, c_cmd($C{dirs}, $d));
-        if ($m == 01777) {
-            is($r->{rc}, 0, "$sh: a sticky world-writable root (as /tmp) is fine");
-        } else {
-            is($r->{rc}, 3, sprintf("$sh: a %o root: exit 3", $m));
-            like($r->{out}, qr/writable by others without the sticky bit/, "$sh: ... and why");
-            ok(!-e $d, "$sh: ... nothing made");
-        }
-    }
-
-    run_sh($shell, c_cmd($C{ship}, $dir2, 'kernel_runner.py'),
-        stdin => standin_runner(sleep => 0, exit => 7));
-    run_sh($shell, c_cmd($C{env}, $dir2), stdin => env_payload($token2, new_kid(), 0));
-    $r = run_sh($shell, c_cmd($C{start}, $dir2)
-        . '; wait $!; echo "rc=$?"; echo "--- env"; env; echo "--- set"; set');
-    like($r->{out}, qr/^\d+\nrc=7\n/, "$sh: the child's exit code (7) is the command's (wait \$!)")
-        or diag $r->{out};
-    ok(index($r->{out}, $token2) < 0, "$sh: the token is not in the outer shell's env or variables");
-    unlike($r->{out}, qr/HERMES_/, "$sh: no HERMES_ variable in the outer shell");
-    like($r->{out}, qr/--- env\n.*PATH=/s, "$sh: (env and set did print)");
-    is((read_json("$dir2/standin.json") // {})->{token}, $token2,
-        "$sh: while the subshell's child had it");
-
-    # the kill command: the runner's whole process group goes (a child it
-    # started too), and the directory
-    {
-        my $dir3 = "$root/hermes_rkernel_" . new_kid();
-        my $child = 3000 + int(rand 900);
-        run_sh($shell, c_cmd($C{dirs}, $dir3));
-        run_sh($shell, c_cmd($C{ship}, $dir3, 'kernel_runner.py'),
-            stdin => standin_runner(sleep => 30, child => $child));
-        run_sh($shell, c_cmd($C{env}, $dir3), stdin => env_payload(new_token(), new_kid(), 0));
-        $r = run_sh($shell, c_cmd($C{start}, $dir3));
-        my ($pid3) = $r->{out} =~ /^(\d+)/;
-        $pid3 //= 0;
-        ok(wait_until(sub { defined ready_pid($dir3) && procs_matching(qr/^sleep $child$/) }, 10),
-            "$sh: a runner with a child is up");
-        my $start3 = proc_start($pid3);
-        my $ino3 = (lstat $dir3)[1];
-
-        # a pid that names a process started at another time, a directory
-        # with another inode: a stranger's, left alone
-        $r = run_sh($shell, kill_cmd($pid3, $start3 + 1, $ino3 + 1, $dir3));
-        is($r->{rc}, 0, "$sh: the kill command exits 0") or diag $r->{err};
-        sleep 0.2;
-        ok(pid_alive($pid3), "$sh: kill: a pid started at another time is not signalled");
-        ok(procs_matching(qr/^sleep $child$/), "$sh: kill: nor its group");
-        ok(-d $dir3, "$sh: kill: a directory with another inode is not removed");
-
-        $r = run_sh($shell, kill_cmd($pid3, $start3, $ino3, $dir3));
-        is($r->{rc}, 0, "$sh: the kill command exits 0") or diag $r->{err};
-        ok(wait_until(sub { !pid_alive($pid3) }, 5), "$sh: kill: the runner is gone");
-        ok(wait_until(sub { !procs_matching(qr/^sleep $child$/) }, 5), "$sh: kill: its child is gone (process group)");
-        ok(!-e $dir3, "$sh: kill: the directory is removed");
-    }
-
     # fail-closed steps: a non-zero status, nothing made, nothing started
     my $nope = "/proc/hermes-nope-$$/hermes_rkernel_$kid";
     $r = run_sh($shell, c_cmd($C{dirs}, $nope));
@@ -489,44 +702,219 @@ for my $shell ('/bin/sh', '/bin/bash') {
     my $gone = "$root/hermes_rkernel_" . new_kid();
     $r = run_sh($shell, c_cmd($C{ship}, $gone, 'kernel_runner.py'), stdin => "x\n");
     isnt($r->{rc}, 0, "$sh: shipping into a missing DIR fails");
-    $r = run_sh($shell, c_cmd($C{start}, $gone));
-    isnt($r->{rc}, 0, "$sh: start in a missing DIR fails");
-    is($r->{out}, '', "$sh: and prints no pid");
+    for my $mode (@MODES) {
+        $r = run_sh($shell, start_cmd($mode, $gone, new_kid()));
+        isnt($r->{rc}, 0, "$sh: $mode: start in a missing DIR fails");
+        is($r->{out}, '', "$sh: $mode: and prints no pid");
+    }
     ok(!-e $gone, "$sh: nothing made by failed steps");
+
+    for my $mode (@MODES) {
+        my $bw = $mode eq 'bwrap';
+        my $m = "$sh, sandbox $mode";
+
+        # 4. start: returns at once with the pid and the uid, the runner
+        #    detached; a sibling of its directory it must not see
+        my $mkid = new_kid();
+        my $mtoken = new_token();
+        my $mdir = "$root/hermes_rkernel_$mkid";
+        my $child = 3000 + int(rand 900);
+        my $schild = $child + 1000;
+        push @SLEEPS, $child, $schild;
+        prepare($m, $shell, $mdir, what => 'start', kid => $mkid, token => $mtoken, idle => 1830,
+            files => { 'kernel_runner.py' => standin_runner(sleep => 60, child => $child,
+                                                             $bw ? (setsid_child => $schild) : ()) });
+        open my $sib, '>', "$root/sibling-$mode" or die;
+        close $sib;
+        my ($pid, $uid, $sr) = start($m, $shell, $mode, $mdir, $mkid, 'start');
+        ok($sr->{elapsed} < 1.0, sprintf("$m: start returns (stdout closed, shell gone) while the runner runs (%.2fs)",
+            $sr->{elapsed}));
+        is($uid, $KUID, "$m: the uid printed is the kernel's (" . ($AS_ROOT ? 'the kernel user' : 'ours') . ')');
+
+        # 5. ready, and what the runner was given
+        ok(wait_until(sub { defined ready_pid($mdir) && -e "$mdir/standin.json" }, 10), "$m: ready written")
+            or diag slurp("$mdir/runner.log");
+        my $info = read_json("$mdir/standin.json") // {};
+        my $hpid = host_runner($pid) // 0;
+        ok($hpid, "$m: the runner runs under the printed pid");
+        if ($bw) {
+            like(slurp("/proc/$pid/cmdline") // '', qr/^bwrap\0/, "$m: the printed pid is bwrap itself (exec, no shell left)");
+            is(ready_pid($mdir), $info->{pid}, "$m: ready holds the runner's pid (in its pid namespace)");
+            ok(@{ $info->{procs} || [] } && @{ $info->{procs} } <= 3,
+                "$m: its /proc shows its own processes only (@{ $info->{procs} || [] })");
+            is_deeply($info->{siblings}, ["hermes_rkernel_$mkid"], "$m: the runner sees its own directory alone");
+        } else {
+            is($hpid, $pid, "$m: the printed pid is the runner itself (exec, no wrapper)");
+            is(ready_pid($mdir), $pid, "$m: ready holds the pid the start step printed");
+            is($info->{pid}, $pid, "$m: the runner says so too");
+        }
+        my @ids = proc_ids($pid);
+        is("@ids[1, 2]", "$pid $pid", "$m: the printed pid leads its own process group and session");
+        if ($bw) {
+            # --new-session: the sandbox's init (pid 1) leads a session of
+            # its own, the runner's, not the printed pid's
+            is("$info->{pgid} $info->{sid}", '1 1', "$m: the runner is in the process group and session of its sandbox's init");
+            my ($pp, $pg, $ps) = proc_ids($hpid);
+            ok($ps && $ps == $pp && $pg == $pp && $ps != $pid, "$m: a new session (host: $ps), not the printed pid's ($pid)");
+        } else {
+            is($info->{pgid}, $info->{pid}, "$m: the runner leads its own process group");
+            is($info->{sid}, $info->{pid}, "$m: and its own session (setsid)");
+        }
+        ok(pid_alive($pid), "$m: the runner is alive after the start command returned");
+        is($info->{env_fd}, '3', "$m: the runner got HERMES_ENV_FD=3");
+        ok($info->{env_fd_regular}, "$m: fd 3 is a regular file");
+        is($info->{env_fd_links}, 0, "$m: kernel.env unlinked before the runner started");
+        is($info->{token_len}, 64, "$m: kernel.env reached the runner: HERMES_RPC_TOKEN of 64 hex");
+        is($info->{token}, $mtoken, "$m: the token is the one shipped");
+        is($info->{kernel_id}, $mkid, "$m: HERMES_KERNEL_ID reached the runner");
+        is($info->{idle}, '1830', "$m: HERMES_IDLE_TIMEOUT reached the runner");
+        is_deeply($info->{environ_hermes}, [], "$m: no HERMES_ variable in the runner's environment but HERMES_ENV_FD");
+        ok(!$info->{env_file_present}, "$m: kernel.env gone before the runner started");
+        ok(!-e "$mdir/kernel.env", "$m: kernel.env gone");
+        is($info->{cwd}, $mdir, "$m: the runner runs in DIR");
+        is($info->{umask}, 077, "$m: the runner has umask 077");
+        ok($info->{stdin_devnull}, "$m: the runner's stdin is /dev/null");
+        is($info->{uid}, $KUID, "$m: the runner's uid, as it sees it");
+        is(proc_uids($hpid), join(',', ($KUID) x 4), "$m: the runner's uids, as the host sees them"
+            . ($AS_ROOT ? ': the kernel user, not root' : ''));
+        if ($AS_ROOT) {
+            is_deeply($info->{groups}, [], "$m: no supplementary groups");
+            ok($info->{no_new_privs}, "$m: no new privileges");
+            is((lstat $mdir)[4], $KUID, "$m: DIR handed to the kernel user");
+        }
+        is(mode("$mdir/ready"), '600', "$m: ready (written by the runner with 0666) is 0600");
+        is(mode("$mdir/runner.log"), '600', "$m: runner.log 0600");
+        is(mode("$mdir/standin.json"), '600', "$m: a file the runner makes is 0600");
+        ok(wait_until(sub { (slurp("$mdir/runner.log") // '') =~ /runner stdout line\n.*runner stderr line/s }, 5),
+            "$m: the runner's stdout and stderr go to runner.log");
+        ok(wait_until(sub { procs_matching(qr/^sleep $child$/) }, 5), "$m: the runner's child is up");
+        ok(wait_until(sub { procs_matching(qr/^sleep $schild$/) }, 5), "$m: and one in a session of its own")
+            if $bw;
+
+        # the token in no process's argv or environment; those of this
+        # start (the bwrap processes, the runner) among those read
+        my @tree = proc_tree($pid);
+        my $environs = all_environs();
+        ok(!grep({ !defined $environs->{$_} } @tree), "$m: the environment of every process of the start read (@tree)");
+        like($environs->{$hpid} // '', qr/(?:^|\0)HERMES_ENV_FD=3\0/, "$m: (the runner's holds HERMES_ENV_FD=3)");
+        is(join(',', environs_with($mtoken)), '', "$m: the token is in no process's environment");
+        is(join(',', cmdlines_with($mtoken)), '', "$m: the token is in no process's argv");
+
+        my @cg = $bw ? cgroup_dirs($mkid) : ();
+        if ($bw && $CGROUP) {
+            ok(scalar @cg, "$m: the kernel has cgroups of its own ($CGROUP: @cg)");
+            like(slurp("/proc/$hpid/cgroup") // '', qr{/hermes/\Q$mkid\E$}m, "$m: the runner is in them");
+        } else {
+            is("@cg", '', "$m: no cgroup made (" . ($bw ? 'none this host lets us write' : 'no sandbox') . ')');
+        }
+
+        # the kill command: a pid started at another time, a directory with
+        # another inode are a stranger's, left alone (with cgroups, the
+        # kernel's cgroups go whatever the pid: they are named by its id)
+        my $start = proc_start($pid);
+        my $ino = (lstat $mdir)[1];
+        unless (@cg) {
+            $r = run_sh($shell, kill_cmd($pid, $start + 1, $ino + 1, $mdir, $mkid));
+            is($r->{rc}, 0, "$m: the kill command exits 0") or diag $r->{err};
+            sleep 0.2;
+            ok(pid_alive($pid), "$m: kill: a pid started at another time is not signalled");
+            ok(procs_matching(qr/^sleep $child$/), "$m: kill: nor its group");
+            ok(-d $mdir, "$m: kill: a directory with another inode is not removed");
+        }
+
+        $r = run_sh($shell, kill_cmd($pid, $start, $ino, $mdir, $mkid));
+        is($r->{rc}, 0, "$m: the kill command exits 0") or diag $r->{err};
+        ok(wait_until(sub { !pid_alive($pid) }, 5), "$m: kill: the runner is gone");
+        ok(wait_until(sub { !grep { pid_alive($_) } @tree }, 5), "$m: kill: every process of the start is gone");
+        ok(wait_until(sub { !procs_matching(qr/^sleep $child$/) }, 5), "$m: kill: its child is gone");
+        ok(wait_until(sub { !procs_matching(qr/^sleep $schild$/) }, 5),
+            "$m: kill: and the child that left for a session of its own")
+            if $bw;
+        ok(!-e $mdir, "$m: kill: the directory is removed");
+        is(join(' ', cgroup_dirs($mkid)), '', "$m: kill: no cgroup of the kernel left");
+        ok(-e "$root/sibling-$mode", "$m: (the sibling was there all along)");
+
+        # the same start, waited for: the command's status is the runner's
+        # exit code; while it runs, the token is in no environment (the
+        # outer shell's either), nothing of kernel.env in the outer shell
+        my $wkid = new_kid();
+        my $wtoken = new_token();
+        my $wdir = "$root/hermes_rkernel_$wkid";
+        prepare($m, $shell, $wdir, what => 'waited', kid => $wkid, token => $wtoken,
+            files => { 'kernel_runner.py' => standin_runner(sleep => 1.5, exit => 7) });
+        my $h = sh_start($shell, start_cmd($mode, $wdir, $wkid)
+            . '; wait $!; echo "rc=$?"; echo "--- env"; env; echo "--- set"; set');
+        ok(wait_until(sub { -e "$wdir/standin.json" }, 10), "$m: waited: the runner is up");
+        my @wtree = proc_tree($h->{pid});
+        my $wenv = all_environs();
+        ok(@wtree >= ($bw ? 4 : 2) && !grep({ !defined $wenv->{$_} } @wtree),
+            "$m: waited: the environment of every process of the replay read: shell, "
+            . ($bw ? 'bwrap, its init, ' : '') . "runner (@wtree)");
+        is(join(',', grep { index($wenv->{$_}, $wtoken) >= 0 } keys %$wenv), '',
+            "$m: waited: the token is in no process's environment");
+        $r = sh_finish($h, 10);
+        like($r->{out}, qr/^\d+\n\d+\nrc=7\n/, "$m: waited: the runner's exit code (7) is the command's (wait \$!)")
+            or diag "$r->{out}\n$r->{err}";
+        ok(index($r->{out}, $wtoken) < 0, "$m: waited: the token is not in the outer shell's env or variables");
+        unlike($r->{out}, qr/^HERMES_\w*=/m, "$m: waited: no HERMES_ variable in the outer shell");
+        like($r->{out}, qr/--- env\n.*PATH=.*--- set\n/s, "$m: waited: (env and set did print)");
+        is((read_json("$wdir/standin.json") // {})->{token}, $wtoken, "$m: waited: while the runner had it");
+        # the runner is gone: its cgroups and directory
+        $r = run_sh($shell, kill_cmd(0, 0, (lstat $wdir)[1] // 0, $wdir, $wkid));
+        ok(!-e $wdir && !cgroup_dirs($wkid), "$m: waited: the kill command without a pid: directory and cgroups removed");
+    }
 }
 
-# the real runner, started by the replayed commands, comes up: ready with
-# the printed pid, the wake FIFO, the token gone from its environment
-{
+# the real runner, started by the replayed commands, comes up: ready, the
+# wake FIFO, the token in no environment; the kill command ends it
+for my $mode (@MODES) {
     my $shell = '/bin/bash';
     my $root = "$tmp/root-real";
     make_path($root);
+    chmod 0755, $root;
     my $kid = new_kid();
     my $token = new_token();
     my $dir = "$root/hermes_rkernel_$kid";
-    my $r = run_sh($shell, c_cmd($C{dirs}, $dir));
-    is($r->{out}, dirs_out($dir), 'real runner: dirs');
-    for my $name ('kernel_runner.py', 'hermes_tools.py') {
-        my $payload = slurp("$ROOT/src/remote/$name") // die "read $name";
-        $r = run_sh($shell, c_cmd($C{ship}, $dir, $name), stdin => $payload);
-        is($r->{rc}, 0, "real runner: shipped $name");
-    }
-    run_sh($shell, c_cmd($C{env}, $dir), stdin => env_payload($token, $kid, 60));
-    $r = run_sh($shell, c_cmd($C{start}, $dir));
-    my ($pid) = $r->{out} =~ /^(\d+)\n$/;
-    ok($pid, 'real runner: start printed a pid') or diag "$r->{out} $r->{err}";
-    $pid //= 0;
-    ok(wait_until(sub { defined ready_pid($dir) }, 10), 'real runner: ready')
+    my $m = "real runner, sandbox $mode";
+    prepare($m, $shell, $dir, what => 'setup', kid => $kid, token => $token, idle => 60,
+        files => { map { $_ => slurp("$ROOT/src/remote/$_") // die "read $_" }
+                   qw(kernel_runner.py hermes_tools.py) });
+    my ($pid, $uid) = start($m, $shell, $mode, $dir, $kid, 'start');
+    ok(wait_until(sub { defined ready_pid($dir) }, 10), "$m: ready")
         or diag slurp("$dir/runner.log");
-    is(ready_pid($dir), $pid, 'real runner: ready holds the printed pid');
-    ok(-p "$dir/wake", 'real runner: wake FIFO');
-    is(mode("$dir/wake"), '600', 'real runner: wake 0600');
-    ok(!-e "$dir/kernel.env", 'real runner: kernel.env gone');
-    my $environ = slurp("/proc/$pid/environ") // '';
-    ok(index($environ, $token) < 0, 'real runner: token blanked in /proc/PID/environ');
-    is(join(',', cmdlines_with($token)), '', 'real runner: token in no argv');
-    kill 'KILL', -$pid if $pid > 1;
-    ok(wait_until(sub { !pid_alive($pid) }, 5), 'real runner: killed by its process group');
+    is(ready_pid($dir), $pid, "$m: ready holds the printed pid") if $mode eq 'off';
+    my $hpid = host_runner($pid) // 0;
+    ok($hpid, "$m: the runner runs under the printed pid");
+    is(proc_uids($hpid), join(',', ($KUID) x 4), "$m: the runner runs as " . ($AS_ROOT ? 'the kernel user' : 'us'));
+    ok(-p "$dir/wake", "$m: wake FIFO");
+    is(mode("$dir/wake"), '600', "$m: wake 0600");
+    ok(!-e "$dir/kernel.env", "$m: kernel.env gone");
+    is(join(',', environs_with($token)), '', "$m: the token is in no process's environment");
+    is(join(',', cmdlines_with($token)), '', "$m: the token is in no process's argv");
+    my @tree = proc_tree($pid);
+    my $r = run_sh($shell, kill_cmd($pid, proc_start($pid), (lstat $dir)[1], $dir, $kid));
+    is($r->{rc}, 0, "$m: the kill command exits 0");
+    ok(wait_until(sub { !grep { pid_alive($_) } @tree }, 5), "$m: killed, all of it");
+    ok(!-e $dir, "$m: its directory removed");
+    is(join(' ', cgroup_dirs($kid)), '', "$m: no cgroup of it left");
+}
+
+# what a failed test left: the processes it started, their cgroups
+END {
+    for my $s (@STARTED) {
+        my ($pid, $start) = @$s;
+        next unless $start && proc_start($pid) eq $start;
+        kill 'KILL', -$pid;
+        kill 'KILL', $pid;
+    }
+    for my $n (@SLEEPS) {
+        kill 'KILL', procs_matching(qr/^sleep $n$/);
+    }
+    for my $kid (@KIDS) {
+        for my $d (cgroup_dirs($kid)) {
+            wait_until(sub { rmdir $d }, 2);
+        }
+    }
 }
 
 sub slurp {
