@@ -401,12 +401,16 @@ failed:
     }
 
     if (s->k.pid) {
-        *ngx_slprintf(cmd, last, "kill -9 -%P 2>/dev/null; rm -rf -- '%s'",
-                      s->k.pid, d) = '\0';
+        p = ngx_slprintf(cmd, last, "kill -9 -%P 2>/dev/null; rm -rf -- '%s'",
+                         s->k.pid, d);
 
     } else {
-        *ngx_slprintf(cmd, last, "rm -rf -- '%s'", d) = '\0';
+        p = ngx_slprintf(cmd, last, "rm -rf -- '%s'", d);
     }
+
+    /* a start that joined its cgroups and failed: they go too */
+    p = ngx_slprintf(p, last, ";");
+    *ngx_http_hermes_sandbox_kill(p, last, s->k.kernel_id) = '\0';
 
     (void) ngx_http_hermes_spawn_run(s, cmd, NULL, 0, out, sizeof(out),
                                      NULL);
