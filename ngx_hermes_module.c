@@ -15,6 +15,8 @@ static ngx_int_t ngx_http_hermes_init_module(ngx_cycle_t *cycle);
 static ngx_int_t ngx_http_hermes_init_process(ngx_cycle_t *cycle);
 static void ngx_http_hermes_exit_process(ngx_cycle_t *cycle);
 static void *ngx_http_hermes_create_main_conf(ngx_conf_t *cf);
+static char *ngx_http_hermes_cell_timeout(ngx_conf_t *cf, ngx_command_t *cmd,
+    void *conf);
 static void *ngx_http_hermes_create_loc_conf(ngx_conf_t *cf);
 static char *ngx_http_hermes_merge_loc_conf(ngx_conf_t *cf, void *parent,
     void *child);
@@ -85,10 +87,10 @@ static ngx_command_t  ngx_http_hermes_commands[] = {
       NULL },
 
     { ngx_string("hermes_cell_timeout"),
-      NGX_HTTP_MAIN_CONF|NGX_HTTP_SRV_CONF|NGX_HTTP_LOC_CONF|NGX_CONF_TAKE1,
-      ngx_conf_set_msec_slot,
+      NGX_HTTP_MAIN_CONF|NGX_HTTP_SRV_CONF|NGX_HTTP_LOC_CONF|NGX_CONF_TAKE12,
+      ngx_http_hermes_cell_timeout,
       NGX_HTTP_LOC_CONF_OFFSET,
-      offsetof(ngx_http_hermes_loc_conf_t, cell_timeout),
+      0,
       NULL },
 
     { ngx_string("hermes_max_output"),
@@ -240,6 +242,58 @@ ngx_http_hermes_create_main_conf(ngx_conf_t *cf)
 }
 
 
+/* hermes_cell_timeout TIME [grace=TIME] */
+
+static char *
+ngx_http_hermes_cell_timeout(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
+{
+    ngx_http_hermes_loc_conf_t *hlcf = conf;
+
+    ngx_str_t   *value, s;
+    ngx_msec_t   t;
+
+    if (hlcf->cell_timeout != NGX_CONF_UNSET_MSEC) {
+        return "is duplicate";
+    }
+
+    value = cf->args->elts;
+
+    t = ngx_parse_time(&value[1], 0);
+    if (t == (ngx_msec_t) NGX_ERROR) {
+        ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                           "invalid hermes_cell_timeout \"%V\"", &value[1]);
+        return NGX_CONF_ERROR;
+    }
+
+    hlcf->cell_timeout = t;
+
+    if (cf->args->nelts == 2) {
+        return NGX_CONF_OK;
+    }
+
+    if (ngx_strncmp(value[2].data, "grace=", 6) != 0) {
+        ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                           "invalid hermes_cell_timeout parameter \"%V\": "
+                           "grace=TIME expected", &value[2]);
+        return NGX_CONF_ERROR;
+    }
+
+    s.data = value[2].data + 6;
+    s.len = value[2].len - 6;
+
+    t = ngx_parse_time(&s, 0);
+    if (t == (ngx_msec_t) NGX_ERROR) {
+        ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                           "invalid hermes_cell_timeout grace \"%V\"", &s);
+        return NGX_CONF_ERROR;
+    }
+
+    hlcf->cell_grace = t;
+
+    return NGX_CONF_OK;
+}
+
+
 static void *
 ngx_http_hermes_create_loc_conf(ngx_conf_t *cf)
 {
@@ -263,6 +317,7 @@ ngx_http_hermes_create_loc_conf(ngx_conf_t *cf)
      */
 
     conf->cell_timeout = NGX_CONF_UNSET_MSEC;
+    conf->cell_grace = NGX_CONF_UNSET_MSEC;
     conf->sandbox = NGX_CONF_UNSET_PTR;
     conf->max_output = NGX_CONF_UNSET_SIZE;
     conf->max_stream = NGX_CONF_UNSET_SIZE;
@@ -285,6 +340,7 @@ ngx_http_hermes_merge_loc_conf(ngx_conf_t *cf, void *parent, void *child)
     ngx_http_hermes_main_conf_t  *hmcf;
 
     ngx_conf_merge_msec_value(conf->cell_timeout, prev->cell_timeout, 300000);
+    ngx_conf_merge_msec_value(conf->cell_grace, prev->cell_grace, 2000);
     ngx_conf_merge_size_value(conf->max_output, prev->max_output, 50000);
     ngx_conf_merge_size_value(conf->max_stream, prev->max_stream,
                               5 * 1024 * 1024);

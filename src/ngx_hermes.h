@@ -147,6 +147,7 @@ typedef struct {
     ngx_http_hermes_sandbox_t    *sandbox;
 
     ngx_msec_t                    cell_timeout;
+    ngx_msec_t                    cell_grace;   /* interrupt, then kill */
     size_t                        max_output;
     size_t                        max_stream;
     size_t                        max_code;
@@ -415,6 +416,8 @@ ngx_int_t ngx_http_hermes_local_write_at(ngx_fd_t dir, const char *name,
 ngx_fd_t ngx_http_hermes_local_open_at(ngx_fd_t dir, const char *name,
     off_t *size);
 ngx_int_t ngx_http_hermes_local_wake(ngx_fd_t dir, ngx_log_t *log);
+ngx_int_t ngx_http_hermes_local_interrupt(ngx_fd_t dir, uint32_t cell,
+    ngx_log_t *log);
 ngx_int_t ngx_http_hermes_local_wait_ready(u_char *dir, ngx_pid_t pid,
     ngx_pid_t expect, ngx_msec_t timeout);
 ngx_int_t ngx_http_hermes_ready_pid(u_char *buf, ngx_pid_t pid);

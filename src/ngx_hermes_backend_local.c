@@ -383,6 +383,41 @@ ngx_http_hermes_local_wake(ngx_fd_t dir, ngx_log_t *log)
 }
 
 
+/* "N\n" into the intr FIFO: interrupt cell N; never blocks */
+
+ngx_int_t
+ngx_http_hermes_local_interrupt(ngx_fd_t dir, uint32_t cell, ngx_log_t *log)
+{
+    u_char     buf[NGX_INT32_LEN + 1], *p;
+    ngx_fd_t   fd;
+    ngx_err_t  err;
+
+    fd = openat(dir, "intr", O_WRONLY|O_NONBLOCK|O_NOFOLLOW|O_CLOEXEC);
+    if (fd == -1) {
+        err = ngx_errno;
+
+        /* ENXIO: no reader, the runner is gone */
+        if (err != ENXIO && err != NGX_ENOENT) {
+            ngx_log_error(NGX_LOG_ERR, log, err,
+                          "hermes: openat(\"intr\") failed");
+        }
+
+        return NGX_DECLINED;
+    }
+
+    p = ngx_sprintf(buf, "%uD\n", cell);
+
+    if (write(fd, buf, p - buf) != p - buf) {
+        close(fd);
+        return NGX_DECLINED;
+    }
+
+    close(fd);
+
+    return NGX_OK;
+}
+
+
 /* thread pool: wait for the runner's "ready" file naming pid */
 
 ngx_int_t

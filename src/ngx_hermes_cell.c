@@ -69,6 +69,7 @@ typedef struct {
     unsigned                        res_ready:1;
     unsigned                        draining:1; /* result in, output not */
     unsigned                        paused:1;   /* the client is slow */
+    unsigned                        interrupting:1; /* timed out: grace */
 } ngx_http_hermes_cell_t;
 
 
@@ -100,6 +101,7 @@ static void ngx_http_hermes_cell_fail(ngx_http_hermes_cell_t *cell,
 static void ngx_http_hermes_cell_answer(ngx_http_hermes_cell_t *cell);
 static void ngx_http_hermes_cell_timeout_handler(ngx_event_t *ev);
 static void ngx_http_hermes_cell_died_handler(ngx_event_t *ev);
+static ngx_int_t ngx_http_hermes_cell_interrupt(ngx_http_hermes_cell_t *cell);
 static void ngx_http_hermes_cell_kill(ngx_http_hermes_cell_t *cell);
 static void ngx_http_hermes_cell_error(ngx_http_hermes_cell_t *cell,
     ngx_uint_t status, char *code, char *message);
@@ -1641,6 +1643,23 @@ ngx_http_hermes_cell_result(ngx_http_hermes_cell_t *cell, u_char *data,
         cell->res.stream_truncated = 1;
     }
 
+    if (cell->interrupting
+        && cell->res.status == NGX_HTTP_HERMES_CELL_INTERRUPTED)
+    {
+        /* our timeout's interrupt: the kernel lives on, with its state */
+        cell->res.status = NGX_HTTP_HERMES_CELL_TIMEOUT;
+        cell->res.error.data = ngx_pnalloc(cell->pool, 128);
+
+        if (cell->res.error.data) {
+            cell->res.error.len = ngx_sprintf(cell->res.error.data,
+                                      "the cell did not finish within %M s "
+                                      "and was interrupted; the kernel and "
+                                      "its state are kept",
+                                      cell->timeout / 1000)
+                                  - cell->res.error.data;
+        }
+    }
+
     if (cell->res.ended) {
         /* SystemExit: the runner exits by itself; remove its directory */
         ngx_http_hermes_cell_kill(cell);
@@ -1714,6 +1733,7 @@ ngx_http_hermes_cell_fail(ngx_http_hermes_cell_t *cell, ngx_uint_t status,
     cell->res.error.data = (u_char *) message;
     cell->res.error.len = ngx_strlen(message);
     cell->res.execution_count = cell->ref.execution_count;
+    cell->res.ended = 1;                /* the kernel is gone */
 
     ngx_http_hermes_cell_answer(cell);
 }
@@ -1792,19 +1812,39 @@ ngx_http_hermes_cell_timeout_handler(ngx_event_t *ev)
 
     c = cell->r ? cell->r->connection : NULL;
 
+    /* first a KeyboardInterrupt: the kernel and its state may live on */
+
+    if (!cell->interrupting && cell->hlcf->cell_grace
+        && ngx_http_hermes_cell_interrupt(cell) == NGX_OK)
+    {
+        ngx_log_error(NGX_LOG_WARN, cell->log, 0,
+                      "hermes: cell %uD of session \"%V\" timed out after "
+                      "%M ms, interrupting it (kernel %*s)", cell->ref.cell_id,
+                      &cell->req.session, cell->timeout,
+                      (size_t) NGX_HTTP_HERMES_ID_LEN, cell->ref.kernel_id);
+
+        cell->interrupting = 1;
+        ngx_add_timer(&cell->timer, cell->hlcf->cell_grace);
+        return;
+    }
+
     ngx_log_error(NGX_LOG_WARN, cell->log, 0,
-                  "hermes: cell %uD of session \"%V\" timed out after %M ms, "
+                  "hermes: cell %uD of session \"%V\" timed out after %M ms%s, "
                   "killing kernel %*s", cell->ref.cell_id, &cell->req.session,
-                  cell->timeout, (size_t) NGX_HTTP_HERMES_ID_LEN,
-                  cell->ref.kernel_id);
+                  cell->timeout,
+                  cell->interrupting ? " and did not stop when interrupted"
+                                     : "",
+                  (size_t) NGX_HTTP_HERMES_ID_LEN, cell->ref.kernel_id);
 
     ngx_http_hermes_count(cell->zone, killed_timeout_total);
 
-    msg = ngx_pnalloc(cell->pool, 128);
+    msg = ngx_pnalloc(cell->pool, 192);
     if (msg) {
-        ngx_sprintf(msg, "the cell did not finish within %M s; its kernel "
+        ngx_sprintf(msg, "the cell did not finish within %M s%s; its kernel "
                     "was killed and its state is lost%Z",
-                    cell->timeout / 1000);
+                    cell->timeout / 1000,
+                    cell->interrupting ? " and did not stop when interrupted"
+                                       : "");
     }
 
     ngx_http_hermes_cell_fail(cell, NGX_HTTP_HERMES_CELL_TIMEOUT,
@@ -1813,6 +1853,25 @@ ngx_http_hermes_cell_timeout_handler(ngx_event_t *ev)
     if (c) {
         ngx_http_run_posted_requests(c);
     }
+}
+
+
+/*
+ * "N\n" into the kernel's intr FIFO: the runner raises KeyboardInterrupt
+ * in cell N if it still runs.  The runner may be in a sandbox of its own,
+ * where no signal of ours reaches it.
+ */
+
+static ngx_int_t
+ngx_http_hermes_cell_interrupt(ngx_http_hermes_cell_t *cell)
+{
+    if (cell->dir_fd == NGX_INVALID_FILE || !cell->shipped) {
+        /* ssh: the relay's channel carries no interrupt yet */
+        return NGX_DECLINED;
+    }
+
+    return ngx_http_hermes_local_interrupt(cell->dir_fd, cell->ref.cell_id,
+                                           cell->log);
 }
 
 

@@ -181,6 +181,8 @@ class _Sink:
     "\n" arrives, or a progress bar) waits up to PARTIAL_DELAY, so print()
     stays one event and a partial line still shows promptly."""
 
+    n = 0                 # the cell's id, for interrupts
+
     def __init__(self, fd, max_output, max_stream):
         self.fd, self.max_stream = fd, max_stream
         self.caps = {"stdout": _Capture(max_output), "stderr": _Capture(max_output)}
@@ -356,6 +358,43 @@ def _kick():
 
 def _start_flusher():
     threading.Thread(target=_flusher, name="hermes-flusher", daemon=True).start()
+
+
+def _interrupter(fd):
+    # D/intr: the module writes "N\n" to interrupt cell N (its timeout, or
+    # an agent's interrupt).  An id that is not the running cell's came
+    # late, for a cell that is over: ignored.
+    pending = b""
+    while True:
+        try:
+            select.select([fd], [], [])
+            data = os.read(fd, 4096)
+        except BlockingIOError:
+            continue
+        except OSError:
+            return
+        pending = (pending + data)[-64:]
+        *ids, pending = pending.split(b"\n")
+        with _cond:
+            s = _current
+            if s is not None and any(i.strip() == str(s.n).encode() for i in ids):
+                _log("cell %d: interrupted" % s.n)
+                _kick()
+
+
+def _start_interrupter():
+    path = os.path.join(D, "intr")
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+    os.mkfifo(path, 0o600)
+    # O_RDWR, as wake: the module's non-blocking open finds a reader
+    fd = os.open(path, os.O_RDWR | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOFOLLOW)
+    if not stat.S_ISFIFO(os.fstat(fd).st_mode):
+        raise RuntimeError("%s is not our FIFO" % path)
+    threading.Thread(target=_interrupter, args=(fd,), name="hermes-interrupt",
+                     daemon=True).start()
 
 
 def _after_fork():
@@ -600,6 +639,7 @@ def _process(n, path):
     resv = _reserve(n, min(6 * max_output + RESULT_SLACK, RESERVE_MAX))
     sink = _Sink(_open_out(n), max_output,
                  _int(req.get("max_stream"), DEFAULT_MAX_STREAM))
+    sink.n = n
     _count += 1
     reset = req.get("reset") is True
     if reset:
@@ -917,6 +957,7 @@ def main():
     except FileNotFoundError:
         pass
     os.mkfifo(wake, 0o600)
+    _start_interrupter()
     _keep_reserve()
     # O_RDWR: we are a writer too, so reads never see EOF and the module's
     # O_WRONLY|O_NONBLOCK open never fails with ENXIO while we live.

@@ -399,6 +399,34 @@ class RunnerTest(unittest.TestCase):
         self.assertTrue(k.alive())
         self.assertEqual(k.run("1 + 1")["output"], "2\n")
 
+    def test_interrupt_through_the_intr_fifo(self):
+        # how the module interrupts a cell it cannot signal (a sandbox)
+        k = self.kernel()
+        k.run("kept = 41")
+        n = k.send("import time\nprint('start')\ntime.sleep(10)")
+        self.assertTrue(_wait_for(
+            lambda: os.path.exists(os.path.join(k.cells, "cell_out_%06d" % n))
+            and k.events(n)))
+        intr = os.path.join(k.dir, "intr")
+        self.assertTrue(stat.S_ISFIFO(os.lstat(intr).st_mode))
+        self.assertEqual(stat.S_IMODE(os.lstat(intr).st_mode), 0o600)
+
+        def say(text):
+            fd = os.open(intr, os.O_WRONLY | os.O_NONBLOCK)
+            os.write(fd, text)
+            os.close(fd)
+
+        say(b"%d\n" % (n + 7))                  # another cell's id: ignored
+        time.sleep(0.3)
+        self.assertFalse(os.path.exists(k.res_path(n)))
+        say(b"%d\n" % n)
+        r = k.result(n, 3)
+        self.assertEqual((r["status"], r["error"]), ("interrupted", "KeyboardInterrupt"))
+        say(b"%d\n" % (n + 1))                  # before that cell: ignored
+        time.sleep(0.1)
+        self.assertTrue(k.alive())
+        self.assertEqual(k.run("print(kept + 1)")["output"], "42\n")
+
     # -- output limits -----------------------------------------------------
 
     def test_output_truncation_head_and_tail(self):
