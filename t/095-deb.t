@@ -42,8 +42,9 @@ ok(-f $deb, "build/libnginx-mod-http-hermes_${version}_$arch.deb")
     or BAIL_OUT('no package');
 
 # unpack into a throwaway root, as dpkg would install it
-my $dest = File::Temp::tempdir('hermes-deb-XXXXXXXX', TMPDIR => 1,
+my $tmp = File::Temp::tempdir('hermes-deb-XXXXXXXX', TMPDIR => 1,
     CLEANUP => !$ENV{HERMES_KEEP});
+my $dest = "$tmp/root";
 is(system('dpkg-deb', '-x', $deb, $dest), 0, 'dpkg-deb -x');
 
 my $so = "$dest/usr/lib/nginx/modules/ngx_http_hermes_module.so";
@@ -87,7 +88,10 @@ ok($dep{$_}, "Depends: $_")
     for qw(bubblewrap python3 util-linux adduser libssh-4 libyajl2
            libsodium23);
 
-chomp(my $postinst = `dpkg-deb --ctrl-tarfile '$deb' | tar -xOf - ./postinst`);
+my $ctrl = "$tmp/DEBIAN";
+is(system('dpkg-deb', '-e', $deb, $ctrl), 0, 'dpkg-deb -e');
+is(system('sh', '-n', "$ctrl/$_"), 0, "$_ is sh") for qw(postinst prerm postrm);
+my $postinst = slurp("$ctrl/postinst") // '';
 like($postinst, qr/adduser --system\b.*\n?.*hermes-kernel/,
      'postinst creates the user hermes-kernel');
 like($postinst, qr{ln -sf /usr/share/nginx/modules-available/\$from},
