@@ -39,7 +39,7 @@ my $deb = "$root/build/libnginx-mod-http-hermes_${version}_$arch.deb";
     is($?, 0, 'make deb') or diag($out);
 }
 ok(-f $deb, "build/libnginx-mod-http-hermes_${version}_$arch.deb")
-    or BAIL_OUT('no package');
+    or do { done_testing; exit 1 };
 
 # unpack into a throwaway root, as dpkg would install it
 my $tmp = File::Temp::tempdir('hermes-deb-XXXXXXXX', TMPDIR => 1,
