@@ -114,6 +114,7 @@ DEB_SRCS    := debian/changelog debian/control debian/copyright debian/rules \
                    install postinst)
 
 $(DEB): $(MODULE) $(REMOTE_PY) $(DEB_SRCS) README.md $(wildcard docs/*.md)
+	@# dh skips its build steps, and so make module, while this stamp is there
 	rm -f debian/debhelper-build-stamp
 	HERMES_DEB_DIR=$(TOP)/build dpkg-buildpackage -b -nc -us -uc \
 	    --buildinfo-file=build/$(DEB_NAME).buildinfo \
