@@ -14,7 +14,8 @@ PORT       ?= 8088
 # Everything a fresh Debian 12 machine needs for build, run and test.
 PKGS       := nginx nginx-dev libssh-dev libyajl-dev libsodium-dev \
               libcmocka-dev python3 openssh-server openssh-client \
-              curl perl gcc make bubblewrap util-linux acl
+              curl perl gcc make bubblewrap util-linux acl \
+              dpkg-dev debhelper fakeroot
 
 SRCS       := config ngx_hermes_module.c $(wildcard src/*.c src/*.h)
 REMOTE_PY  := src/remote/kernel_runner.py src/remote/hermes_tools.py \
