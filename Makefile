@@ -4,6 +4,7 @@
 #   make test       build, then run the whole suite under prove
 #   make test-asan  the suite again with the module built with AddressSanitizer
 #   make bench      side-by-side benchmark against jupyter-server (bench/)
+#   make deb        the Debian package libnginx-mod-http-hermes, in build/
 
 SHELL      := /bin/bash
 TOP        := $(CURDIR)
@@ -13,7 +14,8 @@ PORT       ?= 8088
 # Everything a fresh Debian 12 machine needs for build, run and test.
 PKGS       := nginx nginx-dev libssh-dev libyajl-dev libsodium-dev \
               libcmocka-dev python3 openssh-server openssh-client \
-              curl perl gcc make bubblewrap util-linux acl
+              curl perl gcc make bubblewrap util-linux acl \
+              dpkg-dev debhelper fakeroot
 
 SRCS       := config ngx_hermes_module.c $(wildcard src/*.c src/*.h)
 REMOTE_PY  := src/remote/kernel_runner.py src/remote/hermes_tools.py \
@@ -23,7 +25,7 @@ GEN        := build/gen/ngx_hermes_remote.c
 MODULE      = build/ngx_http_hermes_module.so
 ASAN_MODULE = build-asan/ngx_http_hermes_module.so
 
-.PHONY: all deps module asan run test test-asan unit bench clean
+.PHONY: all deps module asan run test test-asan unit bench deb clean
 
 all: module
 
@@ -99,6 +101,30 @@ unit: module
 
 bench: module
 	bench/run.sh
+
+# The package: debian/rules builds with the targets above (nginx-dev, a
+# package of PKGS, brings debhelper and dpkg-dev); -nc keeps build/, so
+# only what changed is rebuilt, and the packages stay in build/.
+DEB_VERSION := $(shell sed -n '1s/^[^(]*(\([^)]*\)).*/\1/p' debian/changelog)
+DEB_ARCH    := $(shell dpkg --print-architecture)
+DEB_NAME    := libnginx-mod-http-hermes_$(DEB_VERSION)_$(DEB_ARCH)
+DEB         := build/$(DEB_NAME).deb
+DEB_SRCS    := debian/changelog debian/control debian/copyright debian/rules \
+               debian/source/format debian/examples/hermes.conf \
+               $(addprefix debian/libnginx-mod-http-hermes.,docs examples \
+                   install postinst)
+
+$(DEB): $(MODULE) $(REMOTE_PY) $(DEB_SRCS) README.md $(wildcard docs/*.md)
+	@# dh skips its build steps, and so make module, while this stamp is there
+	rm -f debian/debhelper-build-stamp
+	HERMES_DEB_DIR=$(TOP)/build dpkg-buildpackage -b -nc -us -uc \
+	    --buildinfo-file=build/$(DEB_NAME).buildinfo \
+	    --buildinfo-option=-ubuild --changes-file=build/$(DEB_NAME).changes \
+	    --changes-option=-ubuild >build/deb.log 2>&1 \
+	    || { tail -30 build/deb.log; exit 1; }
+	@echo "$@ (log: build/deb.log)"
+
+deb: deps $(DEB)
 
 clean:
 	rm -rf build build-asan run .deps-ok t/unit/build

@@ -427,6 +427,7 @@ ngx_http_hermes_local_wait_ready(u_char *dir, ngx_pid_t pid, ngx_pid_t expect,
     u_char           path[NGX_HTTP_HERMES_DIR_MAX + 16], buf[64];
     ssize_t          n;
     ngx_fd_t         fd;
+    ngx_file_info_t  fi;
     ngx_msec_t       waited, delay;
     struct timespec  ts;
 
@@ -440,10 +441,12 @@ ngx_http_hermes_local_wait_ready(u_char *dir, ngx_pid_t pid, ngx_pid_t expect,
             return NGX_ERROR;
         }
 
-        fd = open((char *) path, O_RDONLY|O_CLOEXEC|O_NOFOLLOW);
+        /* the runner's dir, where a FIFO must not pin a pool thread */
+        fd = open((char *) path, O_RDONLY|O_CLOEXEC|O_NOFOLLOW|O_NONBLOCK);
 
         if (fd != -1) {
-            n = read(fd, buf, sizeof(buf) - 1);
+            n = (ngx_fd_info(fd, &fi) == 0 && ngx_is_file(&fi))
+                ? read(fd, buf, sizeof(buf) - 1) : -1;
             close(fd);
 
             if (n > 0) {

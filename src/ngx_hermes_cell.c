@@ -40,6 +40,7 @@ typedef struct {
     ngx_http_hermes_result_t        res;
 
     ngx_event_t                     wait;       /* polling for our turn */
+    ngx_event_t                     resume;     /* the client left: go on */
     ngx_msec_t                      wait_delay;
     ngx_event_t                     timer;      /* the cell's timeout */
     ngx_msec_t                      timeout;
@@ -69,6 +70,7 @@ typedef struct {
     unsigned                        res_ready:1;
     unsigned                        draining:1; /* result in, output not */
     unsigned                        paused:1;   /* the client is slow */
+    unsigned                        mid_line:1; /* sent no "\n" last */
     unsigned                        interrupting:1; /* timed out: grace */
 } ngx_http_hermes_cell_t;
 
@@ -115,6 +117,7 @@ static void ngx_http_hermes_cell_write_handler(ngx_http_request_t *r);
 static void ngx_http_hermes_cell_detach(void *data);
 static void ngx_http_hermes_cell_end(ngx_http_hermes_cell_t *cell);
 static void ngx_http_hermes_inotify_handler(ngx_event_t *ev);
+static void ngx_http_hermes_inotify_overflow(ngx_log_t *log);
 static ngx_int_t ngx_http_hermes_cell_open_kernel(
     ngx_http_hermes_cell_t *cell);
 static ngx_int_t ngx_http_hermes_cell_private_dir(ngx_file_info_t *fi,
@@ -123,6 +126,8 @@ static void ngx_http_hermes_cell_close_kernel(ngx_http_hermes_cell_t *cell);
 static void ngx_http_hermes_cell_disk_full(ngx_http_hermes_cell_t *cell);
 static void ngx_http_hermes_cell_drain(ngx_http_hermes_cell_t *cell);
 static void ngx_http_hermes_cell_resume(ngx_http_hermes_cell_t *cell);
+static void ngx_http_hermes_cell_resume_handler(ngx_event_t *ev);
+static void ngx_http_hermes_cell_end_line(ngx_http_hermes_cell_t *cell);
 static void ngx_http_hermes_cell_name(ngx_http_hermes_cell_t *cell,
     u_char *buf, const char *what);
 
@@ -277,6 +282,10 @@ ngx_http_hermes_cell_start(ngx_http_request_t *r,
     cell->wait.handler = ngx_http_hermes_cell_wait_handler;
     cell->wait.data = cell;
     cell->wait.log = cell->log;
+
+    cell->resume.handler = ngx_http_hermes_cell_resume_handler;
+    cell->resume.data = cell;
+    cell->resume.log = cell->log;
 
     cell->timer.handler = ngx_http_hermes_cell_timeout_handler;
     cell->timer.data = cell;
@@ -1343,6 +1352,12 @@ ngx_http_hermes_inotify_handler(ngx_event_t *ev)
         for (p = buf; p < buf + n; p += sizeof(struct inotify_event) + e->len) {
             e = (struct inotify_event *) p;
 
+            if (e->mask & IN_Q_OVERFLOW) {
+                /* events were lost (a cell can make many): look at all */
+                ngx_http_hermes_inotify_overflow(ev->log);
+                continue;
+            }
+
             for (q = ngx_queue_head(&ngx_http_hermes_cells);
                  q != ngx_queue_sentinel(&ngx_http_hermes_cells);
                  q = ngx_queue_next(q))
@@ -1371,6 +1386,31 @@ ngx_http_hermes_inotify_handler(ngx_event_t *ev)
     if (ngx_handle_read_event(ev, 0) != NGX_OK) {
         ngx_log_error(NGX_LOG_ALERT, ev->log, 0,
                       "hermes: inotify event failed");
+    }
+}
+
+
+static void
+ngx_http_hermes_inotify_overflow(ngx_log_t *log)
+{
+    ngx_queue_t             *q, *next;
+    ngx_http_hermes_cell_t  *cell;
+
+    ngx_log_error(NGX_LOG_WARN, log, 0,
+                  "hermes: inotify queue overflow, checking every cell");
+
+    for (q = ngx_queue_head(&ngx_http_hermes_cells);
+         q != ngx_queue_sentinel(&ngx_http_hermes_cells);
+         q = next)
+    {
+        /* a pump may end its own cell, no other */
+        next = ngx_queue_next(q);
+        cell = ngx_queue_data(q, ngx_http_hermes_cell_t, queue);
+
+        if (cell->shipped && cell->wd != -1 && !cell->draining) {
+            cell->res_ready = 1;
+            ngx_http_hermes_cell_pump(cell);
+        }
     }
 }
 
@@ -1502,6 +1542,7 @@ ngx_http_hermes_cell_read_out(ngx_http_hermes_cell_t *cell, ngx_uint_t all)
 
         b->last = nl;
         cell->out_off += nl - b->start;
+        cell->mid_line = (nl[-1] != '\n');
 
         *ll = cl;
         ll = &cl->next;
@@ -1524,20 +1565,7 @@ ngx_http_hermes_cell_read_out(ngx_http_hermes_cell_t *cell, ngx_uint_t all)
     }
 
     if (cell->out_off >= cell->out_limit) {
-        if (!cell->res.stream_truncated && r && cell->out_off) {
-            /* what follows starts a line of its own */
-            b = ngx_calloc_buf(r->pool);
-            if (b == NULL) {
-                return NGX_ERROR;
-            }
-
-            b->pos = (u_char *) "\n";
-            b->last = b->pos + 1;
-            b->memory = 1;
-            b->flush = 1;
-
-            (void) ngx_http_hermes_cell_send(cell, b);
-        }
+        ngx_http_hermes_cell_end_line(cell);
 
         if (!cell->res.stream_truncated) {
             ngx_log_error(NGX_LOG_WARN, cell->log, 0,
@@ -1712,9 +1740,38 @@ ngx_http_hermes_cell_drain(ngx_http_hermes_cell_t *cell)
         if (rc == NGX_ERROR) {
             cell->res.stream_truncated = 1;
         }
+
+        ngx_http_hermes_cell_end_line(cell);
     }
 
     ngx_http_hermes_cell_answer(cell);
+}
+
+
+/* the result line starts a line of its own, whatever the cell's output */
+
+static void
+ngx_http_hermes_cell_end_line(ngx_http_hermes_cell_t *cell)
+{
+    ngx_buf_t  *b;
+
+    if (!cell->mid_line || cell->r == NULL) {
+        return;
+    }
+
+    b = ngx_calloc_buf(cell->r->pool);
+    if (b == NULL) {
+        return;
+    }
+
+    b->pos = (u_char *) "\n";
+    b->last = b->pos + 1;
+    b->memory = 1;
+    b->flush = 1;
+
+    cell->mid_line = 0;
+
+    (void) ngx_http_hermes_cell_send(cell, b);
 }
 
 
@@ -1806,6 +1863,16 @@ ngx_http_hermes_cell_timeout_handler(ngx_event_t *ev)
 
     if (cell->spawning) {
         /* the spawn is bounded by its own command timeouts: wait for it */
+        ngx_add_timer(&cell->timer, 1000);
+        return;
+    }
+
+    if (cell->paused && cell->r) {
+        /*
+         * An ssh relay waits for a slow client: the cell may be over on
+         * its host.  The client's send_timeout bounds this; then the
+         * relay is read on without it.
+         */
         ngx_add_timer(&cell->timer, 1000);
         return;
     }
@@ -2163,6 +2230,24 @@ ngx_http_hermes_cell_detach(void *data)
     cell->ctx = NULL;
     cell->free = NULL;
     cell->busy = NULL;
+
+    /*
+     * A cell that waited for this client to take its output goes on
+     * without it: nothing else would wake it (the kernel is released,
+     * or an ssh relay waits for us to read).  Posted: the request is
+     * being freed right now.
+     */
+
+    if (cell->draining || cell->paused) {
+        ngx_post_event(&cell->resume, &ngx_posted_events);
+    }
+}
+
+
+static void
+ngx_http_hermes_cell_resume_handler(ngx_event_t *ev)
+{
+    ngx_http_hermes_cell_resume(ev->data);
 }
 
 
@@ -2173,6 +2258,10 @@ ngx_http_hermes_cell_end(ngx_http_hermes_cell_t *cell)
 {
     if (cell->wait.timer_set) {
         ngx_del_timer(&cell->wait);
+    }
+
+    if (cell->resume.posted) {
+        ngx_delete_posted_event(&cell->resume);
     }
 
     if (cell->timer.timer_set) {

@@ -275,9 +275,8 @@ ngx_http_hermes_sandbox_check(ngx_conf_t *cf, ngx_http_hermes_sandbox_t *sb)
     {
         ngx_conf_log_error(NGX_LOG_WARN, cf, 0,
                            "hermes_sandbox: no cgroup v1 or v2 hierarchy "
-                           "this host can write: memory= and pids= are "
-                           "enforced as rlimits (RLIMIT_AS, RLIMIT_NPROC of "
-                           "the kernel user), cpu= not at all");
+                           "this host can write: memory= is enforced as "
+                           "RLIMIT_AS, pids= and cpu= not at all");
     }
 
     return NGX_OK;
@@ -343,12 +342,15 @@ ngx_http_hermes_sandbox_start(u_char *p, u_char *last,
 
         p = ngx_slprintf(p, last,
             " && for d in memory pids cpu; do echo 0 > $c/$d/$k/cgroup.procs;"
-            " done || exit 1; else ulimit -v %O; ulimit -u %ui; fi;",
-            sb->memory / 1024, sb->pids);
+            " done || exit 1; else ulimit -v %O; fi;",
+            sb->memory / 1024);
 
     } else {
-        p = ngx_slprintf(p, last, " ulimit -v %O; ulimit -u %ui;",
-                         sb->memory / 1024, sb->pids);
+        /*
+         * without cgroups, memory alone: RLIMIT_NPROC would count every
+         * process of the user (nginx's own, as a worker that is not root)
+         */
+        p = ngx_slprintf(p, last, " ulimit -v %O;", sb->memory / 1024);
     }
 
 start:

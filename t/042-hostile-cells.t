@@ -155,6 +155,29 @@ for my $kind (qw(fifo dir symlink)) {
     like($raw, qr/"type":"result","status":"success"/, '... then the result');
 }
 
+# a slow client that then leaves, while its cell's output waits: the cell
+# is let go of all the same (no fd of it stays open in the worker)
+{
+    my $fds0 = () = glob("/proc/$worker/fd/*");
+    for my $i (1 .. 4) {
+        my $body = JSON::PP->new->encode({session => "leave-$i", code =>
+            "import sys\nsys.stdout.write(('y' * 99 + '\\n') * 100000)\nsys.stdout.flush()"});
+        my $c = IO::Socket::INET->new(PeerAddr => '127.0.0.1', PeerPort => $t->port(0))
+            or die "connect: $!";
+        setsockopt($c, Socket::SOL_SOCKET(), Socket::SO_RCVBUF(), 4096);
+        print $c "POST /big HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            . "Content-Length: " . length($body) . "\r\n\r\n$body";
+        sleep 1.5;      # the cell is over, its output waits for us
+        close $c;
+    }
+    my $fds;
+    ok(wait_until(sub { $fds = () = glob("/proc/$worker/fd/*"); $fds <= $fds0 + 1 }, 5),
+        "slow clients that leave: the worker holds no fd of their cells ($fds0 before, "
+        . ($fds // '?') . " after)");
+    my $r = $t->execute('/big', {session => 'leave-1', code => 'print("again")'});
+    is($r->{result}{output}, "again\n", '... and their kernels take the next cell');
+}
+
 # a kernel whose runner is gone and whose directory a co-tenant made
 # again, with a reader on the wake FIFO: the cell goes to a new kernel,
 # nothing is shipped into the co-tenant's directory

@@ -11,6 +11,8 @@ use strict;
 use warnings;
 
 use Test::More;
+use JSON::PP ();
+use IO::Socket::INET;
 use POSIX ();
 use Time::HiRes qw(time sleep);
 
@@ -57,6 +59,12 @@ $t->write_conf(<<"CONF");
         location = /full {
             hermes_execute;
             hermes_backend ssh $ssh root=$FULL;
+        }
+
+        location = /big {
+            hermes_execute;
+            hermes_backend ssh $ssh root=%%KROOT%%;
+            hermes_max_stream 64m;
         }
 
         location = /status { hermes_status; }
@@ -162,6 +170,28 @@ PY
     ok(($r->{result} // {})->{stream_truncated}, '... which says the stream was cut');
     is(stdout_of($r), "before\n", '... and the whole lines before it');
     ok($took < 4, sprintf('300 MB sparse cell_out: answered in %.2fs', $took));
+}
+
+###############################################################################
+# a slow client that leaves while the relay waits for it: the cell is not
+# taken for timed out (the kernel, and its state, stay)
+
+{
+    my $r = $t->execute('/big', { session => 'slow', code => 'kept = 5' });
+    my $kid = kid_of($r);
+    my $body = JSON::PP->new->encode({ session => 'slow', code =>
+        "import sys\nsys.stdout.write(('z' * 99 + '\\n') * 300000)\nsys.stdout.flush()" });
+    my $c = IO::Socket::INET->new(PeerAddr => '127.0.0.1', PeerPort => $t->port(0))
+        or die "connect: $!";
+    setsockopt($c, Socket::SOL_SOCKET(), Socket::SO_RCVBUF(), 4096);
+    print $c "POST /big HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        . "Content-Length: " . length($body) . "\r\n\r\n$body";
+    sleep 2;
+    close $c;
+    sleep 1;
+    $r = $t->execute('/big', { session => 'slow', code => 'print(kept)' }, timeout => 20);
+    is(stdout_of($r), "5\n", 'a slow client that left: the kernel kept its state');
+    is(kid_of($r), $kid, '... the same kernel');
 }
 
 ###############################################################################
