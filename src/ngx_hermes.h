@@ -371,6 +371,9 @@ void ngx_http_hermes_registry_sweep(ngx_http_hermes_zone_t *zone,
     ngx_http_hermes_victims_t *victims, ngx_uint_t full);
 ngx_int_t ngx_http_hermes_registry_list(ngx_http_hermes_zone_t *zone,
     ngx_str_t *owner, ngx_array_t *out);
+ngx_int_t ngx_http_hermes_registry_running(ngx_http_hermes_zone_t *zone,
+    ngx_str_t *owner, ngx_str_t *session, ngx_http_hermes_victim_t *v,
+    uint32_t *cell);
 ngx_int_t ngx_http_hermes_registry_shutdown(ngx_http_hermes_zone_t *zone,
     ngx_str_t *owner, ngx_str_t *session, ngx_uint_t force,
     ngx_http_hermes_victims_t *victims);
@@ -460,6 +463,8 @@ ngx_int_t ngx_http_hermes_kernel_spawn(ngx_http_hermes_loc_conf_t *hlcf,
 ngx_int_t ngx_http_hermes_kernel_kill(ngx_thread_pool_t *tp,
     ngx_http_hermes_backend_conf_t *bcf, ngx_http_hermes_victim_t *v,
     ngx_log_t *log);
+ngx_int_t ngx_http_hermes_kernel_interrupt(ngx_thread_pool_t *tp,
+    ngx_http_hermes_victim_t *v, uint32_t cell, ngx_log_t *log);
 void ngx_http_hermes_kernel_kill_victims(ngx_thread_pool_t *tp,
     ngx_http_hermes_victims_t *victims, ngx_log_t *log);
 ngx_int_t ngx_http_hermes_kernel_init_process(ngx_cycle_t *cycle,

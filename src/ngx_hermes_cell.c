@@ -1932,13 +1932,31 @@ ngx_http_hermes_cell_timeout_handler(ngx_event_t *ev)
 static ngx_int_t
 ngx_http_hermes_cell_interrupt(ngx_http_hermes_cell_t *cell)
 {
-    if (cell->dir_fd == NGX_INVALID_FILE || !cell->shipped) {
-        /* ssh: the relay's channel carries no interrupt yet */
+    ngx_http_hermes_victim_t  v;
+
+    if (!cell->shipped) {
         return NGX_DECLINED;
     }
 
-    return ngx_http_hermes_local_interrupt(cell->dir_fd, cell->ref.cell_id,
-                                           cell->log);
+    if (cell->dir_fd != NGX_INVALID_FILE) {
+        return ngx_http_hermes_local_interrupt(cell->dir_fd,
+                                               cell->ref.cell_id, cell->log);
+    }
+
+    /* ssh: a command on the kernel's host, in the thread pool */
+
+    ngx_memcpy(v.dir, cell->ref.dir, cell->ref.dir_len + 1);
+    v.dir_len = cell->ref.dir_len;
+    v.pid = cell->ref.pid;
+    v.start = cell->ref.start;
+    v.ino = cell->ref.ino;
+    v.host = cell->ref.host;
+    ngx_memcpy(v.tag, cell->hlcf->backend->tag,
+               NGX_HTTP_HERMES_BACKEND_TAG_LEN);
+
+    return (ngx_http_hermes_kernel_interrupt(cell->hlcf->thread_pool, &v,
+                                             cell->ref.cell_id, cell->log)
+            == NGX_OK) ? NGX_OK : NGX_DECLINED;
 }
 
 

@@ -50,7 +50,9 @@ static ngx_uint_t ngx_http_hermes_accepts_json(ngx_http_request_t *r);
 static ngx_int_t ngx_http_hermes_add_header(ngx_http_request_t *r,
     char *key, char *value);
 static ngx_int_t ngx_http_hermes_kernels_path(ngx_http_request_t *r,
-    ngx_str_t *session, ngx_int_t *rc);
+    ngx_str_t *session, ngx_uint_t *interrupt, ngx_int_t *rc);
+static ngx_int_t ngx_http_hermes_kernel_interrupt_cell(ngx_http_request_t *r,
+    ngx_str_t *owner, ngx_str_t *session);
 static ngx_int_t ngx_http_hermes_kernel_get(ngx_http_request_t *r,
     ngx_str_t *owner, ngx_str_t *session);
 static ngx_uint_t ngx_http_hermes_location_is_ours(ngx_http_request_t *r);
@@ -976,7 +978,7 @@ ngx_http_hermes_kernels_handler(ngx_http_request_t *r)
     ngx_int_t                    rc;
     ngx_str_t                    owner, session, value;
     ngx_buf_t                   *b;
-    ngx_uint_t                   force;
+    ngx_uint_t                   force, interrupt;
     ngx_array_t                  list;
     ngx_http_hermes_zone_t      *zone;
     ngx_http_hermes_victims_t    victims;
@@ -990,22 +992,47 @@ ngx_http_hermes_kernels_handler(ngx_http_request_t *r)
         return rc;
     }
 
-    if (!(r->method & (NGX_HTTP_GET|NGX_HTTP_HEAD|NGX_HTTP_DELETE))) {
-        if (ngx_http_hermes_add_header(r, "Allow", "GET, DELETE") != NGX_OK) {
+    if (!(r->method & (NGX_HTTP_GET|NGX_HTTP_HEAD|NGX_HTTP_DELETE
+                       |NGX_HTTP_POST)))
+    {
+        if (ngx_http_hermes_add_header(r, "Allow", "GET, DELETE, POST")
+            != NGX_OK)
+        {
             return NGX_HTTP_INTERNAL_SERVER_ERROR;
         }
 
         return ngx_http_hermes_send_error(r, NGX_HTTP_NOT_ALLOWED,
                                           "method_not_allowed",
-                                          "use GET or DELETE");
+                                          "use GET, DELETE, or POST for "
+                                          "SESSION/interrupt");
     }
 
-    if (ngx_http_hermes_kernels_path(r, &session, &rc) != NGX_OK) {
+    if (ngx_http_hermes_kernels_path(r, &session, &interrupt, &rc)
+        != NGX_OK)
+    {
         return rc;
+    }
+
+    if (interrupt != ((r->method & NGX_HTTP_POST) != 0)) {
+        if (ngx_http_hermes_add_header(r, "Allow",
+                                       interrupt ? "POST" : "GET, DELETE")
+            != NGX_OK)
+        {
+            return NGX_HTTP_INTERNAL_SERVER_ERROR;
+        }
+
+        return ngx_http_hermes_send_error(r, NGX_HTTP_NOT_ALLOWED,
+                                          "method_not_allowed",
+                                          interrupt ? "use POST"
+                                                    : "use GET or DELETE");
     }
 
     if (ngx_http_hermes_owner(r, &owner, &rc) != NGX_OK) {
         return rc;
+    }
+
+    if (interrupt) {
+        return ngx_http_hermes_kernel_interrupt_cell(r, &owner, &session);
     }
 
     if ((r->method & (NGX_HTTP_GET|NGX_HTTP_HEAD)) && session.len) {
@@ -1079,7 +1106,7 @@ ngx_http_hermes_kernels_handler(ngx_http_request_t *r)
 
 static ngx_int_t
 ngx_http_hermes_kernels_path(ngx_http_request_t *r, ngx_str_t *session,
-    ngx_int_t *rc)
+    ngx_uint_t *interrupt, ngx_int_t *rc)
 {
     u_char                    *p, *last;
     size_t                     len;
@@ -1088,6 +1115,7 @@ ngx_http_hermes_kernels_path(ngx_http_request_t *r, ngx_str_t *session,
     clcf = ngx_http_get_module_loc_conf(r, ngx_http_core_module);
 
     ngx_str_null(session);
+    *interrupt = 0;
 
 #if (NGX_PCRE)
     if (clcf->regex) {
@@ -1132,8 +1160,17 @@ ngx_http_hermes_kernels_path(ngx_http_request_t *r, ngx_str_t *session,
 
     session->len = p - session->data;
 
+    /* <loc>/SESSION/interrupt is the one thing below a session */
+
     if (p != last) {
-        goto not_found;
+        if ((size_t) (last - p) != sizeof("/interrupt") - 1
+            || ngx_strncmp(p, "/interrupt", sizeof("/interrupt") - 1) != 0
+            || session->len == 0)
+        {
+            goto not_found;
+        }
+
+        *interrupt = 1;
     }
 
     if (session->len && !ngx_http_hermes_json_session_valid(session)) {
@@ -1150,6 +1187,68 @@ not_found:
     *rc = ngx_http_hermes_send_error(r, NGX_HTTP_NOT_FOUND, "not_found",
                                      "no such resource");
     return NGX_DECLINED;
+}
+
+
+/*
+ * POST <loc>/SESSION/interrupt: KeyboardInterrupt in the caller's running
+ * cell of that session; the cell answers "interrupted" and the kernel
+ * keeps its state.
+ */
+
+static ngx_int_t
+ngx_http_hermes_kernel_interrupt_cell(ngx_http_request_t *r,
+    ngx_str_t *owner, ngx_str_t *session)
+{
+    uint32_t                     cell;
+    ngx_int_t                    rc;
+    ngx_buf_t                   *b;
+    ngx_http_hermes_zone_t      *zone;
+    ngx_http_hermes_victim_t     v;
+    ngx_http_hermes_loc_conf_t  *hlcf;
+
+    hlcf = ngx_http_get_module_loc_conf(r, ngx_http_hermes_module);
+    zone = hlcf->shm_zone->data;
+
+    rc = ngx_http_hermes_registry_running(zone, owner, session, &v, &cell);
+
+    if (rc == NGX_DECLINED) {
+        return ngx_http_hermes_send_error(r, NGX_HTTP_NOT_FOUND, "not_found",
+                                          "no kernel of yours for this "
+                                          "session");
+    }
+
+    if (rc == NGX_OK) {
+        rc = ngx_http_hermes_kernel_interrupt(hlcf->thread_pool, &v, cell,
+                                              r->connection->log);
+
+        if (rc == NGX_BUSY) {
+            return ngx_http_hermes_send_error(r, NGX_HTTP_SERVICE_UNAVAILABLE,
+                                              "busy", "the gateway is busy; "
+                                              "retry shortly");
+        }
+
+        if (rc == NGX_ERROR) {
+            return NGX_HTTP_INTERNAL_SERVER_ERROR;
+        }
+    }
+
+    if (rc != NGX_OK) {
+        return ngx_http_hermes_send_error(r, NGX_HTTP_CONFLICT, "no_cell",
+                                          "no cell is running on this "
+                                          "session's kernel");
+    }
+
+    b = ngx_create_temp_buf(r->pool, 64);
+    if (b == NULL) {
+        return NGX_HTTP_INTERNAL_SERVER_ERROR;
+    }
+
+    b->last = ngx_sprintf(b->last, "{\"interrupted\":true,\"cell\":%uD}\n",
+                          cell);
+
+    return ngx_http_hermes_send_buf(r, NGX_HTTP_ACCEPTED, "application/json",
+                                    b);
 }
 
 

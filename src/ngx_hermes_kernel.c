@@ -60,6 +60,15 @@ typedef struct {
 } ngx_http_hermes_kill_t;
 
 
+typedef struct {
+    ngx_thread_task_t              task;
+    ngx_http_hermes_conn_t         conn;
+    u_char                         dir[NGX_HTTP_HERMES_DIR_MAX];
+    uint32_t                       cell;
+    unsigned                       failed:1;
+} ngx_http_hermes_intr_t;
+
+
 /* per worker: the backends of its cycle, to kill what the sweep evicts */
 static ngx_http_hermes_main_conf_t  *ngx_http_hermes_main_conf;
 
@@ -80,6 +89,10 @@ static void ngx_http_hermes_spawn_error(ngx_http_hermes_spawn_t *s, u_char *p,
 static u_char *ngx_http_hermes_conn_error(u_char *buf, u_char *last,
     ngx_http_hermes_conn_t *conn);
 static void ngx_http_hermes_kill_post(ngx_http_hermes_kill_t *k);
+static ngx_http_hermes_backend_conf_t *ngx_http_hermes_kernel_backend(
+    ngx_http_hermes_victim_t *v);
+static void ngx_http_hermes_intr_thread(void *data, ngx_log_t *log);
+static void ngx_http_hermes_intr_event(ngx_event_t *ev);
 static void ngx_http_hermes_kill_repost(void);
 static void ngx_http_hermes_kill_thread(void *data, ngx_log_t *log);
 static void ngx_http_hermes_kill_event(ngx_event_t *ev);
@@ -917,15 +930,146 @@ ngx_http_hermes_kill_event(ngx_event_t *ev)
 }
 
 
+/* the backend that made a kernel, by its tag in the registry key */
+
+static ngx_http_hermes_backend_conf_t *
+ngx_http_hermes_kernel_backend(ngx_http_hermes_victim_t *v)
+{
+    ngx_uint_t                        i;
+    ngx_http_hermes_backend_conf_t  **bcfs;
+
+    bcfs = ngx_http_hermes_main_conf->backends.elts;
+
+    for (i = 0; i < ngx_http_hermes_main_conf->backends.nelts; i++) {
+        if (ngx_memcmp(bcfs[i]->tag, v->tag, NGX_HTTP_HERMES_BACKEND_TAG_LEN)
+            == 0)
+        {
+            return bcfs[i];
+        }
+    }
+
+    return NULL;
+}
+
+
+/*
+ * A KeyboardInterrupt for cell "cell" of a kernel: "N\n" into its intr
+ * FIFO.  On this host at once (non-blocking, the directory checked); on
+ * an ssh host by a command in the thread pool.  NGX_DECLINED: the kernel
+ * is not there (any more).
+ */
+
+ngx_int_t
+ngx_http_hermes_kernel_interrupt(ngx_thread_pool_t *tp,
+    ngx_http_hermes_victim_t *v, uint32_t cell, ngx_log_t *log)
+{
+    ngx_fd_t                         fd;
+    ngx_int_t                        rc;
+    ngx_file_info_t                  fi;
+    ngx_http_hermes_intr_t          *in;
+    ngx_http_hermes_backend_conf_t  *bcf;
+
+    bcf = ngx_http_hermes_kernel_backend(v);
+    if (bcf == NULL) {
+        return NGX_DECLINED;
+    }
+
+    if (bcf->type == NGX_HTTP_HERMES_BACKEND_LOCAL) {
+        fd = open((char *) v->dir,
+                  O_RDONLY|O_DIRECTORY|O_NOFOLLOW|O_NONBLOCK|O_CLOEXEC);
+        if (fd == NGX_INVALID_FILE) {
+            return NGX_DECLINED;
+        }
+
+        rc = NGX_DECLINED;
+
+        if (ngx_fd_info(fd, &fi) == 0 && (uint64_t) fi.st_ino == v->ino) {
+            rc = ngx_http_hermes_local_interrupt(fd, cell, log);
+        }
+
+        close(fd);
+        return rc;
+    }
+
+    in = ngx_calloc(sizeof(ngx_http_hermes_intr_t), log);
+    if (in == NULL) {
+        return NGX_ERROR;
+    }
+
+    ngx_memcpy(in->dir, v->dir, v->dir_len);
+    in->cell = cell;
+
+    ngx_http_hermes_conn_take(&in->conn, bcf, v->host);
+
+    in->task.ctx = in;
+    in->task.handler = ngx_http_hermes_intr_thread;
+    in->task.event.handler = ngx_http_hermes_intr_event;
+    in->task.event.data = in;
+
+    if (ngx_thread_task_post(tp, &in->task) != NGX_OK) {
+        ngx_http_hermes_conn_give(&in->conn);
+        ngx_free(in);
+        return NGX_BUSY;
+    }
+
+    return NGX_OK;
+}
+
+
+static void
+ngx_http_hermes_intr_thread(void *data, ngx_log_t *log)
+{
+    ngx_http_hermes_intr_t *in = data;
+
+    u_char                 out[64];
+    u_char                 cmd[NGX_HTTP_HERMES_DIR_MAX + 256];
+    ngx_http_hermes_cmd_t  c;
+
+    /* the FIFO non-blocking, never through a link: as the login user */
+
+    *ngx_slprintf(cmd, cmd + sizeof(cmd) - 1,
+                  "exec python3 -I -c \"import os, sys; fd = os.open("
+                  "sys.argv[1], os.O_WRONLY | os.O_NONBLOCK | os.O_NOFOLLOW);"
+                  " os.write(fd, sys.argv[2].encode() + b'\\n')\""
+                  " '%s/intr' %uD", in->dir, in->cell) = '\0';
+
+    ngx_memzero(&c, sizeof(ngx_http_hermes_cmd_t));
+    c.cmd = (char *) cmd;
+    c.out = out;
+    c.out_size = sizeof(out);
+    c.timeout = NGX_HTTP_HERMES_CMD_TIMEOUT;
+
+    if (ngx_http_hermes_backend_exec(&in->conn, &c) != NGX_OK
+        || c.status != 0)
+    {
+        in->failed = 1;
+    }
+}
+
+
+static void
+ngx_http_hermes_intr_event(ngx_event_t *ev)
+{
+    ngx_http_hermes_intr_t *in = ev->data;
+
+    if (in->failed) {
+        ngx_log_error(NGX_LOG_WARN, ngx_cycle->log, 0,
+                      "hermes: interrupting cell %uD in \"%s\" failed",
+                      in->cell, in->dir);
+    }
+
+    ngx_http_hermes_conn_give(&in->conn);
+    ngx_free(in);
+}
+
+
 void
 ngx_http_hermes_kernel_kill_victims(ngx_thread_pool_t *tp,
     ngx_http_hermes_victims_t *victims, ngx_log_t *log)
 {
-    ngx_uint_t                        i, j;
-    ngx_http_hermes_victim_t         *v;
-    ngx_http_hermes_backend_conf_t  **bcfs, *bcf;
-
-    bcfs = ngx_http_hermes_main_conf->backends.elts;
+    ngx_uint_t                       i;
+    ngx_http_hermes_victim_t        *v;
+    ngx_http_hermes_backend_conf_t  *bcf;
 
     for (i = 0; i < victims->n; i++) {
         v = &victims->v[i];
@@ -934,18 +1078,7 @@ ngx_http_hermes_kernel_kill_victims(ngx_thread_pool_t *tp,
                       "hermes: evicting kernel \"%s\" (pid %P)",
                       v->dir, v->pid);
 
-        /* the backend that made it, by its tag in the registry key */
-
-        bcf = NULL;
-
-        for (j = 0; j < ngx_http_hermes_main_conf->backends.nelts; j++) {
-            if (ngx_memcmp(bcfs[j]->tag, v->tag,
-                           NGX_HTTP_HERMES_BACKEND_TAG_LEN) == 0)
-            {
-                bcf = bcfs[j];
-                break;
-            }
-        }
+        bcf = ngx_http_hermes_kernel_backend(v);
 
         if (bcf == NULL) {
             ngx_log_error(NGX_LOG_WARN, log, 0,

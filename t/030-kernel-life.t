@@ -20,7 +20,17 @@ $t->write_conf(<<'CONF');
 
         location = /v1/execute {
             hermes_execute;
-            hermes_cell_timeout 30s;
+            hermes_cell_timeout 30s grace=1s;
+        }
+
+        location = /o/execute {
+            hermes_execute;
+            hermes_owner $http_x_owner;
+        }
+
+        location /o/kernels {
+            hermes_kernels;
+            hermes_owner $http_x_owner;
         }
     }
 CONF
@@ -36,15 +46,43 @@ ok($pid, "runner pid $pid");
 is(getpgrp() == $pid ? 0 : (split ' ', `ps -o pgid= -p $pid`)[0], $pid,
     'the runner leads its own process group');
 
+# a cell that times out is interrupted first: it stops, and the kernel
+# lives on with its state
 my $t0 = time;
+$r = $t->execute('/v1/execute', { session => 'slow', timeout => 1,
+    code => "import time\nprint('sleeping', flush=True)\nv = 'changed'\ntime.sleep(60)" });
+my $took = time - $t0;
+is($r->{result}{status}, 'timeout', 'interrupted at its timeout: status timeout');
+like($r->{result}{error}, qr/did not finish within 1 s and was interrupted; the kernel and its state are kept/,
+    '... the error says so');
+ok($took < 3, sprintf('... answered at the timeout (%.2fs)', $took));
+like($r->{result}{output}, qr/^sleeping\n/, '... with what it printed');
+ok(!$r->{result}{kernel}{ended}, '... the kernel did not end');
+ok(pid_alive($pid), '... the runner lives on');
+$r = $t->execute('/v1/execute', { session => 'slow', code => "print(v)" });
+is($r->{result}{output}, "changed\n", '... with its state');
+is($r->{result}{kernel}{kernel_id}, $kid, '... the same kernel');
+
+# the same in a JSON answer: nothing printed is lost
+$r = $t->execute('/v1/execute', { session => 'slow', timeout => 1,
+    code => "import time\nprint('in json', flush=True)\ntime.sleep(60)" }, json => 1);
+is($r->{json}{status}, 'timeout', 'JSON answer: timeout');
+like($r->{json}{output}, qr/^in json\n/, 'JSON answer: with what it printed');
+
+# a cell that does not stop when interrupted: its kernel's whole process
+# group is killed after the grace
+$t0 = time;
 $r = $t->execute('/v1/execute', { session => 'slow', timeout => 1,
     code => "import subprocess, time\n"
           . "subprocess.Popen(['sleep', '300'])\n"
-          . "print('sleeping', flush=True)\ntime.sleep(60)" });
-my $took = time - $t0;
+          . "print('sleeping', flush=True)\n"
+          . "while True:\n    try:\n        time.sleep(60)\n    except KeyboardInterrupt:\n        pass" });
+$took = time - $t0;
 is($r->{result}{status}, 'timeout', 'status timeout');
-like($r->{result}{error}, qr/did not finish within 1 s/, 'timeout error sentence');
-ok($took < 5, sprintf('answered at the timeout (%.2fs)', $took));
+like($r->{result}{error}, qr/did not finish within 1 s and did not stop when interrupted; its kernel was killed/,
+    'timeout error sentence');
+ok($took > 1.8 && $took < 5, sprintf('answered at the timeout and its grace (%.2fs)', $took));
+ok($r->{result}{kernel}{ended}, 'the result says the kernel ended');
 ok((grep { ($_->{text} // '') eq "sleeping\n" } @{ $r->{events} }), 'output before the timeout streamed');
 ok(wait_until(sub { !pid_alive($pid) }, 5), 'runner killed');
 ok(wait_until(sub { !procs_matching(qr/^sleep 300/) }, 5), 'its child killed too (process group)');
@@ -57,6 +95,38 @@ isnt($r->{result}{kernel}{kernel_id}, $kid, 'next call: a new kernel');
 is($r->{result}{output}, "False\n", 'next call: fresh state');
 $r = $t->execute('/v1/execute', { session => 'slow', code => "1" });
 is($r->{result}{kernel}{state_lost}, JSON::PP::false, 'state_lost only once');
+
+# --- an agent interrupts its running cell: the kernel keeps its state
+
+{
+    my %alice = (headers => {'X-Owner' => 'alice'});
+    $r = $t->execute('/o/execute', { session => 'intr', code => "n = 1" }, %alice);
+    my $ikid = $r->{result}{kernel}{kernel_id};
+    my $a = $t->execute_async('/o/execute', { session => 'intr',
+        code => "import time\nprint('working', flush=True)\nn = 2\ntime.sleep(30)" }, %alice);
+    sleep 0.8;
+    my $x = $t->http(POST => '/o/kernels/intr/interrupt', headers => {'X-Owner' => 'mallory'});
+    is($x->{status}, 404, "another owner cannot interrupt it: 404");
+    $x = $t->http(GET => '/o/kernels/intr/interrupt', headers => {'X-Owner' => 'alice'});
+    is($x->{status}, 405, 'GET on interrupt: 405');
+    $x = $t->http(POST => '/o/kernels/intr/interrupt', headers => {'X-Owner' => 'alice'});
+    is($x->{status}, 202, 'POST SESSION/interrupt: 202');
+    is($x->{json}{interrupted}, JSON::PP::true, '... interrupted');
+    my $r2 = $a->wait(10);
+    is($r2->{result}{status}, 'interrupted', 'the cell answers "interrupted"');
+    like($r2->{result}{output}, qr/^working\n/, '... with what it printed');
+    ok(!$r2->{result}{kernel}{ended}, '... its kernel lives on');
+    $r = $t->execute('/o/execute', { session => 'intr', code => "print(n)" }, %alice);
+    is($r->{result}{output}, "2\n", '... with the state the cell left');
+    is($r->{result}{kernel}{kernel_id}, $ikid, '... the same kernel');
+    $x = $t->http(POST => '/o/kernels/intr/interrupt', headers => {'X-Owner' => 'alice'});
+    is($x->{status}, 409, 'no cell running: 409');
+    is($x->{json}{error}{code}, 'no_cell', '... no_cell');
+    $x = $t->http(POST => '/o/kernels/none/interrupt', headers => {'X-Owner' => 'alice'});
+    is($x->{status}, 404, 'no such kernel: 404');
+    $x = $t->http(POST => '/o/kernels/intr/stop', headers => {'X-Owner' => 'alice'});
+    is($x->{status}, 404, 'anything else below a session: 404');
+}
 
 # --- a kernel that died between cells is noticed on the next call
 

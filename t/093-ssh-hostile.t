@@ -67,6 +67,16 @@ $t->write_conf(<<"CONF");
             hermes_max_stream 64m;
         }
 
+        location = /short {
+            hermes_execute;
+            hermes_backend ssh $ssh root=%%KROOT%%;
+            hermes_cell_timeout 2s grace=3s;
+        }
+
+        location /k {
+            hermes_kernels;
+        }
+
         location = /status { hermes_status; }
     }
 CONF
@@ -170,6 +180,33 @@ PY
     ok(($r->{result} // {})->{stream_truncated}, '... which says the stream was cut');
     is(stdout_of($r), "before\n", '... and the whole lines before it');
     ok($took < 4, sprintf('300 MB sparse cell_out: answered in %.2fs', $took));
+}
+
+###############################################################################
+# interrupts over ssh: the timeout's, and an agent's
+
+{
+    my $r = $t->execute('/short', { session => 'intr', code => 'kept = 7' });
+    my $kid = kid_of($r);
+    my $t0 = time;
+    $r = $t->execute('/short', { session => 'intr',
+        code => "import time\nprint('zzz', flush=True)\nkept = 8\ntime.sleep(60)" }, timeout => 20);
+    my $took = time - $t0;
+    is(($r->{result} // {})->{status}, 'timeout', 'ssh: a cell past its timeout is interrupted');
+    like(($r->{result} // {})->{error} // '', qr/was interrupted; the kernel and its state are kept/,
+        '... and says so');
+    ok($took < 4.5, sprintf('... within its timeout and grace (%.2fs)', $took));
+    $r = $t->execute('/short', { session => 'intr', code => 'print(kept)' });
+    is(stdout_of($r), "8\n", '... the kernel kept its state');
+    is(kid_of($r), $kid, '... the same kernel');
+
+    my $a = $t->execute_async('/x', { session => 'intr2',
+        code => "import time\nprint('on', flush=True)\ntime.sleep(30)" });
+    sleep 1.5;
+    my $x = $t->http(POST => '/k/intr2/interrupt');
+    is($x->{status}, 202, 'ssh: POST SESSION/interrupt: 202');
+    $r = $a->wait(15);
+    is(($r->{result} // {})->{status}, 'interrupted', '... the cell answers "interrupted"');
 }
 
 ###############################################################################
