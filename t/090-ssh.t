@@ -491,11 +491,14 @@ for my $case (['unknown', '/v1/unknown', $s1->empty_known_hosts],
     ok($pid, 'runner of the kernel to time out');
     my $t0 = time;
     $rr = run_cell('/v1/execute', 'ssh-slow',
-        "import subprocess, time\nsubprocess.Popen(['sleep', '309'])\nprint('sleeping', flush=True)\ntime.sleep(60)",
+        "import subprocess, time\nsubprocess.Popen(['sleep', '309'])\nprint('sleeping', flush=True)\n"
+        . "while True:\n    try:\n        time.sleep(60)\n    except KeyboardInterrupt:\n        pass",
         cell_timeout => 1);
     my $took = time - $t0;
     is(($rr->{result} // {})->{status}, 'timeout', 'status timeout');
-    ok($took < 5, sprintf('answered at the timeout (%.2fs)', $took));
+    like(($rr->{result} // {})->{error} // '', qr/did not stop when interrupted; its kernel was killed/,
+        'a cell that does not stop when interrupted: its kernel is killed');
+    ok($took < 6, sprintf('answered at the timeout and its grace (%.2fs)', $took));
     ok((grep { ($_->{text} // '') eq "sleeping\n" } @{ $rr->{events} }), 'output before the timeout streamed');
     ok(wait_until(sub { !pid_alive($pid) }, 5), 'runner killed');
     ok(wait_until(sub { !procs_matching(qr/^sleep 309$/) }, 5), 'its child killed too (process group)');
