@@ -1,12 +1,12 @@
 #!/usr/bin/perl
 # Metrics: hermes_status in Prometheus text and in JSON after known
-# traffic (successes, an error cell, a timeout, a 415, a 429 queue_full, a
-# failed spawn): exact counter deltas, histograms (cumulative buckets,
-# _count = the cells, queue wait apart from the cell's duration), the
-# queue-depth gauge, per-host kernels and spawn failures, answers by HTTP
-# status and error code; every line parses as Prometheus text (a strict
-# parser below); both formats carry the same figures; a bad ?format= is a
-# 400; the access-log variables.
+# traffic (successes, an error cell, a timeout, a 415, a 429 queue_full,
+# failed spawns on local and ssh backends): exact counter deltas,
+# histograms (cumulative buckets, _count = the cells, queue wait apart
+# from the cell's duration), the queue-depth gauge, per-host kernels and
+# spawn failures, answers by HTTP status and error code; every line parses
+# as Prometheus text (a strict parser below); both formats carry the same
+# figures; a bad ?format= is a 400; the access-log variables.
 
 use strict;
 use warnings;
@@ -19,7 +19,12 @@ use Hermes::Test;
 my $t = Hermes::Test->new;
 my $p = $t->prefix;
 
-# a kernel root that does not exist: its spawns fail
+# two ssh hosts where nothing listens: the spawn fails on one, then on the
+# other
+system("ssh-keygen -q -t ed25519 -N '' -f $p/id >/dev/null") == 0 or die;
+open my $kh, '>', "$p/known_hosts" or die; close $kh;
+
+# /broken: a kernel root that does not exist, its spawns fail
 $t->write_conf(<<'CONF');
     hermes_zone kernels:1m;
     hermes_backend local root=%%KROOT%%;
@@ -42,6 +47,13 @@ $t->write_conf(<<'CONF');
             hermes_execute;
             hermes_backend local root=%%PREFIX%%/no-such-dir;
             hermes_sandbox off;
+        }
+
+        location = /ssh {
+            hermes_execute;
+            hermes_backend ssh host=127.0.0.1:%%PORT_3%% host=127.0.0.2:%%PORT_4%%
+                           user=root identity=%%PREFIX%%/id
+                           known_hosts=%%PREFIX%%/known_hosts connect_timeout=3s;
         }
 
         location = /status {
@@ -275,6 +287,10 @@ $r = $t->execute('/broken', { session => 'b', code => '1' });
 is($r->{status}, 502, 'a failed spawn: 502');
 is($r->{json}{error}{code}, 'spawn_failed', '... spawn_failed');
 
+$r = $t->execute('/ssh', { session => 's', code => '1' });
+is($r->{status}, 502, 'no ssh host answers: 502');
+is($r->{json}{error}{code}, 'backend_unavailable', '... backend_unavailable');
+
 # two cells on one kernel: the second waits its turn, a third is refused
 
 my $qa = $t->execute_async('/x', { session => 'q', code => "import time\ntime.sleep(2)" }, %alice);
@@ -323,6 +339,12 @@ is(pd('hermes_cells_total', status => 'interrupted'), 0, 'cells_total{interrupte
 is(pd('hermes_spawned_total'), 4, 'spawned_total +4 (a, q, t, t again)');
 is(pd('hermes_spawn_failures_total', host => 'localhost'), 1,
     'spawn_failures_total{host="localhost"} +1');
+is(pd('hermes_spawn_failures_total', host => '127.0.0.1'), 1,
+    'spawn_failures_total of the first ssh host +1');
+is(pd('hermes_spawn_failures_total', host => '127.0.0.2'), 1,
+    'spawn_failures_total of the second ssh host +1 (the spawn moved on to it)');
+is(pv($f2, 'hermes_host_kernels', host => '127.0.0.1'), 0,
+    'host_kernels of an ssh host without kernels: 0');
 is(pd('hermes_evictions_total', reason => 'timeout'), 1, 'evictions_total{reason="timeout"} +1');
 is(pd('hermes_evictions_total', reason => 'idle'), 0, 'evictions_total{reason="idle"} +0');
 is(pd('hermes_evictions_total', reason => 'cap'), 0, 'evictions_total{reason="cap"} +0');
@@ -335,6 +357,8 @@ is(pd('hermes_responses_total', code => '415', error => 'unsupported_media_type'
     'responses_total{code="415",error="unsupported_media_type"} +1');
 is(pd('hermes_responses_total', code => '502', error => 'spawn_failed'), 1,
     'responses_total{code="502",error="spawn_failed"} +1');
+is(pd('hermes_responses_total', code => '502', error => 'backend_unavailable'), 1,
+    'responses_total{code="502",error="backend_unavailable"} +1');
 # 200s: the 7 cells and the scrapes from p1 on (a scrape is counted once
 # it answered, after its own figures)
 is(pd('hermes_responses_total', code => '200', error => ''), 7 + $n2 - $n1,
@@ -351,7 +375,8 @@ ok(pd('hermes_cell_duration_seconds_bucket', le => '1') - pd('hermes_cell_durati
 ok(pd('hermes_cell_duration_seconds_sum') >= 0.6 + 1, 'cell_duration_seconds_sum: the 0.6 s cell and the 1 s timeout');
 is(pd('hermes_spawn_duration_seconds_count'), 4, 'spawn_duration_seconds_count +4: the spawns');
 ok(pd('hermes_spawn_duration_seconds_sum') > 0, 'spawn_duration_seconds_sum grew');
-is(pd('hermes_queue_wait_seconds_count'), 8, 'queue_wait_seconds_count +8: every turn (7 cells, 1 failed spawn)');
+is(pd('hermes_queue_wait_seconds_count'), 9,
+    'queue_wait_seconds_count +9: every turn (7 cells, 2 failed spawns)');
 ok(pd('hermes_queue_wait_seconds_sum') >= 0.8, 'queue_wait_seconds_sum: the queued cell\'s wait');
 ok(pd('hermes_queue_wait_seconds_bucket', le => '+Inf') - pd('hermes_queue_wait_seconds_bucket', le => '0.5') == 1,
     'one wait over 0.5 s');
@@ -393,7 +418,7 @@ is(jd('evictions_total', 'timeout'), 1, 'JSON evictions_total.timeout +1');
 is(jd('responses_total', '429', 'queue_full'), 1, 'JSON responses_total.429.queue_full +1');
 is(jd('responses_total', '415', 'unsupported_media_type'), 1, 'JSON responses_total.415 +1');
 is(jd('cell_duration_seconds', 'count'), 7, 'JSON cell_duration_seconds.count +7');
-is(jd('queue_wait_seconds', 'count'), 8, 'JSON queue_wait_seconds.count +8');
+is(jd('queue_wait_seconds', 'count'), 9, 'JSON queue_wait_seconds.count +9');
 is(jd('spawn_duration_seconds', 'count'), 4, 'JSON spawn_duration_seconds.count +4');
 is($j2->{host_kernels}{localhost}, 3, 'JSON host_kernels.localhost 3');
 is($j2->{queue_depth}, 0, 'JSON queue_depth 0');
