@@ -1348,12 +1348,12 @@ ngx_http_hermes_status_handler(ngx_http_request_t *r)
 static void
 ngx_http_hermes_name_hosts(ngx_http_request_t *r, ngx_http_hermes_stats_t *st)
 {
-    ngx_str_t                        name, *hn;
-    ngx_uint_t                       i, j, k, n;
-    ngx_http_hermes_ssh_host_t     **hosts;
-    ngx_http_hermes_host_stats_t    *h;
-    ngx_http_hermes_main_conf_t     *hmcf;
-    ngx_http_hermes_backend_conf_t **bcfs, *bcf;
+    ngx_str_t                         name, *hn;
+    ngx_uint_t                        i, j, k, n;
+    ngx_http_hermes_ssh_host_t      **hosts;
+    ngx_http_hermes_host_stats_t     *h;
+    ngx_http_hermes_main_conf_t      *hmcf;
+    ngx_http_hermes_backend_conf_t  **bcfs, *bcf;
 
     hmcf = ngx_http_get_module_main_conf(r, ngx_http_hermes_module);
     bcfs = hmcf->backends.elts;

@@ -1412,11 +1412,13 @@ ngx_http_hermes_json_stats(ngx_pool_t *pool, ngx_http_hermes_stats_t *st,
         yajl_gen_string(g, num, p - num);
 
         yajl_gen_map_open(g);
-        for (j = i;
-             j < st->nanswers && st->answers[j].status == st->answers[i].status;
-             j++)
-        {
+        for (j = i; j < st->nanswers; j++) {
             a = &st->answers[j];
+
+            if (a->status != st->answers[i].status) {
+                break;
+            }
+
             yajl_gen_string(g, a->error, a->error_len);
             ngx_http_hermes_gen_number(g, a->count);
         }
@@ -1501,14 +1503,14 @@ ngx_buf_t *
 ngx_http_hermes_prometheus_stats(ngx_pool_t *pool,
     ngx_http_hermes_stats_t *st, ngx_uint_t max_kernels, ngx_str_t *zone)
 {
-    u_char                      *p, *q;
-    size_t                       size;
-    ngx_str_t                    z, *names;
-    ngx_buf_t                   *b;
-    ngx_uint_t                   i, j, count;
-    ngx_uint_t                   ev[NGX_HTTP_HERMES_NEVICTIONS];
-    ngx_http_hermes_answers_t   *a;
-    ngx_http_hermes_hist_name_t *h;
+    u_char                       *p, *q;
+    size_t                        size;
+    ngx_str_t                     z, *names;
+    ngx_buf_t                    *b;
+    ngx_uint_t                    i, j, count;
+    ngx_uint_t                    ev[NGX_HTTP_HERMES_NEVICTIONS];
+    ngx_http_hermes_answers_t    *a;
+    ngx_http_hermes_hist_name_t  *h;
 
     if (ngx_http_hermes_prom_label(pool, &z, zone) != NGX_OK) {
         return NULL;

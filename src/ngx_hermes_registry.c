@@ -1143,6 +1143,7 @@ ngx_http_hermes_registry_stats(ngx_http_hermes_zone_t *zone,
     st->running = 0;
     st->queued = 0;
     st->nhosts = 0;
+    h = NULL;
 
     ngx_shmtx_lock(&zone->shpool->mutex);
 
@@ -1165,8 +1166,18 @@ ngx_http_hermes_registry_stats(ngx_http_hermes_zone_t *zone,
             continue;
         }
 
-        h = ngx_http_hermes_registry_host(st, ngx_http_hermes_node_tag(kn),
-                                          kn->host);
+        /* most kernels are on the host of the one before */
+
+        if (h == NULL
+            || h->host != kn->host
+            || ngx_memcmp(h->tag, ngx_http_hermes_node_tag(kn),
+                          NGX_HTTP_HERMES_BACKEND_TAG_LEN) != 0)
+        {
+            h = ngx_http_hermes_registry_host(st,
+                                              ngx_http_hermes_node_tag(kn),
+                                              kn->host);
+        }
+
         if (h) {
             h->kernels++;
         }
