@@ -185,6 +185,53 @@ typedef enum {
 } ngx_http_hermes_rpc_reject_e;
 
 
+/*
+ * Histograms of durations, in ms: a count per bucket (not cumulative: one
+ * atomic add a sample) and the sum.  The buckets' upper bounds are
+ * ngx_http_hermes_buckets[] (ngx_hermes_registry.c), the last is +Inf.
+ */
+
+#define NGX_HTTP_HERMES_BUCKETS   14
+
+typedef enum {
+    NGX_HTTP_HERMES_HIST_CELL = 0,      /* a cell, from its turn on */
+    NGX_HTTP_HERMES_HIST_QUEUE,         /* waiting for the turn */
+    NGX_HTTP_HERMES_HIST_SPAWN,         /* a kernel's start */
+    NGX_HTTP_HERMES_NHIST
+} ngx_http_hermes_hist_e;
+
+typedef struct {
+    ngx_atomic_uint_t             buckets[NGX_HTTP_HERMES_BUCKETS];
+    ngx_atomic_uint_t             sum_ms;
+} ngx_http_hermes_hist_t;
+
+extern ngx_msec_t  ngx_http_hermes_buckets[];
+
+
+/* answers of hermes locations by HTTP status and error code */
+
+#define NGX_HTTP_HERMES_ANSWERS   64
+#define NGX_HTTP_HERMES_ERROR_MAX 32
+
+typedef struct {
+    ngx_atomic_uint_t             count;
+    uint16_t                      status;
+    uint8_t                       error_len;
+    u_char                        error[NGX_HTTP_HERMES_ERROR_MAX];
+} ngx_http_hermes_answers_t;
+
+
+/* failed spawns by backend and host */
+
+#define NGX_HTTP_HERMES_HOSTS     64
+
+typedef struct {
+    ngx_atomic_uint_t             spawn_failures;
+    u_char                        tag[NGX_HTTP_HERMES_BACKEND_TAG_LEN];
+    ngx_uint_t                    host;
+} ngx_http_hermes_host_count_t;
+
+
 struct ngx_http_hermes_sh_s {
     ngx_rbtree_t                  rbtree;
     ngx_rbtree_node_t             sentinel;
@@ -196,24 +243,53 @@ struct ngx_http_hermes_sh_s {
     ngx_atomic_uint_t             spawn_failures_total;
     ngx_atomic_uint_t             evicted_idle_total;
     ngx_atomic_uint_t             evicted_cap_total;
+    ngx_atomic_uint_t             evicted_deleted_total;
     ngx_atomic_uint_t             killed_timeout_total;
     ngx_atomic_uint_t             tool_calls_total;
     ngx_atomic_uint_t             cells_total[NGX_HTTP_HERMES_CELL_NSTATUS];
     ngx_atomic_uint_t             rpc_rejected_total[NGX_HTTP_HERMES_RPC_NREJECT];
+
+    ngx_http_hermes_hist_t        hist[NGX_HTTP_HERMES_NHIST];
+
+    /* slots are added under the lock, then counted atomically */
+    ngx_atomic_uint_t             nanswers;
+    ngx_http_hermes_answers_t     answers[NGX_HTTP_HERMES_ANSWERS];
+    ngx_uint_t                    nhosts;
+    ngx_http_hermes_host_count_t  hosts[NGX_HTTP_HERMES_HOSTS];
 };
+
+
+/* a host's figures; the handler names it (hosts of one name are summed) */
+
+typedef struct {
+    u_char                        tag[NGX_HTTP_HERMES_BACKEND_TAG_LEN];
+    ngx_uint_t                    host;
+    ngx_str_t                     name;
+    ngx_uint_t                    kernels;
+    ngx_uint_t                    spawn_failures;
+} ngx_http_hermes_host_stats_t;
 
 
 typedef struct {
     ngx_uint_t                    kernels;
     ngx_uint_t                    running;
+    ngx_uint_t                    queued;       /* cells waiting their turn */
     ngx_uint_t                    spawned_total;
     ngx_uint_t                    spawn_failures_total;
     ngx_uint_t                    evicted_idle_total;
     ngx_uint_t                    evicted_cap_total;
+    ngx_uint_t                    evicted_deleted_total;
     ngx_uint_t                    killed_timeout_total;
     ngx_uint_t                    tool_calls_total;
     ngx_uint_t                    cells_total[NGX_HTTP_HERMES_CELL_NSTATUS];
     ngx_uint_t                    rpc_rejected_total[NGX_HTTP_HERMES_RPC_NREJECT];
+    ngx_uint_t                    hist[NGX_HTTP_HERMES_NHIST]
+                                      [NGX_HTTP_HERMES_BUCKETS];
+    ngx_uint_t                    hist_sum_ms[NGX_HTTP_HERMES_NHIST];
+    ngx_uint_t                    nanswers;
+    ngx_http_hermes_answers_t     answers[NGX_HTTP_HERMES_ANSWERS];
+    ngx_uint_t                    nhosts;       /* one more: unattributed */
+    ngx_http_hermes_host_stats_t  hosts[NGX_HTTP_HERMES_HOSTS + 1];
     size_t                        zone_bytes_used;
     size_t                        zone_bytes_total;
 } ngx_http_hermes_stats_t;
@@ -379,6 +455,12 @@ ngx_int_t ngx_http_hermes_registry_shutdown(ngx_http_hermes_zone_t *zone,
     ngx_http_hermes_victims_t *victims);
 void ngx_http_hermes_registry_stats(ngx_http_hermes_zone_t *zone,
     ngx_http_hermes_stats_t *st);
+void ngx_http_hermes_registry_observe(ngx_http_hermes_zone_t *zone,
+    ngx_uint_t hist, ngx_msec_t ms);
+void ngx_http_hermes_registry_answered(ngx_http_hermes_zone_t *zone,
+    ngx_uint_t status, ngx_str_t *error);
+void ngx_http_hermes_registry_spawn_failed(ngx_http_hermes_zone_t *zone,
+    ngx_http_hermes_kernel_ref_t *ref);
 void ngx_http_hermes_registry_place(ngx_http_hermes_zone_t *zone,
     ngx_http_hermes_kernel_ref_t *ref, ngx_http_hermes_backend_conf_t *bcf);
 ngx_int_t ngx_http_hermes_registry_poll(ngx_http_hermes_zone_t *zone,
@@ -510,7 +592,8 @@ typedef struct {
     ngx_uint_t                    execution_count;
     ngx_uint_t                    stdout_bytes_total;
     ngx_uint_t                    tool_calls_made;
-    ngx_msec_t                    duration;
+    ngx_msec_t                    duration;     /* from the cell's turn */
+    ngx_msec_t                    queue;        /* waiting for the turn */
     unsigned                      stdout_truncated:1;
     unsigned                      stream_truncated:1;
     unsigned                      state_reset:1;
@@ -557,12 +640,17 @@ typedef struct {
     ngx_buf_t                    *error_body;
     ngx_http_event_handler_pt     read_body;    /* nginx's, while reading */
     ngx_str_t                     session;
+    ngx_str_t                     owner;        /* "": hermes_owner unset */
+    ngx_str_t                     error_code;   /* of a JSON error sent */
     u_char                        kernel_id[NGX_HTTP_HERMES_ID_LEN];
     ngx_int_t                     cell_status;  /* -1: none */
     ngx_msec_t                    cell_ms;
+    ngx_msec_t                    queue_ms;
     void                         *cell;         /* its cell, while it runs */
     unsigned                      error_sent:1;
     unsigned                      has_kernel:1;
+    unsigned                      has_queue:1;  /* the cell got its turn */
+    unsigned                      state_lost:1;
 } ngx_http_hermes_ctx_t;
 
 

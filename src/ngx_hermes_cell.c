@@ -45,6 +45,8 @@ typedef struct {
     ngx_event_t                     timer;      /* the cell's timeout */
     ngx_msec_t                      timeout;
     ngx_msec_t                      started;
+    ngx_msec_t                      turn;       /* its turn came */
+    ngx_msec_t                      spawn_at;
     ngx_uint_t                      spawn_tries;
 
     int                             wd;
@@ -314,6 +316,19 @@ ngx_http_hermes_cell_start(ngx_http_request_t *r,
 static ngx_int_t
 ngx_http_hermes_cell_acquired(ngx_http_hermes_cell_t *cell, ngx_int_t rc)
 {
+    if (rc == NGX_HTTP_HERMES_ACQ_RUN || rc == NGX_HTTP_HERMES_ACQ_SPAWN) {
+        /* what it waited for its turn is not the cell's duration */
+        cell->turn = ngx_current_msec;
+        ngx_http_hermes_registry_observe(cell->zone,
+                                         NGX_HTTP_HERMES_HIST_QUEUE,
+                                         cell->turn - cell->started);
+
+        if (cell->ctx) {
+            cell->ctx->queue_ms = cell->turn - cell->started;
+            cell->ctx->has_queue = 1;
+        }
+    }
+
     switch (rc) {
 
     case NGX_HTTP_HERMES_ACQ_QUEUE_FULL:
@@ -417,6 +432,8 @@ ngx_http_hermes_cell_spawn(ngx_http_hermes_cell_t *cell)
 {
     ngx_int_t  rc;
 
+    cell->spawn_at = ngx_current_msec;
+
     ngx_http_hermes_registry_place(cell->zone, &cell->ref,
                                    cell->hlcf->backend);
 
@@ -464,6 +481,7 @@ ngx_http_hermes_cell_spawned(void *data, ngx_int_t rc,
 
         ngx_log_error(NGX_LOG_WARN, cell->log, 0,
                       "hermes: %s; trying another host", err);
+        ngx_http_hermes_registry_spawn_failed(cell->zone, &cell->ref);
 
         if (ngx_http_hermes_cell_spawn(cell) == NGX_OK) {
             goto done;
@@ -506,6 +524,9 @@ ngx_http_hermes_cell_spawned(void *data, ngx_int_t rc,
                                    "the kernel was shut down while starting");
         goto done;
     }
+
+    ngx_http_hermes_registry_observe(cell->zone, NGX_HTTP_HERMES_HIST_SPAWN,
+                                     ngx_current_msec - cell->spawn_at);
 
     ngx_log_error(NGX_LOG_INFO, cell->log, 0,
                   "hermes: kernel %*s (pid %P) started for session \"%V\"",
@@ -1803,13 +1824,17 @@ ngx_http_hermes_cell_answer(ngx_http_hermes_cell_t *cell)
     ngx_buf_t           *b;
     ngx_http_request_t  *r;
 
-    cell->res.duration = ngx_current_msec - cell->started;
+    cell->res.duration = ngx_current_msec - cell->turn;
+    cell->res.queue = cell->turn - cell->started;
 
     ngx_http_hermes_count(cell->zone, cells_total[cell->res.status]);
+    ngx_http_hermes_registry_observe(cell->zone, NGX_HTTP_HERMES_HIST_CELL,
+                                     cell->res.duration);
 
     if (cell->ctx) {
         cell->ctx->cell_status = cell->res.status;
         cell->ctx->cell_ms = cell->res.duration;
+        cell->ctx->state_lost = cell->ref.state_lost;
     }
 
     r = cell->r;

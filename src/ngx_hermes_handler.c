@@ -55,7 +55,10 @@ static ngx_int_t ngx_http_hermes_kernel_interrupt_cell(ngx_http_request_t *r,
     ngx_str_t *owner, ngx_str_t *session);
 static ngx_int_t ngx_http_hermes_kernel_get(ngx_http_request_t *r,
     ngx_str_t *owner, ngx_str_t *session);
-static ngx_uint_t ngx_http_hermes_location_is_ours(ngx_http_request_t *r);
+static ngx_http_hermes_loc_conf_t *ngx_http_hermes_location_is_ours(
+    ngx_http_request_t *r);
+static void ngx_http_hermes_name_hosts(ngx_http_request_t *r,
+    ngx_http_hermes_stats_t *st);
 
 
 ngx_int_t
@@ -215,6 +218,7 @@ static ngx_int_t
 ngx_http_hermes_owner(ngx_http_request_t *r, ngx_str_t *owner, ngx_int_t *rc)
 {
     ngx_uint_t                   i;
+    ngx_http_hermes_ctx_t       *ctx;
     ngx_http_hermes_loc_conf_t  *hlcf;
 
     hlcf = ngx_http_get_module_loc_conf(r, ngx_http_hermes_module);
@@ -252,6 +256,16 @@ ngx_http_hermes_owner(ngx_http_request_t *r, ngx_str_t *owner, ngx_int_t *rc)
             return NGX_DECLINED;
         }
     }
+
+    /* $hermes_owner */
+
+    ctx = ngx_http_hermes_get_ctx(r);
+    if (ctx == NULL) {
+        *rc = NGX_HTTP_INTERNAL_SERVER_ERROR;
+        return NGX_DECLINED;
+    }
+
+    ctx->owner = *owner;
 
     return NGX_OK;
 }
@@ -655,8 +669,9 @@ ngx_int_t
 ngx_http_hermes_send_error(ngx_http_request_t *r, ngx_uint_t status,
     char *code, char *message)
 {
-    ngx_str_t    c, m;
-    ngx_buf_t   *b;
+    ngx_str_t               c, m;
+    ngx_buf_t              *b;
+    ngx_http_hermes_ctx_t  *ctx;
 
     c.data = (u_char *) code;
     c.len = ngx_strlen(code);
@@ -667,6 +682,15 @@ ngx_http_hermes_send_error(ngx_http_request_t *r, ngx_uint_t status,
     if (b == NULL) {
         return NGX_HTTP_INTERNAL_SERVER_ERROR;
     }
+
+    /* for responses_total: code strings are static or the request's */
+
+    ctx = ngx_http_hermes_get_ctx(r);
+    if (ctx == NULL) {
+        return NGX_HTTP_INTERNAL_SERVER_ERROR;
+    }
+
+    ctx->error_code = c;
 
     if (status == NGX_HTTP_TOO_MANY_REQUESTS
         || status == NGX_HTTP_SERVICE_UNAVAILABLE)
@@ -721,7 +745,7 @@ ngx_http_hermes_send_buf(ngx_http_request_t *r, ngx_uint_t status,
  * another module, but that also falls under one of ours, is ours here.
  */
 
-static ngx_uint_t
+static ngx_http_hermes_loc_conf_t *
 ngx_http_hermes_location_is_ours(ngx_http_request_t *r)
 {
     ngx_uint_t                    i;
@@ -733,7 +757,7 @@ ngx_http_hermes_location_is_ours(ngx_http_request_t *r)
     cscf = ngx_http_get_module_srv_conf(r, ngx_http_core_module);
 
     if (r->uri.len == 0 || r->loc_conf != cscf->ctx->loc_conf) {
-        return 0;
+        return NULL;
     }
 
     hmcf = ngx_http_get_module_main_conf(r, ngx_http_hermes_module);
@@ -750,7 +774,7 @@ ngx_http_hermes_location_is_ours(ngx_http_request_t *r)
 #if (NGX_PCRE)
         if (clcf->regex) {
             if (ngx_regex_exec(clcf->regex->regex, &r->uri, NULL, 0) >= 0) {
-                return 1;
+                return clcf->loc_conf[ngx_http_hermes_module.ctx_index];
             }
 
             continue;
@@ -768,15 +792,18 @@ ngx_http_hermes_location_is_ours(ngx_http_request_t *r)
         if (ngx_filename_cmp(r->uri.data, clcf->name.data, clcf->name.len)
             == 0)
         {
-            return 1;
+            return clcf->loc_conf[ngx_http_hermes_module.ctx_index];
         }
     }
 
-    return 0;
+    return NULL;
 }
 
 
-/* errors nginx answers on a hermes location get the JSON error body too */
+/*
+ * Every answer of a hermes location is counted by status and error code;
+ * errors nginx answers there get the JSON error body too.
+ */
 
 static ngx_int_t
 ngx_http_hermes_error_header_filter(ngx_http_request_t *r)
@@ -786,17 +813,38 @@ ngx_http_hermes_error_header_filter(ngx_http_request_t *r)
     ngx_http_hermes_ctx_t       *ctx;
     ngx_http_hermes_loc_conf_t  *hlcf;
 
+    if (r != r->main) {
+        return ngx_http_next_header_filter(r);
+    }
+
     hlcf = ngx_http_get_module_loc_conf(r, ngx_http_hermes_module);
 
-    if (r != r->main
-        || r->headers_out.status < NGX_HTTP_BAD_REQUEST
+    if (hlcf->handler == NGX_HTTP_HERMES_HANDLER_NONE) {
+        hlcf = ngx_http_hermes_location_is_ours(r);
+
+        if (hlcf == NULL || hlcf->shm_zone == NULL) {
+            return ngx_http_next_header_filter(r);
+        }
+    }
+
+    ctx = ngx_http_get_module_ctx(r, ngx_http_hermes_module);
+
+    if (r->headers_out.status < NGX_HTTP_BAD_REQUEST
         || (r->headers_out.content_type.len >= sizeof("application/json") - 1
             && ngx_strncmp(r->headers_out.content_type.data,
                            "application/json",
-                           sizeof("application/json") - 1) == 0)
-        || (hlcf->handler == NGX_HTTP_HERMES_HANDLER_NONE
-            && !ngx_http_hermes_location_is_ours(r)))
+                           sizeof("application/json") - 1) == 0))
     {
+        if (ctx && r->headers_out.status >= NGX_HTTP_BAD_REQUEST) {
+            code = ctx->error_code;
+
+        } else {
+            ngx_str_null(&code);
+        }
+
+        ngx_http_hermes_registry_answered(hlcf->shm_zone->data,
+                                          r->headers_out.status, &code);
+
         return ngx_http_next_header_filter(r);
     }
 
@@ -840,10 +888,15 @@ ngx_http_hermes_error_header_filter(ngx_http_request_t *r)
         return NGX_ERROR;
     }
 
+    ctx->error_code = code;
+
     ctx->error_body = ngx_http_hermes_json_error(r->pool, &code, &message);
     if (ctx->error_body == NULL) {
         return NGX_ERROR;
     }
+
+    ngx_http_hermes_registry_answered(hlcf->shm_zone->data,
+                                      r->headers_out.status, &code);
 
     ngx_str_set(&r->headers_out.content_type, "application/json");
     r->headers_out.content_type_len = r->headers_out.content_type.len;
@@ -1325,6 +1378,7 @@ ngx_http_hermes_status_handler(ngx_http_request_t *r)
     ngx_int_t                    rc;
     ngx_str_t                    value;
     ngx_buf_t                   *b;
+    ngx_uint_t                   prometheus;
     ngx_http_hermes_zone_t      *zone;
     ngx_http_hermes_stats_t      st;
     ngx_http_hermes_loc_conf_t  *hlcf;
@@ -1338,14 +1392,31 @@ ngx_http_hermes_status_handler(ngx_http_request_t *r)
         return rc;
     }
 
+    prometheus = 0;
+
+    if (ngx_http_arg(r, (u_char *) "format", 6, &value) == NGX_OK) {
+
+        if (value.len == 10 && ngx_strncmp(value.data, "prometheus", 10) == 0)
+        {
+            prometheus = 1;
+
+        } else if (value.len != 4 || ngx_strncmp(value.data, "json", 4) != 0)
+        {
+            return ngx_http_hermes_send_error(r, NGX_HTTP_BAD_REQUEST,
+                                              "invalid_format",
+                                              "format must be \"json\" or "
+                                              "\"prometheus\"");
+        }
+    }
+
     hlcf = ngx_http_get_module_loc_conf(r, ngx_http_hermes_module);
     zone = hlcf->shm_zone->data;
 
     ngx_http_hermes_registry_stats(zone, &st);
 
-    if (ngx_http_arg(r, (u_char *) "format", 6, &value) == NGX_OK
-        && value.len == 10 && ngx_strncmp(value.data, "prometheus", 10) == 0)
-    {
+    ngx_http_hermes_name_hosts(r, &st);
+
+    if (prometheus) {
         b = ngx_http_hermes_prometheus_stats(r->pool, &st, zone->max_kernels,
                                              &hlcf->shm_zone->shm.name);
         if (b == NULL) {
@@ -1365,7 +1436,116 @@ ngx_http_hermes_status_handler(ngx_http_request_t *r)
 }
 
 
-/* $hermes_session, $hermes_kernel_id, $hermes_cell_status, $hermes_cell_ms */
+/*
+ * The hosts of the figures by name: "localhost" for local backends, the
+ * configured host of ssh ones, "unknown" for a backend no longer in the
+ * configuration, "other" for failures past the zone's table.  Hosts of one
+ * name (local backends with other roots, one ssh host of two backends)
+ * are summed; every configured host is listed, with zeros if need be.
+ */
+
+static void
+ngx_http_hermes_name_hosts(ngx_http_request_t *r, ngx_http_hermes_stats_t *st)
+{
+    ngx_str_t                         name, *hn;
+    ngx_uint_t                        i, j, k, n;
+    ngx_http_hermes_ssh_host_t      **hosts;
+    ngx_http_hermes_host_stats_t     *h;
+    ngx_http_hermes_main_conf_t      *hmcf;
+    ngx_http_hermes_backend_conf_t  **bcfs, *bcf;
+
+    hmcf = ngx_http_get_module_main_conf(r, ngx_http_hermes_module);
+    bcfs = hmcf->backends.elts;
+
+    for (i = 0; i < st->nhosts; i++) {
+        h = &st->hosts[i];
+
+        if (h->host == NGX_HTTP_HERMES_HOSTS) {
+            ngx_str_set(&h->name, "other");
+            continue;
+        }
+
+        ngx_str_set(&h->name, "unknown");
+
+        for (j = 0; j < hmcf->backends.nelts; j++) {
+            bcf = bcfs[j];
+
+            if (ngx_memcmp(bcf->tag, h->tag, NGX_HTTP_HERMES_BACKEND_TAG_LEN)
+                != 0)
+            {
+                continue;
+            }
+
+            if (bcf->type != NGX_HTTP_HERMES_BACKEND_SSH) {
+                ngx_str_set(&h->name, "localhost");
+
+            } else if (h->host < bcf->hosts->nelts) {
+                hosts = bcf->hosts->elts;
+                h->name = *ngx_http_hermes_ssh_host_name(hosts[h->host]);
+            }
+
+            break;
+        }
+    }
+
+    /* the configured hosts that have no figures yet */
+
+    for (i = 0; i < hmcf->backends.nelts; i++) {
+        bcf = bcfs[i];
+        hosts = bcf->type == NGX_HTTP_HERMES_BACKEND_SSH
+                ? bcf->hosts->elts : NULL;
+        n = hosts ? bcf->hosts->nelts : 1;
+
+        for (j = 0; j < n && st->nhosts <= NGX_HTTP_HERMES_HOSTS; j++) {
+            if (hosts) {
+                name = *ngx_http_hermes_ssh_host_name(hosts[j]);
+
+            } else {
+                ngx_str_set(&name, "localhost");
+            }
+
+            for (k = 0; k < st->nhosts; k++) {
+                hn = &st->hosts[k].name;
+
+                if (hn->len == name.len
+                    && ngx_strncmp(hn->data, name.data, name.len) == 0)
+                {
+                    break;
+                }
+            }
+
+            if (k == st->nhosts) {
+                h = &st->hosts[st->nhosts++];
+                ngx_memzero(h, sizeof(ngx_http_hermes_host_stats_t));
+                h->name = name;
+            }
+        }
+    }
+
+    /* one entry a name */
+
+    for (i = 0; i < st->nhosts; i++) {
+        for (j = i + 1; j < st->nhosts; /* void */) {
+            if (st->hosts[j].name.len != st->hosts[i].name.len
+                || ngx_strncmp(st->hosts[j].name.data, st->hosts[i].name.data,
+                               st->hosts[i].name.len) != 0)
+            {
+                j++;
+                continue;
+            }
+
+            st->hosts[i].kernels += st->hosts[j].kernels;
+            st->hosts[i].spawn_failures += st->hosts[j].spawn_failures;
+            st->hosts[j] = st->hosts[--st->nhosts];
+        }
+    }
+}
+
+
+/*
+ * $hermes_session, $hermes_kernel_id, $hermes_cell_status, $hermes_cell_ms,
+ * $hermes_owner, $hermes_queue_ms, $hermes_lost_reason
+ */
 
 static ngx_http_variable_t  ngx_http_hermes_vars[] = {
 
@@ -1379,6 +1559,15 @@ static ngx_http_variable_t  ngx_http_hermes_vars[] = {
       NGX_HTTP_VAR_NOCACHEABLE, 0 },
 
     { ngx_string("hermes_cell_ms"), NULL, ngx_http_hermes_variable, 3,
+      NGX_HTTP_VAR_NOCACHEABLE, 0 },
+
+    { ngx_string("hermes_owner"), NULL, ngx_http_hermes_variable, 4,
+      NGX_HTTP_VAR_NOCACHEABLE, 0 },
+
+    { ngx_string("hermes_queue_ms"), NULL, ngx_http_hermes_variable, 5,
+      NGX_HTTP_VAR_NOCACHEABLE, 0 },
+
+    { ngx_string("hermes_lost_reason"), NULL, ngx_http_hermes_variable, 6,
       NGX_HTTP_VAR_NOCACHEABLE, 0 },
 
       ngx_http_null_variable
@@ -1448,7 +1637,7 @@ ngx_http_hermes_variable(ngx_http_request_t *r, ngx_http_variable_value_t *v,
         v->len = ngx_http_hermes_cell_status_names[ctx->cell_status].len;
         break;
 
-    default:
+    case 3:
         if (ctx->cell_status < 0) {
             return NGX_OK;
         }
@@ -1460,6 +1649,39 @@ ngx_http_hermes_variable(ngx_http_request_t *r, ngx_http_variable_value_t *v,
 
         v->data = p;
         v->len = ngx_sprintf(p, "%M", ctx->cell_ms) - p;
+        break;
+
+    case 4:
+        if (ctx->owner.len == 0) {
+            return NGX_OK;
+        }
+
+        v->data = ctx->owner.data;
+        v->len = ctx->owner.len;
+        break;
+
+    case 5:
+        if (!ctx->has_queue) {
+            return NGX_OK;
+        }
+
+        p = ngx_pnalloc(r->pool, NGX_INT_T_LEN);
+        if (p == NULL) {
+            return NGX_ERROR;
+        }
+
+        v->data = p;
+        v->len = ngx_sprintf(p, "%M", ctx->queue_ms) - p;
+        break;
+
+    default:
+        /* the kernel's state was lost before this cell; why comes later */
+        if (!ctx->state_lost) {
+            return NGX_OK;
+        }
+
+        v->data = (u_char *) "lost";
+        v->len = sizeof("lost") - 1;
         break;
     }
 

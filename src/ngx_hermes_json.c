@@ -977,6 +977,10 @@ ngx_http_hermes_json_gen_result(yajl_gen g, ngx_http_hermes_result_t *res,
                     res->duration % 1000);
     yajl_gen_number(g, (const char *) num, p - num);
 
+    ngx_http_hermes_gen_key(g, "queue_seconds");
+    p = ngx_sprintf(num, "%M.%03M", res->queue / 1000, res->queue % 1000);
+    yajl_gen_number(g, (const char *) num, p - num);
+
     ngx_http_hermes_gen_key(g, "execution_count");
     yajl_gen_integer(g, res->execution_count);
 
@@ -1228,13 +1232,113 @@ static ngx_str_t  ngx_http_hermes_reject_names[] = {
 };
 
 
+/* evictions_total{reason}: the order of ngx_http_hermes_stats_evictions() */
+
+static ngx_str_t  ngx_http_hermes_eviction_names[] = {
+    ngx_string("idle"),
+    ngx_string("cap"),
+    ngx_string("timeout"),
+    ngx_string("deleted")
+};
+
+#define NGX_HTTP_HERMES_NEVICTIONS  4
+
+
+typedef struct {
+    ngx_str_t                     name;
+    ngx_str_t                     help;
+} ngx_http_hermes_hist_name_t;
+
+
+static ngx_http_hermes_hist_name_t  ngx_http_hermes_hist_names[] = {
+    { ngx_string("cell_duration_seconds"),
+      ngx_string("Cells from their turn on the kernel (a new kernel's start "
+                 "included) to their result.") },
+    { ngx_string("queue_wait_seconds"),
+      ngx_string("Time requests waited for their turn on a busy kernel.") },
+    { ngx_string("spawn_duration_seconds"),
+      ngx_string("Kernel starts that succeeded.") }
+};
+
+
+static void
+ngx_http_hermes_stats_evictions(ngx_http_hermes_stats_t *st, ngx_uint_t *v)
+{
+    v[0] = st->evicted_idle_total;
+    v[1] = st->evicted_cap_total;
+    v[2] = st->killed_timeout_total;
+    v[3] = st->evicted_deleted_total;
+}
+
+
+/* a bucket's upper bound in seconds, as Prometheus writes it: "0.025" */
+
+static u_char *
+ngx_http_hermes_stats_le(u_char *p, ngx_uint_t bucket)
+{
+    u_char      *last;
+    ngx_msec_t   ms;
+
+    if (bucket == NGX_HTTP_HERMES_BUCKETS - 1) {
+        return ngx_cpymem(p, "+Inf", 4);
+    }
+
+    ms = ngx_http_hermes_buckets[bucket];
+
+    if (ms % 1000 == 0) {
+        return ngx_sprintf(p, "%M", ms / 1000);
+    }
+
+    last = ngx_sprintf(p, "%M.%03M", ms / 1000, ms % 1000);
+
+    while (last[-1] == '0') {
+        last--;
+    }
+
+    return last;
+}
+
+
+/* "200", or "other" for the answers past the table */
+
+static u_char *
+ngx_http_hermes_stats_code(u_char *p, ngx_http_hermes_answers_t *a)
+{
+    if (a->status == 0) {
+        return ngx_cpymem(p, "other", 5);
+    }
+
+    return ngx_sprintf(p, "%ui", (ngx_uint_t) a->status);
+}
+
+
+static void
+ngx_http_hermes_gen_number(yajl_gen g, ngx_uint_t v)
+{
+    yajl_gen_integer(g, (long long) v);
+}
+
+
+static void
+ngx_http_hermes_gen_seconds(yajl_gen g, ngx_uint_t ms)
+{
+    u_char  num[NGX_INT_T_LEN + 8], *p;
+
+    p = ngx_sprintf(num, "%ui.%03ui", ms / 1000, ms % 1000);
+    yajl_gen_number(g, (const char *) num, p - num);
+}
+
+
 ngx_buf_t *
 ngx_http_hermes_json_stats(ngx_pool_t *pool, ngx_http_hermes_stats_t *st,
     ngx_uint_t max_kernels)
 {
-    yajl_gen     g;
-    ngx_buf_t   *b;
-    ngx_uint_t   i;
+    u_char                      num[16], *p;
+    yajl_gen                    g;
+    ngx_buf_t                  *b;
+    ngx_uint_t                  i, j, n, count;
+    ngx_uint_t                  ev[NGX_HTTP_HERMES_NEVICTIONS];
+    ngx_http_hermes_answers_t  *a;
 
     g = yajl_gen_alloc(NULL);
     if (g == NULL) {
@@ -1243,25 +1347,49 @@ ngx_http_hermes_json_stats(ngx_pool_t *pool, ngx_http_hermes_stats_t *st,
 
 #define ngx_http_hermes_gen_counter(name, v)                                  \
     ngx_http_hermes_gen_key(g, name);                                         \
-    yajl_gen_integer(g, (long long) (v))
+    ngx_http_hermes_gen_number(g, v)
 
     yajl_gen_map_open(g);
     ngx_http_hermes_gen_counter("kernels", st->kernels);
     ngx_http_hermes_gen_counter("running", st->running);
     ngx_http_hermes_gen_counter("max_kernels", max_kernels);
+    ngx_http_hermes_gen_counter("queue_depth", st->queued);
+
+    ngx_http_hermes_gen_key(g, "host_kernels");
+    yajl_gen_map_open(g);
+    for (i = 0; i < st->nhosts; i++) {
+        ngx_http_hermes_gen_str(g, &st->hosts[i].name);
+        ngx_http_hermes_gen_number(g, st->hosts[i].kernels);
+    }
+    yajl_gen_map_close(g);
+
+    ngx_http_hermes_gen_counter("zone_used_bytes", st->zone_bytes_used);
+    ngx_http_hermes_gen_counter("zone_size_bytes", st->zone_bytes_total);
     ngx_http_hermes_gen_counter("spawned_total", st->spawned_total);
-    ngx_http_hermes_gen_counter("spawn_failures_total",
-                                st->spawn_failures_total);
-    ngx_http_hermes_gen_counter("evicted_idle_total", st->evicted_idle_total);
-    ngx_http_hermes_gen_counter("evicted_cap_total", st->evicted_cap_total);
-    ngx_http_hermes_gen_counter("killed_timeout_total",
-                                st->killed_timeout_total);
+
+    ngx_http_hermes_gen_key(g, "spawn_failures_total");
+    yajl_gen_map_open(g);
+    for (i = 0; i < st->nhosts; i++) {
+        ngx_http_hermes_gen_str(g, &st->hosts[i].name);
+        ngx_http_hermes_gen_number(g, st->hosts[i].spawn_failures);
+    }
+    yajl_gen_map_close(g);
+
+    ngx_http_hermes_stats_evictions(st, ev);
+
+    ngx_http_hermes_gen_key(g, "evictions_total");
+    yajl_gen_map_open(g);
+    for (i = 0; i < NGX_HTTP_HERMES_NEVICTIONS; i++) {
+        ngx_http_hermes_gen_str(g, &ngx_http_hermes_eviction_names[i]);
+        ngx_http_hermes_gen_number(g, ev[i]);
+    }
+    yajl_gen_map_close(g);
 
     ngx_http_hermes_gen_key(g, "cells_total");
     yajl_gen_map_open(g);
     for (i = 0; i < NGX_HTTP_HERMES_CELL_NSTATUS; i++) {
         ngx_http_hermes_gen_str(g, &ngx_http_hermes_cell_status_names[i]);
-        yajl_gen_integer(g, st->cells_total[i]);
+        ngx_http_hermes_gen_number(g, st->cells_total[i]);
     }
     yajl_gen_map_close(g);
 
@@ -1271,12 +1399,60 @@ ngx_http_hermes_json_stats(ngx_pool_t *pool, ngx_http_hermes_stats_t *st,
     yajl_gen_map_open(g);
     for (i = 0; i < NGX_HTTP_HERMES_RPC_NREJECT; i++) {
         ngx_http_hermes_gen_str(g, &ngx_http_hermes_reject_names[i]);
-        yajl_gen_integer(g, st->rpc_rejected_total[i]);
+        ngx_http_hermes_gen_number(g, st->rpc_rejected_total[i]);
     }
     yajl_gen_map_close(g);
 
-    ngx_http_hermes_gen_counter("zone_bytes_used", st->zone_bytes_used);
-    ngx_http_hermes_gen_counter("zone_bytes_total", st->zone_bytes_total);
+    /* by code, then error code ("" for none): answers come sorted */
+
+    ngx_http_hermes_gen_key(g, "responses_total");
+    yajl_gen_map_open(g);
+    for (i = 0; i < st->nanswers; i = j) {
+        p = ngx_http_hermes_stats_code(num, &st->answers[i]);
+        yajl_gen_string(g, num, p - num);
+
+        yajl_gen_map_open(g);
+        for (j = i; j < st->nanswers; j++) {
+            a = &st->answers[j];
+
+            if (a->status != st->answers[i].status) {
+                break;
+            }
+
+            yajl_gen_string(g, a->error, a->error_len);
+            ngx_http_hermes_gen_number(g, a->count);
+        }
+        yajl_gen_map_close(g);
+    }
+    yajl_gen_map_close(g);
+
+    /* histograms: cumulative buckets as in Prometheus */
+
+    for (i = 0; i < NGX_HTTP_HERMES_NHIST; i++) {
+        ngx_http_hermes_gen_str(g, &ngx_http_hermes_hist_names[i].name);
+        yajl_gen_map_open(g);
+
+        ngx_http_hermes_gen_key(g, "buckets");
+        yajl_gen_map_open(g);
+
+        count = 0;
+
+        for (n = 0; n < NGX_HTTP_HERMES_BUCKETS; n++) {
+            count += st->hist[i][n];
+            p = ngx_http_hermes_stats_le(num, n);
+            yajl_gen_string(g, num, p - num);
+            ngx_http_hermes_gen_number(g, count);
+        }
+
+        yajl_gen_map_close(g);
+
+        ngx_http_hermes_gen_key(g, "sum");
+        ngx_http_hermes_gen_seconds(g, st->hist_sum_ms[i]);
+        ngx_http_hermes_gen_counter("count", count);
+
+        yajl_gen_map_close(g);
+    }
+
     yajl_gen_map_close(g);
 
 #undef ngx_http_hermes_gen_counter
@@ -1289,73 +1465,211 @@ ngx_http_hermes_json_stats(ngx_pool_t *pool, ngx_http_hermes_stats_t *st,
 }
 
 
+/* a label value: backslash, double quote and newline escaped */
+
+static ngx_int_t
+ngx_http_hermes_prom_label(ngx_pool_t *pool, ngx_str_t *dst, ngx_str_t *src)
+{
+    u_char  *p, *s;
+
+    p = ngx_pnalloc(pool, 2 * src->len + 1);
+    if (p == NULL) {
+        return NGX_ERROR;
+    }
+
+    dst->data = p;
+
+    for (s = src->data; s < src->data + src->len; s++) {
+        if (*s == '\\' || *s == '"') {
+            *p++ = '\\';
+            *p++ = *s;
+
+        } else if (*s == '\n') {
+            *p++ = '\\';
+            *p++ = 'n';
+
+        } else {
+            *p++ = *s;
+        }
+    }
+
+    dst->len = p - dst->data;
+
+    return NGX_OK;
+}
+
+
 ngx_buf_t *
 ngx_http_hermes_prometheus_stats(ngx_pool_t *pool,
     ngx_http_hermes_stats_t *st, ngx_uint_t max_kernels, ngx_str_t *zone)
 {
-    u_char      *p;
-    ngx_buf_t   *b;
-    ngx_uint_t   i;
+    u_char                       *p, *q;
+    size_t                        size;
+    ngx_str_t                     z, *names;
+    ngx_buf_t                    *b;
+    ngx_uint_t                    i, j, count;
+    ngx_uint_t                    ev[NGX_HTTP_HERMES_NEVICTIONS];
+    ngx_http_hermes_answers_t    *a;
+    ngx_http_hermes_hist_name_t  *h;
 
-    b = ngx_create_temp_buf(pool, 4096 + 32 * zone->len);
+    if (ngx_http_hermes_prom_label(pool, &z, zone) != NGX_OK) {
+        return NULL;
+    }
+
+    names = ngx_palloc(pool, (st->nhosts + 1) * sizeof(ngx_str_t));
+    if (names == NULL) {
+        return NULL;
+    }
+
+    /* HELP and TYPE lines, then a sample line at most this long each */
+
+    size = 8192;
+
+    for (i = 0; i < st->nhosts; i++) {
+        if (ngx_http_hermes_prom_label(pool, &names[i], &st->hosts[i].name)
+            != NGX_OK)
+        {
+            return NULL;
+        }
+
+        size += 2 * (128 + z.len + names[i].len);
+    }
+
+    size += (st->nanswers + NGX_HTTP_HERMES_NHIST
+                            * (NGX_HTTP_HERMES_BUCKETS + 2)
+             + NGX_HTTP_HERMES_CELL_NSTATUS + NGX_HTTP_HERMES_RPC_NREJECT
+             + NGX_HTTP_HERMES_NEVICTIONS + 16)
+            * (128 + NGX_HTTP_HERMES_ERROR_MAX + z.len);
+
+    b = ngx_create_temp_buf(pool, size);
     if (b == NULL) {
         return NULL;
     }
 
     p = b->last;
 
-#define ngx_http_hermes_prom(name, type, help, v)                             \
+#define ngx_http_hermes_prom_family(name, type, help)                         \
     p = ngx_sprintf(p, "# HELP hermes_" name " " help "\n"                    \
-                    "# TYPE hermes_" name " " type "\n"                       \
-                    "hermes_" name "{zone=\"%V\"} %uA\n", zone,              \
-                    (ngx_atomic_uint_t) (v))
+                       "# TYPE hermes_" name " " type "\n")
 
-    ngx_http_hermes_prom("kernels", "gauge", "Kernels in the registry.",
-                         st->kernels);
+#define ngx_http_hermes_prom(name, type, help, v)                             \
+    ngx_http_hermes_prom_family(name, type, help);                            \
+    p = ngx_sprintf(p, "hermes_" name "{zone=\"%V\"} %ui\n", &z,            \
+                    (ngx_uint_t) (v))
+
+    ngx_http_hermes_prom("kernels", "gauge",
+                         "Kernels in the registry (starting, idle or "
+                         "running).", st->kernels);
     ngx_http_hermes_prom("running", "gauge", "Kernels running a cell.",
                          st->running);
     ngx_http_hermes_prom("max_kernels", "gauge", "The registry's cap.",
                          max_kernels);
+    ngx_http_hermes_prom("queue_depth", "gauge",
+                         "Cells waiting now for their turn on a busy "
+                         "kernel.", st->queued);
+
+    if (st->nhosts) {
+        ngx_http_hermes_prom_family("host_kernels", "gauge",
+                                    "Kernels in the registry by kernel "
+                                    "host.");
+        for (i = 0; i < st->nhosts; i++) {
+            p = ngx_sprintf(p, "hermes_host_kernels{zone=\"%V\",host=\"%V\"} "
+                            "%ui\n", &z, &names[i], st->hosts[i].kernels);
+        }
+    }
+
+    ngx_http_hermes_prom("zone_used_bytes", "gauge",
+                         "Shared memory of the zone in use.",
+                         st->zone_bytes_used);
+    ngx_http_hermes_prom("zone_size_bytes", "gauge",
+                         "Shared memory size of the zone.",
+                         st->zone_bytes_total);
     ngx_http_hermes_prom("spawned_total", "counter", "Kernels started.",
                          st->spawned_total);
-    ngx_http_hermes_prom("spawn_failures_total", "counter",
-                         "Kernels that failed to start.",
-                         st->spawn_failures_total);
-    ngx_http_hermes_prom("evicted_idle_total", "counter",
-                         "Kernels reaped after idle_timeout.",
-                         st->evicted_idle_total);
-    ngx_http_hermes_prom("evicted_cap_total", "counter",
-                         "Kernels evicted beyond max_kernels or for memory.",
-                         st->evicted_cap_total);
-    ngx_http_hermes_prom("killed_timeout_total", "counter",
-                         "Kernels killed at a cell timeout.",
-                         st->killed_timeout_total);
-    ngx_http_hermes_prom("tool_calls_total", "counter",
-                         "Tool calls dispatched.", st->tool_calls_total);
 
-    p = ngx_sprintf(p, "# HELP hermes_cells_total Cells by final status.\n"
-                       "# TYPE hermes_cells_total counter\n");
+    if (st->nhosts) {
+        ngx_http_hermes_prom_family("spawn_failures_total", "counter",
+                                    "Kernel starts that failed, by kernel "
+                                    "host.");
+        for (i = 0; i < st->nhosts; i++) {
+            p = ngx_sprintf(p, "hermes_spawn_failures_total{zone=\"%V\","
+                            "host=\"%V\"} %ui\n", &z, &names[i],
+                            st->hosts[i].spawn_failures);
+        }
+    }
+
+    ngx_http_hermes_stats_evictions(st, ev);
+
+    ngx_http_hermes_prom_family("evictions_total", "counter",
+                                "Kernels killed and removed from the "
+                                "registry, by reason.");
+    for (i = 0; i < NGX_HTTP_HERMES_NEVICTIONS; i++) {
+        p = ngx_sprintf(p, "hermes_evictions_total{zone=\"%V\",reason=\"%V\"} "
+                        "%ui\n", &z, &ngx_http_hermes_eviction_names[i],
+                        ev[i]);
+    }
+
+    ngx_http_hermes_prom_family("cells_total", "counter",
+                                "Cells by final status.");
     for (i = 0; i < NGX_HTTP_HERMES_CELL_NSTATUS; i++) {
-        p = ngx_sprintf(p, "hermes_cells_total{zone=\"%V\",status=\"%V\"} %ui\n",
-                        zone, &ngx_http_hermes_cell_status_names[i],
+        p = ngx_sprintf(p, "hermes_cells_total{zone=\"%V\",status=\"%V\"} "
+                        "%ui\n", &z, &ngx_http_hermes_cell_status_names[i],
                         st->cells_total[i]);
     }
 
-    p = ngx_sprintf(p, "# HELP hermes_rpc_rejected_total "
-                       "RPC requests removed unanswered.\n"
-                       "# TYPE hermes_rpc_rejected_total counter\n");
+    ngx_http_hermes_prom("tool_calls_total", "counter",
+                         "Tool calls dispatched.", st->tool_calls_total);
+
+    ngx_http_hermes_prom_family("rpc_rejected_total", "counter",
+                                "RPC requests removed unanswered, by "
+                                "reason.");
     for (i = 0; i < NGX_HTTP_HERMES_RPC_NREJECT; i++) {
-        p = ngx_sprintf(p, "hermes_rpc_rejected_total{zone=\"%V\",reason=\"%V\"} %ui\n",
-                        zone, &ngx_http_hermes_reject_names[i],
+        p = ngx_sprintf(p, "hermes_rpc_rejected_total{zone=\"%V\","
+                        "reason=\"%V\"} %ui\n", &z,
+                        &ngx_http_hermes_reject_names[i],
                         st->rpc_rejected_total[i]);
     }
 
-    ngx_http_hermes_prom("zone_bytes_used", "gauge",
-                         "Shared memory in use.", st->zone_bytes_used);
-    ngx_http_hermes_prom("zone_bytes_total", "gauge",
-                         "Shared memory size.", st->zone_bytes_total);
+    if (st->nanswers) {
+        ngx_http_hermes_prom_family("responses_total", "counter",
+                                    "Answers of hermes locations by HTTP "
+                                    "status and error code.");
+        for (i = 0; i < st->nanswers; i++) {
+            a = &st->answers[i];
+            p = ngx_sprintf(p, "hermes_responses_total{zone=\"%V\",code=\"",
+                            &z);
+            p = ngx_http_hermes_stats_code(p, a);
+            p = ngx_sprintf(p, "\",error=\"%*s\"} %uA\n",
+                            (size_t) a->error_len, a->error, a->count);
+        }
+    }
+
+    for (i = 0; i < NGX_HTTP_HERMES_NHIST; i++) {
+        h = &ngx_http_hermes_hist_names[i];
+
+        p = ngx_sprintf(p, "# HELP hermes_%V %V\n"
+                           "# TYPE hermes_%V histogram\n",
+                        &h->name, &h->help, &h->name);
+
+        count = 0;
+
+        for (j = 0; j < NGX_HTTP_HERMES_BUCKETS; j++) {
+            count += st->hist[i][j];
+
+            p = ngx_sprintf(p, "hermes_%V_bucket{zone=\"%V\",le=\"",
+                            &h->name, &z);
+            q = ngx_http_hermes_stats_le(p, j);
+            p = ngx_sprintf(q, "\"} %ui\n", count);
+        }
+
+        p = ngx_sprintf(p, "hermes_%V_sum{zone=\"%V\"} %ui.%03ui\n"
+                           "hermes_%V_count{zone=\"%V\"} %ui\n",
+                        &h->name, &z, st->hist_sum_ms[i] / 1000,
+                        st->hist_sum_ms[i] % 1000, &h->name, &z, count);
+    }
 
 #undef ngx_http_hermes_prom
+#undef ngx_http_hermes_prom_family
 
     b->last = p;
 

@@ -63,6 +63,12 @@ static void ngx_http_hermes_registry_sweep_locked(
 static void ngx_http_hermes_registry_reclaim(ngx_http_hermes_zone_t *zone,
     ngx_http_hermes_node_t *kn, ngx_http_hermes_victims_t *victims,
     uint64_t now);
+static void ngx_http_hermes_registry_host_failed(ngx_http_hermes_zone_t *zone,
+    u_char *tag, ngx_uint_t host);
+static ngx_http_hermes_host_stats_t *ngx_http_hermes_registry_host(
+    ngx_http_hermes_stats_t *st, u_char *tag, ngx_uint_t host);
+static ngx_int_t ngx_libc_cdecl ngx_http_hermes_registry_answer_order(
+    const void *one, const void *two);
 
 
 #define ngx_http_hermes_node_dir(kn)   ((kn)->data + (kn)->key_len)
@@ -74,6 +80,13 @@ static void ngx_http_hermes_registry_reclaim(ngx_http_hermes_zone_t *zone,
 
 #define ngx_http_hermes_pending(kn)                                           \
     ((uint32_t) ((kn)->ticket_next - (kn)->ticket_serving))
+
+/* the histograms' buckets, ms: 5 ms .. 60 s, then +Inf */
+
+ngx_msec_t  ngx_http_hermes_buckets[NGX_HTTP_HERMES_BUCKETS - 1] = {
+    5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000, 10000, 30000, 60000
+};
+
 
 #if (NGX_PTR_SIZE == 8)
 #define ngx_http_hermes_rbkey(ohash, hash)                                    \
@@ -710,7 +723,9 @@ ngx_http_hermes_registry_release(ngx_http_hermes_zone_t *zone,
     if (how == NGX_HTTP_HERMES_RELEASE_GONE
         && kn->state == NGX_HTTP_HERMES_STATE_SPAWNING)
     {
-        zone->sh->spawn_failures_total++;
+        ngx_http_hermes_registry_host_failed(zone,
+                                             ngx_http_hermes_node_tag(kn),
+                                             kn->host);
     }
 
     ngx_http_hermes_registry_end_turn(zone, kn);
@@ -1158,6 +1173,7 @@ ngx_http_hermes_registry_shutdown(ngx_http_hermes_zone_t *zone,
             }
 
             if (ngx_http_hermes_registry_evict(zone, kn, victims) == NGX_OK) {
+                zone->sh->evicted_deleted_total++;
                 rc = NGX_OK;
             }
         }
@@ -1173,17 +1189,22 @@ void
 ngx_http_hermes_registry_stats(ngx_http_hermes_zone_t *zone,
     ngx_http_hermes_stats_t *st)
 {
-    ngx_uint_t               i;
-    ngx_queue_t             *q;
-    ngx_http_hermes_sh_t    *sh;
-    ngx_http_hermes_node_t  *kn;
+    ngx_uint_t                     i, j, n, attributed;
+    ngx_queue_t                   *q;
+    ngx_http_hermes_sh_t          *sh;
+    ngx_http_hermes_node_t        *kn;
+    ngx_http_hermes_host_stats_t  *h;
 
     sh = zone->sh;
+
+    st->running = 0;
+    st->queued = 0;
+    st->nhosts = 0;
+    h = NULL;
 
     ngx_shmtx_lock(&zone->shpool->mutex);
 
     st->kernels = sh->kernels;
-    st->running = 0;
 
     for (q = ngx_queue_head(&sh->lru);
          q != ngx_queue_sentinel(&sh->lru);
@@ -1194,12 +1215,36 @@ ngx_http_hermes_registry_stats(ngx_http_hermes_zone_t *zone,
         if (kn->state == NGX_HTTP_HERMES_STATE_RUNNING) {
             st->running++;
         }
+
+        /* the serving ticket waits too until its request claims it */
+        st->queued += ngx_http_hermes_pending(kn) - kn->claimed;
+
+        if (kn->state == NGX_HTTP_HERMES_STATE_LOST) {
+            continue;
+        }
+
+        /* most kernels are on the host of the one before */
+
+        if (h == NULL
+            || h->host != kn->host
+            || ngx_memcmp(h->tag, ngx_http_hermes_node_tag(kn),
+                          NGX_HTTP_HERMES_BACKEND_TAG_LEN) != 0)
+        {
+            h = ngx_http_hermes_registry_host(st,
+                                              ngx_http_hermes_node_tag(kn),
+                                              kn->host);
+        }
+
+        if (h) {
+            h->kernels++;
+        }
     }
 
     st->spawned_total = sh->spawned_total;
     st->spawn_failures_total = sh->spawn_failures_total;
     st->evicted_idle_total = sh->evicted_idle_total;
     st->evicted_cap_total = sh->evicted_cap_total;
+    st->evicted_deleted_total = sh->evicted_deleted_total;
     st->killed_timeout_total = sh->killed_timeout_total;
     st->tool_calls_total = sh->tool_calls_total;
 
@@ -1211,11 +1256,242 @@ ngx_http_hermes_registry_stats(ngx_http_hermes_zone_t *zone,
         st->rpc_rejected_total[i] = sh->rpc_rejected_total[i];
     }
 
+    for (i = 0; i < NGX_HTTP_HERMES_NHIST; i++) {
+        for (j = 0; j < NGX_HTTP_HERMES_BUCKETS; j++) {
+            st->hist[i][j] = sh->hist[i].buckets[j];
+        }
+
+        st->hist_sum_ms[i] = sh->hist[i].sum_ms;
+    }
+
+    st->nanswers = sh->nanswers;
+    ngx_memcpy(st->answers, sh->answers,
+               st->nanswers * sizeof(ngx_http_hermes_answers_t));
+
+    attributed = 0;
+
+    for (i = 0; i < sh->nhosts; i++) {
+        h = ngx_http_hermes_registry_host(st, sh->hosts[i].tag,
+                                          sh->hosts[i].host);
+        if (h) {
+            h->spawn_failures = sh->hosts[i].spawn_failures;
+            attributed += h->spawn_failures;
+        }
+    }
+
     st->zone_bytes_total = zone->shm_zone->shm.size;
     st->zone_bytes_used = zone->shm_zone->shm.size
                           - zone->shpool->pfree * ngx_pagesize;
 
     ngx_shmtx_unlock(&zone->shpool->mutex);
+
+    /* an answer's codes together: the JSON form groups by them */
+
+    ngx_sort(st->answers, st->nanswers, sizeof(ngx_http_hermes_answers_t),
+             ngx_http_hermes_registry_answer_order);
+
+    /* failures of hosts past the table's end: one entry, no host */
+
+    n = st->spawn_failures_total - attributed;
+
+    if (n) {
+        h = &st->hosts[st->nhosts++];
+        ngx_memzero(h, sizeof(ngx_http_hermes_host_stats_t));
+        h->host = NGX_HTTP_HERMES_HOSTS;
+        h->spawn_failures = n;
+    }
+}
+
+
+static ngx_int_t ngx_libc_cdecl
+ngx_http_hermes_registry_answer_order(const void *one, const void *two)
+{
+    const ngx_http_hermes_answers_t  *a = one, *b = two;
+
+    ngx_int_t  rc;
+
+    if (a->status != b->status) {
+        return (ngx_int_t) a->status - (ngx_int_t) b->status;
+    }
+
+    rc = ngx_memcmp(a->error, b->error, ngx_min(a->error_len, b->error_len));
+
+    return rc ? rc : (ngx_int_t) a->error_len - (ngx_int_t) b->error_len;
+}
+
+
+/* a host's entry in the figures: found, or added while there is room */
+
+static ngx_http_hermes_host_stats_t *
+ngx_http_hermes_registry_host(ngx_http_hermes_stats_t *st, u_char *tag,
+    ngx_uint_t host)
+{
+    ngx_uint_t                     i;
+    ngx_http_hermes_host_stats_t  *h;
+
+    for (i = 0; i < st->nhosts; i++) {
+        h = &st->hosts[i];
+
+        if (h->host == host
+            && ngx_memcmp(h->tag, tag, NGX_HTTP_HERMES_BACKEND_TAG_LEN) == 0)
+        {
+            return h;
+        }
+    }
+
+    if (st->nhosts == NGX_HTTP_HERMES_HOSTS) {
+        return NULL;
+    }
+
+    h = &st->hosts[st->nhosts++];
+    ngx_memcpy(h->tag, tag, NGX_HTTP_HERMES_BACKEND_TAG_LEN);
+    h->host = host;
+    ngx_str_null(&h->name);
+    h->kernels = 0;
+    h->spawn_failures = 0;
+
+    return h;
+}
+
+
+void
+ngx_http_hermes_registry_observe(ngx_http_hermes_zone_t *zone,
+    ngx_uint_t hist, ngx_msec_t ms)
+{
+    ngx_uint_t               i;
+    ngx_http_hermes_hist_t  *h;
+
+    h = &zone->sh->hist[hist];
+
+    for (i = 0; i < NGX_HTTP_HERMES_BUCKETS - 1; i++) {
+        if (ms <= ngx_http_hermes_buckets[i]) {
+            break;
+        }
+    }
+
+    (void) ngx_atomic_fetch_add(&h->buckets[i], 1);
+    (void) ngx_atomic_fetch_add(&h->sum_ms, ms);
+}
+
+
+/*
+ * An answer of a hermes location: the slot of its status and error code
+ * is found without the lock; a new one is added under it.  The table holds
+ * every code the module answers with; were it full, the last slot (status
+ * 0, no code) takes the rest.
+ */
+
+void
+ngx_http_hermes_registry_answered(ngx_http_hermes_zone_t *zone,
+    ngx_uint_t status, ngx_str_t *error)
+{
+    size_t                      len;
+    ngx_uint_t                  i, n;
+    ngx_http_hermes_sh_t       *sh;
+    ngx_http_hermes_answers_t  *a;
+
+    sh = zone->sh;
+    len = ngx_min(error->len, NGX_HTTP_HERMES_ERROR_MAX);
+
+    for ( ;; ) {
+        n = sh->nanswers;
+        ngx_memory_barrier();
+
+        for (i = 0; i < n; i++) {
+            a = &sh->answers[i];
+
+            if (a->status == status && a->error_len == len
+                && ngx_memcmp(a->error, error->data, len) == 0)
+            {
+                (void) ngx_atomic_fetch_add(&a->count, 1);
+                return;
+            }
+        }
+
+        if (n == NGX_HTTP_HERMES_ANSWERS) {
+            (void) ngx_atomic_fetch_add(&sh->answers[n - 1].count, 1);
+            return;
+        }
+
+        ngx_shmtx_lock(&zone->shpool->mutex);
+
+        if (sh->nanswers != n) {
+            /* another worker added one meanwhile: look again */
+            ngx_shmtx_unlock(&zone->shpool->mutex);
+            continue;
+        }
+
+        if (n == NGX_HTTP_HERMES_ANSWERS - 1) {
+            status = 0;
+            len = 0;
+        }
+
+        a = &sh->answers[n];
+        a->count = 1;
+        a->status = (uint16_t) status;
+        a->error_len = (uint8_t) len;
+        ngx_memcpy(a->error, error->data, len);
+
+        /* the slot is whole before other workers look at it */
+        ngx_memory_barrier();
+
+        sh->nanswers = n + 1;
+
+        ngx_shmtx_unlock(&zone->shpool->mutex);
+        return;
+    }
+}
+
+
+/* an ssh host failed a spawn that goes on on another host */
+
+void
+ngx_http_hermes_registry_spawn_failed(ngx_http_hermes_zone_t *zone,
+    ngx_http_hermes_kernel_ref_t *ref)
+{
+    ngx_shmtx_lock(&zone->shpool->mutex);
+
+    ngx_http_hermes_registry_host_failed(zone,
+                                         ref->key.data + ref->owner.len + 1,
+                                         ref->host);
+
+    ngx_shmtx_unlock(&zone->shpool->mutex);
+}
+
+
+/* called locked */
+
+static void
+ngx_http_hermes_registry_host_failed(ngx_http_hermes_zone_t *zone,
+    u_char *tag, ngx_uint_t host)
+{
+    ngx_uint_t                     i;
+    ngx_http_hermes_sh_t          *sh;
+    ngx_http_hermes_host_count_t  *h;
+
+    sh = zone->sh;
+    sh->spawn_failures_total++;
+
+    for (i = 0; i < sh->nhosts; i++) {
+        h = &sh->hosts[i];
+
+        if (h->host == host
+            && ngx_memcmp(h->tag, tag, NGX_HTTP_HERMES_BACKEND_TAG_LEN) == 0)
+        {
+            h->spawn_failures++;
+            return;
+        }
+    }
+
+    if (sh->nhosts == NGX_HTTP_HERMES_HOSTS) {
+        /* counted in the total alone */
+        return;
+    }
+
+    h = &sh->hosts[sh->nhosts++];
+    ngx_memcpy(h->tag, tag, NGX_HTTP_HERMES_BACKEND_TAG_LEN);
+    h->host = host;
+    h->spawn_failures = 1;
 }
 
 

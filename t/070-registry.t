@@ -89,7 +89,7 @@ ok(-d dir_of($kA) && pid_alive($pidA), 'the running kernel (A) is still there');
 $r = $long->wait;
 is($r->{result}{output}, "1\n", 'the running cell finished on its kernel');
 is($r->{result}{kernel}{kernel_id}, $kA, 'on the same kernel');
-is(status()->{evicted_cap_total}, 1, 'evicted_cap_total 1');
+is(status()->{evictions_total}{cap}, 1, 'evictions_total{cap} 1');
 is(status()->{kernels}, 2, 'back at the cap');
 
 $r = run_cell('B', "print('b' in globals())");
@@ -212,7 +212,7 @@ my $st = status();
 ok($st->{cells_total}{success} >= 10, 'cells_total{success} counted');
 ok($st->{cells_total}{error} >= 1, 'cells_total{error} counted');
 is($st->{max_kernels}, 2, 'max_kernels');
-ok($st->{zone_bytes_used} > 0 && $st->{zone_bytes_used} <= $st->{zone_bytes_total},
+ok($st->{zone_used_bytes} > 0 && $st->{zone_used_bytes} <= $st->{zone_size_bytes},
     'zone bytes');
 ok(exists $st->{rpc_rejected_total}{bad_token}, 'rpc_rejected_total by reason');
 $r = $t->http('GET', '/v1/status?format=prometheus');
@@ -252,7 +252,7 @@ ok(wait_until(sub { !-d dir_of($ka1) }, 5), 'and its directory removed');
 is(fair_sessions('alice'), 'a2,a3', 'alice still has 2: a2, a3');
 ok(pid_alive($pb1) && -d dir_of($kb1), "bob's kernel is untouched");
 is(fair_sessions('bob'), 'b1', 'bob still has b1');
-is(fair_status()->{evicted_cap_total}, 1, 'counted as a cap eviction');
+is(fair_status()->{evictions_total}{cap}, 1, 'counted as a cap eviction');
 is(fair_status()->{kernels}, 3, 'three kernels in the zone');
 
 # both of alice's kernels busy: a third one is refused, bob is not

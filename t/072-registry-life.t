@@ -54,7 +54,7 @@ is($r->{result}{output}, "7\n", 'a cell longer than idle_timeout ran to its end'
 
 ok(wait_until(sub { !pid_alive($pid) }, 3), 'the idle kernel was reaped');
 ok(wait_until(sub { !-d $dir }, 3), 'its directory removed');
-ok(status()->{evicted_idle_total} >= 1, 'evicted_idle_total counted');
+ok(status()->{evictions_total}{idle} >= 1, 'evictions_total{idle} counted');
 
 $r = run_cell('busy', "print(y)");
 is($r->{result}{output}, "7\n", 'the busy kernel kept its state (the idle clock restarts at its end)');
