@@ -39,7 +39,7 @@ $t->write_conf(<<'CONF');
             hermes_execute;
             hermes_owner $http_x_owner;
             hermes_queue 1;
-            hermes_cell_timeout 30s;
+            hermes_cell_timeout 30s grace=1s;
             access_log %%PREFIX%%/logs/metrics.log metrics;
         }
 
@@ -314,8 +314,10 @@ ok($rb->{result}{duration_seconds} < 0.8,
     "... and its duration_seconds ($rb->{result}{duration_seconds}) leaves the wait out");
 ok($ra->{result}{queue_seconds} < 0.5, 'the first cell hardly waited');
 
-# a timeout kills the kernel; the next cell finds its state lost
-$r = cell('t', "import time\ntime.sleep(30)", cell_timeout => 1);
+# a timeout the cell does not stop for kills the kernel; the next cell
+# finds its state lost
+$r = cell('t', "import time\nwhile True:\n    try:\n        time.sleep(30)\n"
+    . "    except KeyboardInterrupt:\n        pass", cell_timeout => 1);
 is($r->{result}{status}, 'timeout', 'a timeout');
 $r = cell('t', 'print(2)');
 ok($r->{result}{kernel}{state_lost}, 'the next cell: state_lost');
