@@ -98,8 +98,9 @@ is($r->{result}{output}, "False\n", 'the evicted session starts afresh');
 # --- all running: the registry goes over the cap while they run, and comes
 #     back under it once they end
 
+# (long enough for three spawns on a busy machine)
 my @bg = map { $t->execute_async('/v1/execute', { session => "run$_",
-    code => "import time\ntime.sleep(1.5)\nprint('done')" }, %alice) } 1 .. 3;
+    code => "import time\ntime.sleep(4)\nprint('done')" }, %alice) } 1 .. 3;
 ok(wait_until(sub { (status()->{running} // 0) == 3 }, 10), 'three running at once');
 is(status()->{kernels}, 3, 'over the cap while they run (3 > 2)');
 is($_->wait->{result}{output}, "done\n", 'a running cell over the cap finished') for @bg;
