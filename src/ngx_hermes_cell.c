@@ -275,6 +275,8 @@ ngx_http_hermes_cell_start(ngx_http_request_t *r,
 
     cell->ctx = ngx_http_hermes_get_ctx(r);
     if (cell->ctx == NULL) {
+        cell->cln->handler = NULL;
+        ngx_destroy_pool(pool);
         return NGX_HTTP_INTERNAL_SERVER_ERROR;
     }
 
