@@ -17,6 +17,7 @@ static void ngx_http_hermes_exit_process(ngx_cycle_t *cycle);
 static void *ngx_http_hermes_create_main_conf(ngx_conf_t *cf);
 static char *ngx_http_hermes_cell_timeout(ngx_conf_t *cf, ngx_command_t *cmd,
     void *conf);
+static char *ngx_http_hermes_local_check(ngx_conf_t *cf, ngx_str_t *root);
 static void *ngx_http_hermes_create_loc_conf(ngx_conf_t *cf);
 static char *ngx_http_hermes_merge_loc_conf(ngx_conf_t *cf, void *parent,
     void *child);
@@ -289,6 +290,53 @@ ngx_http_hermes_cell_timeout(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
     }
 
     hlcf->cell_grace = t;
+
+    return NGX_CONF_OK;
+}
+
+
+/*
+ * What the first spawn would find out, told by nginx -t instead: the
+ * kernels root of a local backend is a directory that others cannot
+ * write without the sticky bit, and python3 is there to run kernels.
+ */
+
+static char *
+ngx_http_hermes_local_check(ngx_conf_t *cf, ngx_str_t *root)
+{
+    ngx_file_info_t  fi;
+
+    if (ngx_file_info(root->data, &fi) == NGX_FILE_ERROR) {
+        ngx_conf_log_error(NGX_LOG_EMERG, cf, ngx_errno,
+                           "hermes_backend local root \"%V\"", root);
+        return NGX_CONF_ERROR;
+    }
+
+    if (!ngx_is_dir(&fi)) {
+        ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                           "hermes_backend local root \"%V\" is not a "
+                           "directory", root);
+        return NGX_CONF_ERROR;
+    }
+
+    if ((fi.st_mode & (S_IWGRP|S_IWOTH)) && !(fi.st_mode & S_ISVTX)) {
+        ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                           "hermes_backend local root \"%V\" is writable by "
+                           "others without the sticky bit (chmod o-w,g-w, "
+                           "or 1777 as /tmp)", root);
+        return NGX_CONF_ERROR;
+    }
+
+    if (access("/usr/bin/python3", X_OK) != 0
+        && access("/usr/local/bin/python3", X_OK) != 0
+        && access("/bin/python3", X_OK) != 0)
+    {
+        ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                           "hermes_backend local: python3 is not installed "
+                           "in /usr/local/bin, /usr/bin or /bin, where "
+                           "kernels look for it");
+        return NGX_CONF_ERROR;
+    }
 
     return NGX_CONF_OK;
 }
@@ -786,7 +834,7 @@ ngx_http_hermes_backend(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
     }
 
     if (type == NGX_HTTP_HERMES_BACKEND_LOCAL) {
-        return NGX_CONF_OK;
+        return ngx_http_hermes_local_check(cf, &root);
     }
 
     if (ssh.hosts->nelts == 0 || ssh.user.len == 0 || ssh.identity.len == 0

@@ -15,7 +15,9 @@ use Hermes::Test;
 
 my $t = Hermes::Test->new(error_log_level => 'debug');
 mkdir $t->prefix . '/notadir-parent';
-open my $fh, '>', $t->prefix . '/afile' or die; close $fh;
+# a root that goes bad after nginx -t checked it: "afile" becomes a file
+mkdir $t->prefix . '/afile', 0711;
+mkdir $t->prefix . '/afile/kernels', 0711;
 $t->write_conf(<<'CONF');
     hermes_zone kernels:1m;
     hermes_backend local root=%%KROOT%%;
@@ -34,6 +36,8 @@ $t->write_conf(<<'CONF');
     }
 CONF
 $t->run;
+system('rm', '-rf', $t->prefix . '/afile') == 0 or die;
+open my $fh, '>', $t->prefix . '/afile' or die; close $fh;
 
 # Watch every process's argv while kernels spawn and cells run: nothing
 # that looks like the token or the code may ever be on a command line.

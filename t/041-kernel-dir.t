@@ -38,7 +38,7 @@ chmod 01777, $shared;
 # a root anyone may write and rename in
 my $open = "$p/open";
 mkdir $open or die;
-chmod 0777, $open;
+chmod 0755, $open;      # nginx -t refuses 0777; it changes after the start
 
 my $marker = "$p/pwned";
 my $mode = "$p/attack";
@@ -112,6 +112,7 @@ $t->write_conf(<<"CONF");
     }
 CONF
 $t->run;
+chmod 0777, $open;
 
 sub attack {
     my ($how) = @_;

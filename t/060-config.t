@@ -19,6 +19,9 @@ my @bad = (
     [ "hermes_zone kernels:1m;\nhermes_backend docker;", qr/unknown hermes_backend/, 'unknown backend' ],
     [ "hermes_zone kernels:1m;\nhermes_backend local root=relative/dir;", qr/absolute path/, 'relative root' ],
     [ "hermes_zone kernels:1m;\nhermes_backend local root=/tmp/it's;", qr/quote/, 'root with a quote' ],
+    [ "hermes_zone kernels:1m;\nhermes_backend local root=%%PREFIX%%/nowhere;", qr/hermes_backend local root "[^"]*nowhere".*No such file/, 'a root that is not there' ],
+    [ "hermes_zone kernels:1m;\nhermes_backend local root=%%PREFIX%%/nginx.conf;", qr/is not a directory/, 'a root that is a file' ],
+    [ "hermes_zone kernels:1m;\nhermes_backend local root=%%PREFIX%%/open777;", qr/writable by others without the sticky bit/, 'a root anyone may write' ],
     [ "hermes_zone kernels:1m;\nhermes_backend local depth=3;", qr/invalid hermes_backend parameter/, 'unknown backend parameter' ],
     [ "hermes_zone kernels:1m;\nhermes_sandbox docker;", qr/invalid hermes_sandbox "docker": "off" or "bwrap" expected/, 'unknown sandbox' ],
     [ "hermes_zone kernels:1m;\nhermes_sandbox off net=on;", qr/takes no options with "off"/, 'sandbox off with options' ],
@@ -42,6 +45,8 @@ my @bad = (
 for my $case (@bad) {
     my ($conf, $re, $name) = @$case;
     my $t = Hermes::Test->new;
+    mkdir $t->prefix . '/open777';
+    chmod 0777, $t->prefix . '/open777';
     $t->write_conf($conf);
     my ($rc, $out) = $t->test_config;
     isnt($rc, 0, "$name: nginx -t fails");

@@ -25,6 +25,7 @@ system("ssh-keygen -q -t ed25519 -N '' -f $p/id >/dev/null") == 0 or die;
 open my $kh, '>', "$p/known_hosts" or die; close $kh;
 
 # /broken: a kernel root that does not exist, its spawns fail
+mkdir $t->prefix . '/no-such-dir', 0711 or die;
 $t->write_conf(<<'CONF');
     hermes_zone kernels:1m;
     hermes_backend local root=%%KROOT%%;
@@ -62,6 +63,8 @@ $t->write_conf(<<'CONF');
     }
 CONF
 $t->run;
+# the root nginx -t checked goes away: its spawns fail
+rmdir $t->prefix . '/no-such-dir' or die "rmdir: $!";
 
 my %alice = (headers => { 'X-Owner' => 'alice' });
 
