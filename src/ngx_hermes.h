@@ -611,6 +611,8 @@ ngx_buf_t *ngx_http_hermes_json_result(ngx_pool_t *pool,
     ngx_http_hermes_result_t *res, ngx_http_hermes_kernel_ref_t *ref,
     ngx_http_hermes_request_t *req, ngx_uint_t as_event,
     ngx_uint_t as_tool_message);
+void ngx_http_hermes_json_event_text(u_char *line, size_t len,
+    ngx_buf_t *out, ngx_buf_t *err);
 ngx_buf_t *ngx_http_hermes_json_error(ngx_pool_t *pool, ngx_str_t *code,
     ngx_str_t *message);
 ngx_buf_t *ngx_http_hermes_json_listing(ngx_pool_t *pool, ngx_array_t *list);

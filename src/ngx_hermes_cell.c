@@ -102,6 +102,9 @@ static ngx_int_t ngx_http_hermes_cell_read_out(ngx_http_hermes_cell_t *cell,
 static void ngx_http_hermes_cell_finish(ngx_http_hermes_cell_t *cell);
 static void ngx_http_hermes_cell_fail(ngx_http_hermes_cell_t *cell,
     ngx_uint_t status, char *message);
+static void ngx_http_hermes_cell_salvage(ngx_http_hermes_cell_t *cell);
+static void ngx_http_hermes_cell_events(u_char *p, u_char *last,
+    ngx_buf_t *out, ngx_buf_t *err);
 static void ngx_http_hermes_cell_answer(ngx_http_hermes_cell_t *cell);
 static void ngx_http_hermes_cell_timeout_handler(ngx_event_t *ev);
 static void ngx_http_hermes_cell_died_handler(ngx_event_t *ev);
@@ -1812,10 +1815,162 @@ ngx_http_hermes_cell_fail(ngx_http_hermes_cell_t *cell, ngx_uint_t status,
     cell->res.status = status;
     cell->res.error.data = (u_char *) message;
     cell->res.error.len = ngx_strlen(message);
-    cell->res.execution_count = cell->ref.execution_count;
+    /* the cell counted: its number is the kernel line's */
+    cell->res.execution_count = cell->ref.execution_count
+                                + (cell->shipped ? 1 : 0);
+
+    ngx_http_hermes_cell_salvage(cell);
     cell->res.ended = 1;                /* the kernel is gone */
 
     ngx_http_hermes_cell_answer(cell);
+}
+
+
+/*
+ * The kernel is gone without a result, but what the cell printed is in
+ * cell_out: its head and tail (bounded windows of the file) make the
+ * output the runner would have given, 40% head and 60% tail of
+ * max_output.  Local kernels; over ssh the relay's copy is gone.
+ */
+
+static void
+ngx_http_hermes_cell_salvage(ngx_http_hermes_cell_t *cell)
+{
+    off_t       size, hsize, toff;
+    u_char      name[64], *data, *p, *q, *last, *o;
+    size_t      max, h, t, len, cap;
+    ngx_fd_t    fd;
+    ngx_buf_t   out, err;
+    ngx_uint_t  gap;
+
+    if (cell->cells_fd == NGX_INVALID_FILE || !cell->shipped) {
+        return;
+    }
+
+    ngx_http_hermes_cell_name(cell, name, "cell_out");
+
+    fd = ngx_http_hermes_local_open_at(cell->cells_fd, (char *) name, &size);
+    if (fd == NGX_INVALID_FILE) {
+        return;
+    }
+
+    /* escaping makes at most 6 bytes of a text byte: windows to match */
+
+    max = cell->hlcf->max_output;
+    hsize = ngx_min(size, (off_t) (3 * max + 4096));
+    toff = ngx_max(hsize, size - (off_t) (4 * max + 4096));
+    gap = (toff > hsize);
+
+    cap = hsize + (size - toff);     /* a text is never longer than its JSON */
+    data = ngx_pnalloc(cell->pool, hsize + (size - toff) + 2 * cap);
+
+    if (data == NULL
+        || pread(fd, data, hsize, 0) != hsize
+        || pread(fd, data + hsize, size - toff, toff) != size - toff)
+    {
+        close(fd);
+        return;
+    }
+
+    close(fd);
+
+    out.start = data + hsize + (size - toff);
+    out.pos = out.start;
+    out.last = out.start;
+    out.end = out.start + cap;
+    err.start = out.end;
+    err.pos = err.start;
+    err.last = err.start;
+    err.end = err.start + cap;
+
+    /* whole lines: the head window's, then the tail window's, which
+     * starts mid-line */
+
+    last = data + hsize + (size - toff);
+
+    if (!gap) {
+        ngx_http_hermes_cell_events(data, last, &out, &err);
+
+    } else {
+        ngx_http_hermes_cell_events(data, data + hsize, &out, &err);
+
+        p = ngx_strlchr(data + hsize, last, '\n');
+        if (p) {
+            ngx_http_hermes_cell_events(p + 1, last, &out, &err);
+        }
+    }
+
+    /* stdout, the stderr mark, stderr: as the runner puts them */
+
+    len = (out.last - out.pos)
+          + (err.last > err.pos ? sizeof("\n--- stderr ---\n") - 1
+                                  + (err.last - err.pos) : 0);
+
+    o = ngx_pnalloc(cell->pool, len + max + 128);
+    if (o == NULL) {
+        return;
+    }
+
+    p = ngx_cpymem(o, out.pos, out.last - out.pos);
+
+    if (err.last > err.pos) {
+        p = ngx_cpymem(p, "\n--- stderr ---\n",
+                       sizeof("\n--- stderr ---\n") - 1);
+        p = ngx_cpymem(p, err.pos, err.last - err.pos);
+    }
+
+    cell->res.stdout_bytes_total = out.last - out.pos;
+    cell->res.output.data = o;
+    cell->res.output.len = len;
+
+    if (!gap && len <= max) {
+        return;
+    }
+
+    /* 40% head, 60% tail, cut between characters, never inside one */
+
+    h = max * 2 / 5;
+    while (h && (o[h] & 0xc0) == 0x80) {
+        h--;
+    }
+
+    t = (len > max - max * 2 / 5) ? len - (max - max * 2 / 5) : 0;
+    t = ngx_max(t, h);
+    while (t < len && (o[t] & 0xc0) == 0x80) {
+        t++;
+    }
+
+    q = o + len;                    /* the room after it, for the answer */
+
+    p = ngx_cpymem(q, o, h);
+
+    if (gap) {
+        p = ngx_cpymem(p, "\n... [output truncated] ...\n",
+                       sizeof("\n... [output truncated] ...\n") - 1);
+
+    } else {
+        p = ngx_sprintf(p, "\n... [output truncated: %uz bytes omitted] ...\n",
+                        t - h);
+    }
+
+    p = ngx_cpymem(p, o + t, len - t);
+
+    cell->res.output.data = q;
+    cell->res.output.len = p - q;
+    cell->res.stdout_truncated = 1;
+}
+
+
+static void
+ngx_http_hermes_cell_events(u_char *p, u_char *last, ngx_buf_t *out,
+    ngx_buf_t *err)
+{
+    u_char  *nl;
+
+    while ((nl = ngx_strlchr(p, last, '\n')) != NULL) {
+        ngx_http_hermes_json_event_text(p, nl - p, out, err);
+        p = nl + 1;
+    }
 }
 
 

@@ -20,6 +20,7 @@
 
 #include <yajl/yajl_parse.h>
 #include <yajl/yajl_gen.h>
+#include <yajl/yajl_tree.h>
 
 
 #define NGX_HTTP_HERMES_JSON_STRING  1
@@ -1674,4 +1675,51 @@ ngx_http_hermes_prometheus_stats(ngx_pool_t *pool,
     b->last = p;
 
     return b;
+}
+
+
+/*
+ * One event line of a cell's output file, {"type":"stdout"|"stderr",
+ * "text":"..."}: its text appended to out or err (each bounded by its
+ * end).  Other lines are skipped.
+ */
+
+void
+ngx_http_hermes_json_event_text(u_char *line, size_t len, ngx_buf_t *out,
+    ngx_buf_t *err)
+{
+    size_t       n;
+    u_char       buf[65536];
+    ngx_buf_t   *b;
+    yajl_val     v, type, text;
+    const char  *tpath[] = { "type", NULL };
+    const char  *xpath[] = { "text", NULL };
+
+    if (len == 0 || len >= sizeof(buf)) {
+        return;
+    }
+
+    ngx_memcpy(buf, line, len);
+    buf[len] = '\0';
+
+    v = yajl_tree_parse((char *) buf, NULL, 0);
+    if (v == NULL) {
+        return;
+    }
+
+    type = yajl_tree_get(v, tpath, yajl_t_string);
+    text = yajl_tree_get(v, xpath, yajl_t_string);
+
+    if (type && text && type->u.string && text->u.string) {
+        b = (ngx_strcmp(type->u.string, "stderr") == 0) ? err
+            : (ngx_strcmp(type->u.string, "stdout") == 0) ? out : NULL;
+
+        if (b) {
+            n = ngx_min(ngx_strlen(text->u.string),
+                        (size_t) (b->end - b->last));
+            b->last = ngx_cpymem(b->last, text->u.string, n);
+        }
+    }
+
+    yajl_tree_free(v);
 }

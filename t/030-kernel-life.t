@@ -88,6 +88,32 @@ ok(wait_until(sub { !pid_alive($pid) }, 5), 'runner killed');
 ok(wait_until(sub { !procs_matching(qr/^sleep 300/) }, 5), 'its child killed too (process group)');
 ok(wait_until(sub { !grep { /$kid$/ } $t->kroot_dirs }, 5), 'kernel directory removed');
 
+is($r->{result}{execution_count}, $r->{events}[0]{execution_count},
+    'a killed cell counted: its execution_count is the kernel line\'s');
+like($r->{result}{output}, qr/^sleeping\n/, 'a killed cell: its result keeps what it printed');
+
+# a JSON answer too, stdout and stderr, a head and a tail
+$r = $t->execute('/v1/execute', { session => 'slow2', timeout => 1,
+    code => "import sys, time\nfor i in range(8000):\n    print('line %04d' % i)\n"
+          . "sys.stderr.write('to stderr\\n')\nsys.stdout.flush()\nsys.stderr.flush()\n"
+          . "while True:\n    try:\n        time.sleep(60)\n    except KeyboardInterrupt:\n        pass" },
+    json => 1);
+is($r->{json}{status}, 'timeout', 'killed, JSON answer: timeout');
+like($r->{json}{output}, qr/^line 0000\nline 0001\n/, '... the head of what it printed');
+like($r->{json}{output}, qr/\n\.\.\. \[output truncated: \d+ bytes omitted\] \.\.\.\n/, '... the cut marked');
+like($r->{json}{output}, qr/line 7999\n\n--- stderr ---\nto stderr\n$/, '... its tail, stderr last');
+ok(length($r->{json}{output}) < 50000 + 100, '... within hermes_max_output');
+
+# output larger than the windows read of it: head, a plain marker, tail
+$r = $t->execute('/v1/execute', { session => 'slow3', timeout => 3,
+    code => "import time\nfor i in range(400000):\n    print('row %06d' % i)\n"
+          . "while True:\n    try:\n        time.sleep(60)\n    except KeyboardInterrupt:\n        pass" },
+    json => 1);
+like($r->{json}{output}, qr/^row 000000\n/, 'killed after 4 MB of output: the head');
+like($r->{json}{output}, qr/\n\.\.\. \[output truncated\] \.\.\.\n.*\nrow \d{6}\n\z/s,
+    '... the marker and the tail (cut by bytes, as the runner cuts)');
+ok(length($r->{json}{output}) < 50000 + 100, '... within hermes_max_output');
+
 $r = $t->execute('/v1/execute', { session => 'slow', code => "print('v' in globals())" });
 is($r->{events}[0]{state_lost}, JSON::PP::true, 'next call: kernel line says state_lost');
 is($r->{result}{kernel}{state_lost}, JSON::PP::true, 'next call: result says state_lost');
