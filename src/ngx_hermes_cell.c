@@ -22,6 +22,11 @@
 
 #define NGX_HTTP_HERMES_OUT_CHUNK      (128 * 1024)
 #define NGX_HTTP_HERMES_WAIT_MAX       50
+
+/* the windows of a cell's event lines kept for its output: escaping makes
+ * at most 6 bytes of a text byte, the head is 40% and the tail 60% */
+#define NGX_HTTP_HERMES_KEEP_HEAD(max)  (3 * (max) + 4096)
+#define NGX_HTTP_HERMES_KEEP_TAIL(max)  (4 * (max) + 4096)
 #define NGX_HTTP_HERMES_INOTIFY_MASK                                          \
     (IN_MODIFY|IN_MOVED_TO|IN_DELETE_SELF|IN_ONLYDIR)
 
@@ -56,6 +61,12 @@ typedef struct {
     off_t                           out_off;
     off_t                           out_limit;  /* of cell_out, read */
     size_t                          out_sent;   /* ssh: bytes forwarded */
+
+    /* ssh: the head and the tail of the event lines, for a lost result */
+    u_char                         *keep;
+    size_t                          keep_head;
+    size_t                          keep_tail;
+    size_t                          keep_total;
     ngx_connection_t               *pidfd;
 
     ngx_connection_t               *relay;      /* ssh: the relay's output */
@@ -103,6 +114,10 @@ static void ngx_http_hermes_cell_finish(ngx_http_hermes_cell_t *cell);
 static void ngx_http_hermes_cell_fail(ngx_http_hermes_cell_t *cell,
     ngx_uint_t status, char *message);
 static void ngx_http_hermes_cell_salvage(ngx_http_hermes_cell_t *cell);
+static void ngx_http_hermes_cell_salvage_windows(ngx_http_hermes_cell_t *cell,
+    u_char *data, size_t hsize, size_t tlen, ngx_uint_t gap);
+static void ngx_http_hermes_cell_keep(ngx_http_hermes_cell_t *cell, u_char *p,
+    size_t n);
 static void ngx_http_hermes_cell_events(u_char *p, u_char *last,
     ngx_buf_t *out, ngx_buf_t *err);
 static void ngx_http_hermes_cell_answer(ngx_http_hermes_cell_t *cell);
@@ -1164,6 +1179,8 @@ ngx_http_hermes_cell_relay_handler(ngx_event_t *ev)
         }
 
         if (nl > b->pos) {
+            ngx_http_hermes_cell_keep(cell, b->pos, nl - b->pos);
+
             if (cell->r && !cell->req.json_answer) {
                 ngx_http_hermes_cell_forward(cell, b->pos, nl - b->pos);
             }
@@ -1826,6 +1843,57 @@ ngx_http_hermes_cell_fail(ngx_http_hermes_cell_t *cell, ngx_uint_t status,
 }
 
 
+/* ssh: keep the head and the tail of the event lines the relay brings */
+
+static void
+ngx_http_hermes_cell_keep(ngx_http_hermes_cell_t *cell, u_char *p, size_t n)
+{
+    size_t   H, T, k, drop;
+    u_char  *tail;
+
+    H = NGX_HTTP_HERMES_KEEP_HEAD(cell->hlcf->max_output);
+    T = NGX_HTTP_HERMES_KEEP_TAIL(cell->hlcf->max_output);
+
+    if (cell->keep == NULL) {
+        cell->keep = ngx_pnalloc(cell->pool, H + T);
+        if (cell->keep == NULL) {
+            return;
+        }
+    }
+
+    cell->keep_total += n;
+
+    if (cell->keep_head < H) {
+        k = ngx_min(n, H - cell->keep_head);
+        ngx_memcpy(cell->keep + cell->keep_head, p, k);
+        cell->keep_head += k;
+        p += k;
+        n -= k;
+    }
+
+    if (n == 0) {
+        return;
+    }
+
+    tail = cell->keep + H;
+
+    if (n >= T) {
+        ngx_memcpy(tail, p + n - T, T);
+        cell->keep_tail = T;
+        return;
+    }
+
+    if (cell->keep_tail + n > T) {
+        drop = cell->keep_tail + n - T;
+        ngx_memmove(tail, tail + drop, cell->keep_tail - drop);
+        cell->keep_tail -= drop;
+    }
+
+    ngx_memcpy(tail + cell->keep_tail, p, n);
+    cell->keep_tail += n;
+}
+
+
 /*
  * The kernel is gone without a result, but what the cell printed is in
  * cell_out: its head and tail (bounded windows of the file) make the
@@ -1836,14 +1904,46 @@ ngx_http_hermes_cell_fail(ngx_http_hermes_cell_t *cell, ngx_uint_t status,
 static void
 ngx_http_hermes_cell_salvage(ngx_http_hermes_cell_t *cell)
 {
-    off_t       size, hsize, toff;
-    u_char      name[64], *data, *p, *q, *last, *o;
-    size_t      max, h, t, len, cap;
+    off_t       size, toff;
+    u_char      name[64], *data;
+    size_t      max, hsize, tlen;
     ngx_fd_t    fd;
-    ngx_buf_t   out, err;
     ngx_uint_t  gap;
 
-    if (cell->cells_fd == NGX_INVALID_FILE || !cell->shipped) {
+    if (!cell->shipped) {
+        return;
+    }
+
+    max = cell->hlcf->max_output;
+
+    if (cell->relay) {
+        /* ssh: what the relay brought, kept as it went by */
+
+        if (cell->keep == NULL) {
+            return;
+        }
+
+        data = cell->keep;
+        hsize = cell->keep_head;
+        tlen = cell->keep_tail;
+        gap = (cell->keep_total > cell->keep_head + cell->keep_tail);
+
+        if (tlen) {
+            data = ngx_pnalloc(cell->pool, hsize + tlen);
+            if (data == NULL) {
+                return;
+            }
+
+            ngx_memcpy(data, cell->keep, hsize);
+            ngx_memcpy(data + hsize, cell->keep + NGX_HTTP_HERMES_KEEP_HEAD(max),
+                       tlen);
+        }
+
+        ngx_http_hermes_cell_salvage_windows(cell, data, hsize, tlen, gap);
+        return;
+    }
+
+    if (cell->cells_fd == NGX_INVALID_FILE) {
         return;
     }
 
@@ -1856,17 +1956,17 @@ ngx_http_hermes_cell_salvage(ngx_http_hermes_cell_t *cell)
 
     /* escaping makes at most 6 bytes of a text byte: windows to match */
 
-    max = cell->hlcf->max_output;
-    hsize = ngx_min(size, (off_t) (3 * max + 4096));
-    toff = ngx_max(hsize, size - (off_t) (4 * max + 4096));
-    gap = (toff > hsize);
+    hsize = (size_t) ngx_min(size, (off_t) NGX_HTTP_HERMES_KEEP_HEAD(max));
+    toff = ngx_max((off_t) hsize,
+                   size - (off_t) NGX_HTTP_HERMES_KEEP_TAIL(max));
+    tlen = (size_t) (size - toff);
+    gap = (toff > (off_t) hsize);
 
-    cap = hsize + (size - toff);     /* a text is never longer than its JSON */
-    data = ngx_pnalloc(cell->pool, hsize + (size - toff) + 2 * cap);
+    data = ngx_pnalloc(cell->pool, hsize + tlen);
 
     if (data == NULL
-        || pread(fd, data, hsize, 0) != hsize
-        || pread(fd, data + hsize, size - toff, toff) != size - toff)
+        || pread(fd, data, hsize, 0) != (ssize_t) hsize
+        || pread(fd, data + hsize, tlen, toff) != (ssize_t) tlen)
     {
         close(fd);
         return;
@@ -1874,7 +1974,29 @@ ngx_http_hermes_cell_salvage(ngx_http_hermes_cell_t *cell)
 
     close(fd);
 
-    out.start = data + hsize + (size - toff);
+    ngx_http_hermes_cell_salvage_windows(cell, data, hsize, tlen, gap);
+}
+
+
+/* the output from windows of event lines: head, then tail (gap: apart) */
+
+static void
+ngx_http_hermes_cell_salvage_windows(ngx_http_hermes_cell_t *cell,
+    u_char *data, size_t hsize, size_t tlen, ngx_uint_t gap)
+{
+    u_char     *p, *q, *last, *o;
+    size_t      max, h, t, len, cap;
+    ngx_buf_t   out, err;
+
+    max = cell->hlcf->max_output;
+
+    cap = hsize + tlen;             /* a text is never longer than its JSON */
+    o = ngx_pnalloc(cell->pool, 2 * cap);
+    if (o == NULL) {
+        return;
+    }
+
+    out.start = o;
     out.pos = out.start;
     out.last = out.start;
     out.end = out.start + cap;
@@ -1886,7 +2008,7 @@ ngx_http_hermes_cell_salvage(ngx_http_hermes_cell_t *cell)
     /* whole lines: the head window's, then the tail window's, which
      * starts mid-line */
 
-    last = data + hsize + (size - toff);
+    last = data + hsize + tlen;
 
     if (!gap) {
         ngx_http_hermes_cell_events(data, last, &out, &err);

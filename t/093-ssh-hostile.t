@@ -200,6 +200,14 @@ PY
     is(stdout_of($r), "8\n", '... the kernel kept its state');
     is(kid_of($r), $kid, '... the same kernel');
 
+    # killed after the grace: the result still has what the cell printed
+    $r = $t->execute('/short', { session => 'intr3',
+        code => "import time\nprint('kept output', flush=True)\n"
+              . "while True:\n    try:\n        time.sleep(60)\n    except KeyboardInterrupt:\n        pass" },
+        json => 1, timeout => 20);
+    is(($r->{json} // {})->{status}, 'timeout', 'ssh: a cell that ignores its interrupt is killed');
+    like(($r->{json} // {})->{output} // '', qr/^kept output\n/, '... its JSON result keeps what it printed');
+
     my $a = $t->execute_async('/x', { session => 'intr2',
         code => "import time\nprint('on', flush=True)\ntime.sleep(30)" });
     sleep 1.5;
