@@ -1848,14 +1848,14 @@ ngx_http_hermes_cell_fail(ngx_http_hermes_cell_t *cell, ngx_uint_t status,
 static void
 ngx_http_hermes_cell_keep(ngx_http_hermes_cell_t *cell, u_char *p, size_t n)
 {
-    size_t   H, T, k, drop;
+    size_t   hsize, tsize, k, drop;
     u_char  *tail;
 
-    H = NGX_HTTP_HERMES_KEEP_HEAD(cell->hlcf->max_output);
-    T = NGX_HTTP_HERMES_KEEP_TAIL(cell->hlcf->max_output);
+    hsize = NGX_HTTP_HERMES_KEEP_HEAD(cell->hlcf->max_output);
+    tsize = NGX_HTTP_HERMES_KEEP_TAIL(cell->hlcf->max_output);
 
     if (cell->keep == NULL) {
-        cell->keep = ngx_pnalloc(cell->pool, H + T);
+        cell->keep = ngx_pnalloc(cell->pool, hsize + tsize);
         if (cell->keep == NULL) {
             return;
         }
@@ -1863,8 +1863,8 @@ ngx_http_hermes_cell_keep(ngx_http_hermes_cell_t *cell, u_char *p, size_t n)
 
     cell->keep_total += n;
 
-    if (cell->keep_head < H) {
-        k = ngx_min(n, H - cell->keep_head);
+    if (cell->keep_head < hsize) {
+        k = ngx_min(n, hsize - cell->keep_head);
         ngx_memcpy(cell->keep + cell->keep_head, p, k);
         cell->keep_head += k;
         p += k;
@@ -1875,16 +1875,16 @@ ngx_http_hermes_cell_keep(ngx_http_hermes_cell_t *cell, u_char *p, size_t n)
         return;
     }
 
-    tail = cell->keep + H;
+    tail = cell->keep + hsize;
 
-    if (n >= T) {
-        ngx_memcpy(tail, p + n - T, T);
-        cell->keep_tail = T;
+    if (n >= tsize) {
+        ngx_memcpy(tail, p + n - tsize, tsize);
+        cell->keep_tail = tsize;
         return;
     }
 
-    if (cell->keep_tail + n > T) {
-        drop = cell->keep_tail + n - T;
+    if (cell->keep_tail + n > tsize) {
+        drop = cell->keep_tail + n - tsize;
         ngx_memmove(tail, tail + drop, cell->keep_tail - drop);
         cell->keep_tail -= drop;
     }
@@ -2051,8 +2051,8 @@ ngx_http_hermes_cell_salvage_windows(ngx_http_hermes_cell_t *cell,
 
     /* 40% head, 60% tail, cut between characters, never inside one */
 
-    h = max * 2 / 5;
-    while (h && (o[h] & 0xc0) == 0x80) {
+    h = ngx_min(max * 2 / 5, len);
+    while (h && h < len && (o[h] & 0xc0) == 0x80) {
         h--;
     }
 
