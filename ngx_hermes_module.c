@@ -684,6 +684,7 @@ ngx_http_hermes_backend(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
 {
     ngx_http_hermes_loc_conf_t *hlcf = conf;
 
+    char                             *why;
     u_char                           *p, *host;
     ngx_int_t                         port;
     ngx_str_t                        *value, root, name, v;
@@ -858,6 +859,14 @@ ngx_http_hermes_backend(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
         ngx_conf_log_error(NGX_LOG_EMERG, cf, ngx_errno,
                            "hermes_backend known_hosts \"%V\"",
                            &ssh.known_hosts);
+        return NGX_CONF_ERROR;
+    }
+
+    why = ngx_http_hermes_ssh_check_files(&ssh.identity, &ssh.known_hosts);
+    if (why) {
+        ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                           "hermes_backend identity \"%V\", known_hosts "
+                           "\"%V\": %s", &ssh.identity, &ssh.known_hosts, why);
         return NGX_CONF_ERROR;
     }
 

@@ -529,6 +529,8 @@ ngx_int_t ngx_http_hermes_ssh_relay(ngx_thread_pool_t *tp,
     off_t out_limit, off_t res_limit, ngx_msec_t timeout, u_char *req,
     size_t req_len, ngx_socket_t fd, ngx_log_t *log);
 void ngx_http_hermes_ssh_exit_process(ngx_http_hermes_backend_conf_t *bcf);
+char *ngx_http_hermes_ssh_check_files(ngx_str_t *identity,
+    ngx_str_t *known_hosts);
 
 
 /* kernel lifecycle: spawn and kill, in the thread pool */

@@ -1017,3 +1017,61 @@ ngx_http_hermes_ssh_relay_done(ngx_event_t *ev)
 
     ngx_free(rl);
 }
+
+
+/*
+ * nginx -t: identity= must be a private key libssh can read without a
+ * passphrase, known_hosts= lines of "hosts keytype key" (it may be empty:
+ * then every host is unknown, and refused).  NULL, or why not.
+ */
+
+char *
+ngx_http_hermes_ssh_check_files(ngx_str_t *identity, ngx_str_t *known_hosts)
+{
+    char        line[16384], *p, *tok, *save;
+    FILE       *f;
+    ssh_key     key;
+    ngx_uint_t  fields;
+
+    key = NULL;
+
+    if (ssh_pki_import_privkey_file((char *) identity->data, NULL, NULL,
+                                    NULL, &key)
+        != SSH_OK)
+    {
+        return "identity= is not a private key libssh can read (a "
+               "passphrase is not supported)";
+    }
+
+    ssh_key_free(key);
+
+    f = fopen((char *) known_hosts->data, "r");
+    if (f == NULL) {
+        return "known_hosts= cannot be read";
+    }
+
+    while (fgets(line, sizeof(line), f)) {
+        for (p = line; *p == ' ' || *p == '\t'; p++) { /* void */ }
+
+        if (*p == '#' || *p == '\n' || *p == '\0') {
+            continue;
+        }
+
+        fields = 0;
+
+        for (tok = strtok_r(p, " \t\r\n", &save); tok;
+             tok = strtok_r(NULL, " \t\r\n", &save))
+        {
+            fields++;
+        }
+
+        if (fields < 3) {
+            fclose(f);
+            return "known_hosts= has a line that is not \"host keytype key\"";
+        }
+    }
+
+    fclose(f);
+
+    return NULL;
+}

@@ -23,6 +23,8 @@ my @bad = (
     [ "hermes_zone kernels:1m;\nhermes_backend local root=%%PREFIX%%/nginx.conf;", qr/is not a directory/, 'a root that is a file' ],
     [ "hermes_zone kernels:1m;\nhermes_backend local root=%%PREFIX%%/open777;", qr/writable by others without the sticky bit/, 'a root anyone may write' ],
     [ "hermes_zone kernels:1m;\nhermes_backend local depth=3;", qr/invalid hermes_backend parameter/, 'unknown backend parameter' ],
+    [ "hermes_zone kernels:1m;\nhermes_backend ssh host=127.0.0.1 user=k identity=%%PREFIX%%/nginx.conf known_hosts=%%PREFIX%%/nginx.conf;", qr/is not a private key/, 'ssh identity that is not a key' ],
+    [ "hermes_zone kernels:1m;\nhermes_backend ssh host=127.0.0.1 user=k identity=%%PREFIX%%/id known_hosts=%%PREFIX%%/kh_bad;", qr/known_hosts= has a line that is not "host keytype key"/, 'ssh known_hosts with a bad line' ],
     [ "hermes_zone kernels:1m;\nhermes_sandbox docker;", qr/invalid hermes_sandbox "docker": "off" or "bwrap" expected/, 'unknown sandbox' ],
     [ "hermes_zone kernels:1m;\nhermes_sandbox off net=on;", qr/takes no options with "off"/, 'sandbox off with options' ],
     [ "hermes_zone kernels:1m;\nhermes_sandbox bwrap memory=1k;", qr/a size of at least 16m expected/, 'sandbox memory too small' ],
@@ -47,6 +49,13 @@ for my $case (@bad) {
     my $t = Hermes::Test->new;
     mkdir $t->prefix . '/open777';
     chmod 0777, $t->prefix . '/open777';
+    if ($conf =~ m{%%PREFIX%%/id\b}) {
+        system("ssh-keygen -q -t ed25519 -N '' -f " . $t->prefix . "/id >/dev/null") == 0
+            or die "ssh-keygen failed";
+        open my $kh, '>', $t->prefix . '/kh_bad' or die;
+        print $kh "# a comment is fine\n\n[127.0.0.1]:22 ssh-ed25519\n";
+        close $kh;
+    }
     $t->write_conf($conf);
     my ($rc, $out) = $t->test_config;
     isnt($rc, 0, "$name: nginx -t fails");
