@@ -18,8 +18,10 @@ PKGS       := nginx nginx-dev libssh-dev libyajl-dev libsodium-dev \
               dpkg-dev debhelper fakeroot
 
 SRCS       := config ngx_hermes_module.c $(wildcard src/*.c src/*.h)
-REMOTE_PY  := src/remote/kernel_runner.py src/remote/hermes_tools.py \
-              src/remote/hermes_relay.py
+# shipped into each kernel's directory, and carried only (see embed.sh)
+REMOTE_SHIP  := src/remote/kernel_runner.py src/remote/hermes_tools.py
+REMOTE_CARRY := src/remote/hermes_relay.py
+REMOTE_PY    := $(REMOTE_SHIP) $(REMOTE_CARRY)
 GEN        := build/gen/ngx_hermes_remote.c
 
 MODULE      = build/ngx_http_hermes_module.so
@@ -50,7 +52,7 @@ deps: .deps-ok
 
 $(GEN): $(REMOTE_PY) src/remote/embed.sh
 	@mkdir -p $(@D)
-	src/remote/embed.sh $@ $(REMOTE_PY)
+	src/remote/embed.sh $@ $(REMOTE_SHIP) -- $(REMOTE_CARRY)
 
 # configure DIR "EXTRA_CFLAGS": Debian's own flags (threads on) plus ours.
 define configure

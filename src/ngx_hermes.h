@@ -34,6 +34,7 @@ typedef struct {
     ngx_str_t                     name;
     const u_char                 *data;
     size_t                        len;
+    ngx_uint_t                    ship;         /* into each kernel's dir */
 } ngx_http_hermes_remote_file_t;
 
 extern ngx_http_hermes_remote_file_t  ngx_http_hermes_remote_files[];

@@ -248,12 +248,9 @@ ngx_http_hermes_spawn_thread(void *data, ngx_log_t *log)
 
     for (rf = ngx_http_hermes_remote_files; rf->len; rf++) {
 
-        if (rf->name.len == sizeof("hermes_relay.py") - 1
-            && ngx_strncmp(rf->name.data, "hermes_relay.py", rf->name.len)
-               == 0)
-        {
-            /* sent with each ssh cell; a copy in the kernel dir is the
-             * cell's to rewrite, and nothing runs it */
+        if (!rf->ship) {
+            /* the relay: sent with each ssh cell, never left in a kernel
+             * dir, where the cell could rewrite it */
             continue;
         }
 

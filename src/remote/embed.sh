@@ -1,7 +1,9 @@
 #!/bin/sh
 # Turns the kernel host's Python files into one C file, so the .so carries
 # them and they stay real, testable .py files in the tree.
-# usage: embed.sh OUT.c file.py...
+# usage: embed.sh OUT.c shipped.py... [-- other.py...]
+# The files before "--" are shipped into each kernel's directory at spawn;
+# those after it are only carried (the ssh relay, sent with each cell).
 set -eu
 out=$1; shift
 tmp=$out.tmp
@@ -12,6 +14,7 @@ tmp=$out.tmp
     echo '#include "ngx_hermes.h"'
     echo
     for f in "$@"; do
+        [ "$f" = -- ] && continue
         name=$(basename "$f" .py)
         echo "static const u_char ngx_http_hermes_remote_${name}_data[] = {"
         od -An -v -tx1 "$f" | sed 's/ *\([0-9a-f][0-9a-f]\)/0x\1, /g; s/, $/,/'
@@ -19,13 +22,15 @@ tmp=$out.tmp
         echo
     done
     echo 'ngx_http_hermes_remote_file_t  ngx_http_hermes_remote_files[] = {'
+    ship=1
     for f in "$@"; do
+        if [ "$f" = -- ]; then ship=0; continue; fi
         name=$(basename "$f" .py)
         echo "    { ngx_string(\"$(basename "$f")\"),"
         echo "      ngx_http_hermes_remote_${name}_data,"
-        echo "      sizeof(ngx_http_hermes_remote_${name}_data) },"
+        echo "      sizeof(ngx_http_hermes_remote_${name}_data), $ship },"
     done
-    echo '    { ngx_null_string, NULL, 0 }'
+    echo '    { ngx_null_string, NULL, 0, 0 }'
     echo '};'
 } > "$tmp"
 mv "$tmp" "$out"
