@@ -348,31 +348,34 @@ ngx_http_hermes_local_open_at(ngx_fd_t dir, const char *name, off_t *size)
 
 
 /*
- * One byte into the kernel's FIFO says "look at cells/".  The runner keeps
- * the FIFO open for reading, so ENXIO here means the kernel is gone:
- * NGX_DECLINED.
+ * Into one of the runner's FIFOs, never blocking: the runner holds each
+ * open for reading, so ENXIO (or no FIFO) means the kernel is gone:
+ * NGX_DECLINED.  A full FIFO already holds what we say: EAGAIN is fine.
  */
 
-ngx_int_t
-ngx_http_hermes_local_wake(ngx_fd_t dir, ngx_log_t *log)
+static ngx_int_t
+ngx_http_hermes_local_fifo(ngx_fd_t dir, const char *name, u_char *data,
+    size_t len, ngx_log_t *log)
 {
-    ngx_fd_t  fd;
+    ngx_fd_t   fd;
+    ngx_err_t  err;
 
-    fd = openat(dir, "wake", O_WRONLY|O_NONBLOCK|O_NOFOLLOW|O_CLOEXEC);
+    fd = openat(dir, name, O_WRONLY|O_NONBLOCK|O_NOFOLLOW|O_CLOEXEC);
     if (fd == -1) {
-        if (ngx_errno == ENXIO || ngx_errno == NGX_ENOENT) {
+        err = ngx_errno;
+
+        if (err == ENXIO || err == NGX_ENOENT) {
             return NGX_DECLINED;
         }
 
-        ngx_log_error(NGX_LOG_ERR, log, ngx_errno,
-                      "hermes: openat(\"wake\") failed");
+        ngx_log_error(NGX_LOG_ERR, log, err,
+                      "hermes: openat(\"%s\") failed", name);
         return NGX_ERROR;
     }
 
-    /* a full FIFO already holds a wake-up: EAGAIN is fine */
-    if (write(fd, "", 1) == -1 && ngx_errno != NGX_EAGAIN) {
+    if (write(fd, data, len) == -1 && ngx_errno != NGX_EAGAIN) {
         ngx_log_error(NGX_LOG_ERR, log, ngx_errno,
-                      "hermes: write(\"wake\") failed");
+                      "hermes: write(\"%s\") failed", name);
         close(fd);
         return NGX_ERROR;
     }
@@ -383,38 +386,26 @@ ngx_http_hermes_local_wake(ngx_fd_t dir, ngx_log_t *log)
 }
 
 
-/* "N\n" into the intr FIFO: interrupt cell N; never blocks */
+/* one byte into "wake" says "look at cells/" */
+
+ngx_int_t
+ngx_http_hermes_local_wake(ngx_fd_t dir, ngx_log_t *log)
+{
+    return ngx_http_hermes_local_fifo(dir, "wake", (u_char *) "", 1, log);
+}
+
+
+/* "N\n" into "intr": interrupt cell N; NGX_DECLINED when it cannot be */
 
 ngx_int_t
 ngx_http_hermes_local_interrupt(ngx_fd_t dir, uint32_t cell, ngx_log_t *log)
 {
-    u_char     buf[NGX_INT32_LEN + 1], *p;
-    ngx_fd_t   fd;
-    ngx_err_t  err;
-
-    fd = openat(dir, "intr", O_WRONLY|O_NONBLOCK|O_NOFOLLOW|O_CLOEXEC);
-    if (fd == -1) {
-        err = ngx_errno;
-
-        /* ENXIO: no reader, the runner is gone */
-        if (err != ENXIO && err != NGX_ENOENT) {
-            ngx_log_error(NGX_LOG_ERR, log, err,
-                          "hermes: openat(\"intr\") failed");
-        }
-
-        return NGX_DECLINED;
-    }
+    u_char  buf[NGX_INT32_LEN + 1], *p;
 
     p = ngx_sprintf(buf, "%uD\n", cell);
 
-    if (write(fd, buf, p - buf) != p - buf) {
-        close(fd);
-        return NGX_DECLINED;
-    }
-
-    close(fd);
-
-    return NGX_OK;
+    return (ngx_http_hermes_local_fifo(dir, "intr", buf, p - buf, log)
+            == NGX_OK) ? NGX_OK : NGX_DECLINED;
 }
 
 

@@ -125,6 +125,8 @@ static void ngx_http_hermes_cell_timeout_handler(ngx_event_t *ev);
 static void ngx_http_hermes_cell_died_handler(ngx_event_t *ev);
 static ngx_int_t ngx_http_hermes_cell_interrupt(ngx_http_hermes_cell_t *cell);
 static void ngx_http_hermes_cell_kill(ngx_http_hermes_cell_t *cell);
+static void ngx_http_hermes_cell_victim(ngx_http_hermes_cell_t *cell,
+    ngx_http_hermes_victim_t *v);
 static void ngx_http_hermes_cell_error(ngx_http_hermes_cell_t *cell,
     ngx_uint_t status, char *code, char *message);
 static ngx_int_t ngx_http_hermes_cell_send_header(
@@ -2249,14 +2251,7 @@ ngx_http_hermes_cell_interrupt(ngx_http_hermes_cell_t *cell)
 
     /* ssh: a command on the kernel's host, in the thread pool */
 
-    ngx_memcpy(v.dir, cell->ref.dir, cell->ref.dir_len + 1);
-    v.dir_len = cell->ref.dir_len;
-    v.pid = cell->ref.pid;
-    v.start = cell->ref.start;
-    v.ino = cell->ref.ino;
-    v.host = cell->ref.host;
-    ngx_memcpy(v.tag, cell->hlcf->backend->tag,
-               NGX_HTTP_HERMES_BACKEND_TAG_LEN);
+    ngx_http_hermes_cell_victim(cell, &v);
 
     return (ngx_http_hermes_kernel_interrupt(cell->hlcf->thread_pool, &v,
                                              cell->ref.cell_id, cell->log)
@@ -2305,17 +2300,30 @@ ngx_http_hermes_cell_died_handler(ngx_event_t *ev)
 }
 
 
+/* the cell's kernel as kills and interrupts take it: where and which */
+
+static void
+ngx_http_hermes_cell_victim(ngx_http_hermes_cell_t *cell,
+    ngx_http_hermes_victim_t *v)
+{
+    ngx_memcpy(v->dir, cell->ref.dir, cell->ref.dir_len);
+    v->dir[cell->ref.dir_len] = '\0';
+    v->dir_len = cell->ref.dir_len;
+    v->pid = cell->ref.pid;
+    v->start = cell->ref.start;
+    v->ino = cell->ref.ino;
+    v->host = cell->ref.host;
+    ngx_memcpy(v->tag, cell->hlcf->backend->tag,
+               NGX_HTTP_HERMES_BACKEND_TAG_LEN);
+}
+
+
 static void
 ngx_http_hermes_cell_kill(ngx_http_hermes_cell_t *cell)
 {
     ngx_http_hermes_victim_t  v;
 
-    ngx_memcpy(v.dir, cell->ref.dir, cell->ref.dir_len);
-    v.dir_len = cell->ref.dir_len;
-    v.pid = cell->ref.pid;
-    v.start = cell->ref.start;
-    v.ino = cell->ref.ino;
-    v.host = cell->ref.host;
+    ngx_http_hermes_cell_victim(cell, &v);
 
     if (ngx_http_hermes_kernel_kill(cell->hlcf->thread_pool,
                                     cell->hlcf->backend, &v, cell->log)

@@ -382,19 +382,25 @@ def _interrupter(fd):
                 _kick()
 
 
-def _start_interrupter():
-    path = os.path.join(D, "intr")
+def _open_fifo(name):
+    """A new FIFO D/name, open O_RDWR: we are a writer too, so reads never
+    see EOF and the module's O_WRONLY|O_NONBLOCK open never fails with
+    ENXIO while we live."""
+    path = os.path.join(D, name)
     try:
         os.unlink(path)
     except FileNotFoundError:
         pass
     os.mkfifo(path, 0o600)
-    # O_RDWR, as wake: the module's non-blocking open finds a reader
     fd = os.open(path, os.O_RDWR | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOFOLLOW)
     if not stat.S_ISFIFO(os.fstat(fd).st_mode):
         raise RuntimeError("%s is not our FIFO" % path)
-    threading.Thread(target=_interrupter, args=(fd,), name="hermes-interrupt",
-                     daemon=True).start()
+    return fd
+
+
+def _start_interrupter():
+    threading.Thread(target=_interrupter, args=(_open_fifo("intr"),),
+                     name="hermes-interrupt", daemon=True).start()
 
 
 def _after_fork():
@@ -951,19 +957,9 @@ def main():
     _start_flusher()
     _globals = _fresh_globals()
 
-    wake = os.path.join(D, "wake")
-    try:
-        os.unlink(wake)
-    except FileNotFoundError:
-        pass
-    os.mkfifo(wake, 0o600)
+    fifo = _open_fifo("wake")
     _start_interrupter()
     _keep_reserve()
-    # O_RDWR: we are a writer too, so reads never see EOF and the module's
-    # O_WRONLY|O_NONBLOCK open never fails with ENXIO while we live.
-    fifo = os.open(wake, os.O_RDWR | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOFOLLOW)
-    if not stat.S_ISFIFO(os.fstat(fifo).st_mode):
-        raise RuntimeError("%s is not our FIFO" % wake)
     _write_atomic(os.path.join(D, "ready"), ('{"pid":%d}' % os.getpid()).encode())
 
     last = 0
