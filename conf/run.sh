@@ -5,15 +5,30 @@ set -eu
 top=$(cd "$(dirname "$0")/.." && pwd)
 port=${1:-8088}
 prefix=$top/run
-mkdir -p "$prefix/logs" "$prefix/kernels" "$prefix/tmp"
-# passable, not listable: a root worker's kernels run as another user
-chmod 711 "$prefix/kernels"
+mkdir -p "$prefix/logs" "$prefix/tmp"
+
+# The kernels root: a root worker's kernels run as another user, who must
+# pass through every directory above it.  A checkout under a private
+# directory (a home, mktemp -d) is not passable: then under /tmp.
+kernels=$prefix/kernels
+d=$prefix
+while [ "$d" != / ]; do
+    if [ -z "$(find "$d" -maxdepth 0 -perm -o+x)" ]; then
+        kernels=/tmp/hermes-run-kernels-$(printf %s "$top" | cksum | cut -d' ' -f1)
+        break
+    fi
+    d=$(dirname "$d")
+done
+mkdir -p "$kernels"
+# passable, not listable
+chmod 711 "$kernels"
 
 user=""
 [ "$(id -u)" = 0 ] && user="user root;"
 
 sed -e "s|@MODULE@|$top/build/ngx_http_hermes_module.so|g" \
     -e "s|@PREFIX@|$prefix|g" \
+    -e "s|@KERNELS@|$kernels|g" \
     -e "s|@PORT@|$port|g" \
     -e "s|@USER@|$user|g" \
     "$top/conf/nginx.conf.in" > "$prefix/nginx.conf"
@@ -23,6 +38,7 @@ sed -e "s|@MODULE@|$top/build/ngx_http_hermes_module.so|g" \
 cat <<MSG
 ngx_hermes is listening on http://127.0.0.1:$port (Ctrl-C stops it)
   config: $prefix/nginx.conf   log: $prefix/logs/error.log
+  kernels: $kernels
 
 Try:
   curl -sN http://127.0.0.1:$port/v1/execute -H 'Content-Type: application/json' \\
