@@ -28,7 +28,7 @@ static char *ngx_http_hermes_backend(ngx_conf_t *cf, ngx_command_t *cmd,
 static char *ngx_http_hermes_content(ngx_conf_t *cf, ngx_command_t *cmd,
     void *conf);
 static ngx_http_hermes_backend_conf_t *ngx_http_hermes_backend_create(
-    ngx_conf_t *cf, ngx_uint_t type, ngx_str_t *root);
+    ngx_conf_t *cf, ngx_http_hermes_backend_ops_t *ops, ngx_str_t *root);
 static void ngx_http_hermes_backend_tag(ngx_http_hermes_backend_conf_t *bcf,
     ngx_str_t *spec);
 
@@ -142,7 +142,7 @@ static ngx_command_t  ngx_http_hermes_commands[] = {
 
 static ngx_http_module_t  ngx_http_hermes_module_ctx = {
     ngx_http_hermes_add_variables,         /* preconfiguration */
-    ngx_http_hermes_filter_init,           /* postconfiguration */
+    ngx_http_hermes_response_filter_init,  /* postconfiguration */
 
     ngx_http_hermes_create_main_conf,      /* create main configuration */
     NULL,                                  /* init main configuration */
@@ -205,14 +205,14 @@ ngx_http_hermes_init_process(ngx_cycle_t *cycle)
         return NGX_ERROR;
     }
 
-    return ngx_http_hermes_cell_init_process(cycle);
+    return ngx_http_hermes_transport_local_init_process(cycle);
 }
 
 
 static void
 ngx_http_hermes_exit_process(ngx_cycle_t *cycle)
 {
-    ngx_http_hermes_cell_exit_process(cycle);
+    ngx_http_hermes_transport_local_exit_process(cycle);
     ngx_http_hermes_kernel_exit_process(cycle);
 }
 
@@ -418,8 +418,8 @@ ngx_http_hermes_merge_loc_conf(ngx_conf_t *cf, void *parent, void *child)
         ngx_str_set(&root, "/tmp");
 
         conf->backend = ngx_http_hermes_backend_create(cf,
-                                               NGX_HTTP_HERMES_BACKEND_LOCAL,
-                                               &root);
+                                           &ngx_http_hermes_backend_local_ops,
+                                           &root);
         if (conf->backend == NULL) {
             return NGX_CONF_ERROR;
         }
@@ -443,7 +443,7 @@ ngx_http_hermes_merge_loc_conf(ngx_conf_t *cf, void *parent, void *child)
 
     if (conf->handler == NGX_HTTP_HERMES_HANDLER_EXECUTE
         && conf->sandbox->implicit
-        && conf->backend->type == NGX_HTTP_HERMES_BACKEND_LOCAL
+        && conf->backend->ops == &ngx_http_hermes_backend_local_ops
         && ngx_http_hermes_sandbox_check(cf, conf->sandbox) != NGX_OK)
     {
         /* the default sandboxes where it can; say where it cannot */
@@ -688,9 +688,10 @@ ngx_http_hermes_backend(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
     u_char                           *p, *host;
     ngx_int_t                         port;
     ngx_str_t                        *value, root, name, v;
-    ngx_uint_t                        i, type;
+    ngx_uint_t                        i;
     ngx_file_info_t                   fi;
     ngx_http_hermes_ssh_host_t      **h;
+    ngx_http_hermes_backend_ops_t    *ops;
     ngx_http_hermes_backend_conf_t    ssh;
 
     if (hlcf->backend) {
@@ -700,10 +701,10 @@ ngx_http_hermes_backend(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
     value = cf->args->elts;
 
     if (ngx_strcmp(value[1].data, "local") == 0) {
-        type = NGX_HTTP_HERMES_BACKEND_LOCAL;
+        ops = &ngx_http_hermes_backend_local_ops;
 
     } else if (ngx_strcmp(value[1].data, "ssh") == 0) {
-        type = NGX_HTTP_HERMES_BACKEND_SSH;
+        ops = &ngx_http_hermes_backend_ssh_ops;
 
     } else {
         ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
@@ -716,7 +717,7 @@ ngx_http_hermes_backend(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
     ngx_memzero(&ssh, sizeof(ngx_http_hermes_backend_conf_t));
     ssh.connect_timeout = 10000;
 
-    if (type == NGX_HTTP_HERMES_BACKEND_SSH) {
+    if (ops == &ngx_http_hermes_backend_ssh_ops) {
         ssh.hosts = ngx_array_create(cf->pool, 2,
                                      sizeof(ngx_http_hermes_ssh_host_t *));
         if (ssh.hosts == NULL) {
@@ -732,7 +733,7 @@ ngx_http_hermes_backend(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
             continue;
         }
 
-        if (type != NGX_HTTP_HERMES_BACKEND_SSH) {
+        if (ops != &ngx_http_hermes_backend_ssh_ops) {
             goto invalid;
         }
 
@@ -829,12 +830,12 @@ ngx_http_hermes_backend(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
         return NGX_CONF_ERROR;
     }
 
-    hlcf->backend = ngx_http_hermes_backend_create(cf, type, &root);
+    hlcf->backend = ngx_http_hermes_backend_create(cf, ops, &root);
     if (hlcf->backend == NULL) {
         return NGX_CONF_ERROR;
     }
 
-    if (type == NGX_HTTP_HERMES_BACKEND_LOCAL) {
+    if (ops == &ngx_http_hermes_backend_local_ops) {
         return ngx_http_hermes_local_check(cf, &root);
     }
 
@@ -871,6 +872,7 @@ ngx_http_hermes_backend(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
     }
 
     hlcf->backend->hosts = ssh.hosts;
+    hlcf->backend->nhosts = ssh.hosts->nelts;
     hlcf->backend->user = ssh.user;
     hlcf->backend->identity = ssh.identity;
     hlcf->backend->known_hosts = ssh.known_hosts;
@@ -886,10 +888,9 @@ ngx_http_hermes_backend(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
     v.data = p;
     p = ngx_slprintf(p, v.data + 1024, "ssh %V@%V", &ssh.user, &root);
 
-    h = ssh.hosts->elts;
     for (i = 0; i < ssh.hosts->nelts; i++) {
         p = ngx_slprintf(p, v.data + 1024, " %V",
-                         ngx_http_hermes_ssh_host_name(h[i]));
+                         ngx_http_hermes_backend_host_name(hlcf->backend, i));
     }
 
     v.len = p - v.data;
@@ -912,8 +913,8 @@ ngx_http_hermes_backend_tag(ngx_http_hermes_backend_conf_t *bcf,
 
 
 static ngx_http_hermes_backend_conf_t *
-ngx_http_hermes_backend_create(ngx_conf_t *cf, ngx_uint_t type,
-    ngx_str_t *root)
+ngx_http_hermes_backend_create(ngx_conf_t *cf,
+    ngx_http_hermes_backend_ops_t *ops, ngx_str_t *root)
 {
     u_char                           *p;
     ngx_str_t                         spec;
@@ -953,7 +954,8 @@ ngx_http_hermes_backend_create(ngx_conf_t *cf, ngx_uint_t type,
         return NULL;
     }
 
-    bcf->type = type;
+    bcf->ops = ops;
+    bcf->nhosts = 1;
     bcf->root = *root;
 
     spec.data = ngx_pnalloc(cf->pool, root->len + sizeof("local "));
