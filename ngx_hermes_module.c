@@ -87,6 +87,13 @@ static ngx_command_t  ngx_http_hermes_commands[] = {
       offsetof(ngx_http_hermes_loc_conf_t, owner),
       NULL },
 
+    { ngx_string("hermes_session"),
+      NGX_HTTP_MAIN_CONF|NGX_HTTP_SRV_CONF|NGX_HTTP_LOC_CONF|NGX_CONF_TAKE1,
+      ngx_http_set_complex_value_slot,
+      NGX_HTTP_LOC_CONF_OFFSET,
+      offsetof(ngx_http_hermes_loc_conf_t, session),
+      NULL },
+
     { ngx_string("hermes_cell_timeout"),
       NGX_HTTP_MAIN_CONF|NGX_HTTP_SRV_CONF|NGX_HTTP_LOC_CONF|NGX_CONF_TAKE12,
       ngx_http_hermes_cell_timeout,
@@ -360,6 +367,7 @@ ngx_http_hermes_create_loc_conf(ngx_conf_t *cf)
      *     conf->shm_zone = NULL;
      *     conf->backend = NULL;
      *     conf->owner = NULL;
+     *     conf->session = NULL;
      *     conf->thread_pool_name = { 0, NULL };
      *     conf->thread_pool = NULL;
      */
@@ -396,6 +404,10 @@ ngx_http_hermes_merge_loc_conf(ngx_conf_t *cf, void *parent, void *child)
     ngx_conf_merge_uint_value(conf->queue, prev->queue, 8);
     ngx_conf_merge_str_value(conf->thread_pool_name, prev->thread_pool_name,
                              "default");
+
+    if (conf->session == NULL) {
+        conf->session = prev->session;
+    }
 
     if (conf->owner == NULL) {
         conf->owner = prev->owner;

@@ -142,6 +142,7 @@ typedef struct {
 
     ngx_http_hermes_backend_conf_t *backend;
     ngx_http_complex_value_t     *owner;
+    ngx_http_complex_value_t     *session;
     ngx_http_hermes_sandbox_t    *sandbox;
 
     ngx_msec_t                    cell_timeout;
@@ -618,13 +619,22 @@ u_char *ngx_http_hermes_sandbox_kill(u_char *p, u_char *last, u_char *kid);
 
 /* JSON: requests in, results and errors out (yajl) */
 
+/* an agent's envelope around the request: answered in the same kind */
+
+typedef enum {
+    NGX_HTTP_HERMES_ENVELOPE_NONE = 0,
+    NGX_HTTP_HERMES_ENVELOPE_OPENAI,    /* a tool call: a "tool" message */
+    NGX_HTTP_HERMES_ENVELOPE_ANTHROPIC  /* tool_use: a tool_result block */
+} ngx_http_hermes_envelope_e;
+
+
 typedef struct {
     ngx_str_t                     session;
     ngx_str_t                     code;
     ngx_msec_t                    timeout;      /* 0: the location's cap */
-    ngx_str_t                     tool_call_id; /* OpenAI-style call */
+    ngx_str_t                     tool_call_id; /* the envelope's id */
+    ngx_uint_t                    envelope;
     unsigned                      reset:1;
-    unsigned                      tool_call:1;
     unsigned                      json_answer:1; /* Accept: application/json */
 } ngx_http_hermes_request_t;
 
@@ -659,6 +669,9 @@ void ngx_http_hermes_json_event_text(u_char *line, size_t len,
     ngx_buf_t *out, ngx_buf_t *err);
 ngx_buf_t *ngx_http_hermes_json_error(ngx_pool_t *pool, ngx_str_t *code,
     ngx_str_t *message);
+ngx_buf_t *ngx_http_hermes_json_tool_message(ngx_pool_t *pool,
+    ngx_uint_t envelope, ngx_str_t *id, u_char *content, size_t len,
+    ngx_uint_t is_error);
 ngx_buf_t *ngx_http_hermes_json_listing(ngx_pool_t *pool, ngx_array_t *list);
 ngx_buf_t *ngx_http_hermes_json_kernel(ngx_pool_t *pool,
     ngx_http_hermes_listing_t *l);
@@ -784,6 +797,9 @@ typedef struct {
     ngx_msec_t                    cell_ms;
     ngx_msec_t                    queue_ms;
     ngx_http_hermes_response_t   *response;     /* a cell's, while it runs */
+    ngx_str_t                     tool_call_id;
+    ngx_uint_t                    envelope;     /* errors as tool messages
+                                                   (a JSON answer wanted) */
     unsigned                      error_sent:1;
     unsigned                      has_kernel:1;
     unsigned                      has_queue:1;  /* the cell got its turn */

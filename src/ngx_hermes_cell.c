@@ -153,7 +153,8 @@ ngx_http_hermes_cell_start(ngx_http_request_t *r,
     cell->ref.session = cell->req.session;
 
     cell->response.json = req->json_answer;
-    cell->response.tool_message = req->json_answer && req->tool_call;
+    cell->response.tool_message = req->json_answer
+                      && req->envelope != NGX_HTTP_HERMES_ENVELOPE_NONE;
     cell->response.drained = ngx_http_hermes_cell_drained;
     cell->response.gone = ngx_http_hermes_cell_gone;
     cell->response.data = cell;

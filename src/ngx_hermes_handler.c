@@ -29,6 +29,8 @@ typedef struct {
 
 static ngx_int_t ngx_http_hermes_owner(ngx_http_request_t *r,
     ngx_str_t *owner, ngx_int_t *rc);
+static ngx_int_t ngx_http_hermes_session(ngx_http_request_t *r,
+    ngx_http_hermes_request_t *req, ngx_int_t *rc);
 static void ngx_http_hermes_execute_body(ngx_http_request_t *r);
 static void ngx_http_hermes_read_body_handler(ngx_http_request_t *r);
 static void ngx_http_hermes_name_backends(ngx_http_request_t *r,
@@ -68,8 +70,8 @@ ngx_http_hermes_execute_handler(ngx_http_request_t *r)
         }
 
         return ngx_http_hermes_response_send_error(r, NGX_HTTP_NOT_ALLOWED,
-                                          "method_not_allowed",
-                                          "use POST with a JSON body");
+                                                   "method_not_allowed",
+                                                   "use POST with a JSON body");
     }
 
     if (!ngx_http_hermes_content_is_json(r)) {
@@ -133,10 +135,12 @@ ngx_http_hermes_read_body_handler(ngx_http_request_t *r)
     r->lingering_close = 0;
 
     ngx_http_finalize_request(r,
-                  ngx_http_hermes_response_send_error(r, NGX_HTTP_REQUEST_TIME_OUT,
-                                             "request_timeout",
-                                             "the body was not received "
-                                             "within client_body_timeout"));
+                  ngx_http_hermes_response_send_error(r,
+                                                      NGX_HTTP_REQUEST_TIME_OUT,
+                                                      "request_timeout",
+                                                      "the body was not "
+                                                      "received within "
+                                                      "client_body_timeout"));
 }
 
 
@@ -148,6 +152,7 @@ ngx_http_hermes_execute_body(ngx_http_request_t *r)
     ngx_int_t                    rc;
     ngx_str_t                    owner, code, message;
     ngx_uint_t                   status;
+    ngx_http_hermes_ctx_t       *ctx;
     ngx_http_hermes_request_t    req;
     ngx_http_hermes_loc_conf_t  *hlcf;
 
@@ -172,6 +177,20 @@ ngx_http_hermes_execute_body(ngx_http_request_t *r)
         return;
     }
 
+    req.json_answer = ngx_http_hermes_accepts_json(r);
+
+    if (req.envelope != NGX_HTTP_HERMES_ENVELOPE_NONE && req.json_answer) {
+        /* from here on, errors are answers the model reads */
+        ctx = ngx_http_hermes_response_ctx(r);
+        if (ctx == NULL) {
+            ngx_http_finalize_request(r, NGX_HTTP_INTERNAL_SERVER_ERROR);
+            return;
+        }
+
+        ctx->envelope = req.envelope;
+        ctx->tool_call_id = req.tool_call_id;
+    }
+
     if (rc == NGX_DECLINED) {
         ngx_http_finalize_request(r,
                         ngx_http_hermes_response_send_error(r, status,
@@ -180,12 +199,18 @@ ngx_http_hermes_execute_body(ngx_http_request_t *r)
         return;
     }
 
+    if (ngx_http_hermes_session(r, &req, &rc) != NGX_OK) {
+        ngx_http_finalize_request(r, rc);
+        return;
+    }
+
     if (req.timeout > hlcf->cell_timeout) {
         ngx_http_finalize_request(r,
                 ngx_http_hermes_response_send_error(r, NGX_HTTP_BAD_REQUEST,
-                                           "invalid_request",
-                                           "\"timeout\" is over this "
-                                           "location's hermes_cell_timeout"));
+                                                    "invalid_request",
+                                                    "\"timeout\" is over this "
+                                                    "location's "
+                                                    "hermes_cell_timeout"));
         return;
     }
 
@@ -256,6 +281,65 @@ ngx_http_hermes_owner(ngx_http_request_t *r, ngx_str_t *owner, ngx_int_t *rc)
     }
 
     ctx->owner = *owner;
+
+    return NGX_OK;
+}
+
+
+/*
+ * The session: the body's, or hermes_session's (a header, a URL capture)
+ * so that a router can see it; when both name one, they must agree.
+ * NGX_DECLINED: the answer is under way, *rc is what to return.
+ */
+
+static ngx_int_t
+ngx_http_hermes_session(ngx_http_request_t *r,
+    ngx_http_hermes_request_t *req, ngx_int_t *rc)
+{
+    ngx_str_t                    s;
+    ngx_http_hermes_loc_conf_t  *hlcf;
+
+    hlcf = ngx_http_get_module_loc_conf(r, ngx_http_hermes_module);
+
+    if (hlcf->session == NULL) {
+        if (req->session.len == 0) {
+            *rc = ngx_http_hermes_response_send_error(r, NGX_HTTP_BAD_REQUEST,
+                                                      "invalid_request",
+                                                      "\"session\" is "
+                                                      "required");
+            return NGX_DECLINED;
+        }
+
+        return NGX_OK;
+    }
+
+    if (ngx_http_complex_value(r, hlcf->session, &s) != NGX_OK) {
+        *rc = NGX_HTTP_INTERNAL_SERVER_ERROR;
+        return NGX_DECLINED;
+    }
+
+    if (!ngx_http_hermes_json_session_valid(&s)) {
+        *rc = ngx_http_hermes_response_send_error(r, NGX_HTTP_BAD_REQUEST,
+                                                  "invalid_session",
+                                                  "hermes_session must be "
+                                                  "1-128 characters of "
+                                                  "[A-Za-z0-9._:-]");
+        return NGX_DECLINED;
+    }
+
+    if (req->session.len
+        && (req->session.len != s.len
+            || ngx_strncmp(req->session.data, s.data, s.len) != 0))
+    {
+        *rc = ngx_http_hermes_response_send_error(r, NGX_HTTP_BAD_REQUEST,
+                                                  "session_mismatch",
+                                                  "the body names another "
+                                                  "session than "
+                                                  "hermes_session");
+        return NGX_DECLINED;
+    }
+
+    req->session = s;
 
     return NGX_OK;
 }
@@ -706,9 +790,9 @@ ngx_http_hermes_kernels_handler(ngx_http_request_t *r)
         }
 
         return ngx_http_hermes_response_send_error(r, NGX_HTTP_NOT_ALLOWED,
-                                          "method_not_allowed",
-                                          "use GET, DELETE, or POST for "
-                                          "SESSION/interrupt");
+                                                   "method_not_allowed",
+                                                   "use GET, DELETE, or POST "
+                                                   "for SESSION/interrupt");
     }
 
     if (ngx_http_hermes_kernels_path(r, &session, &interrupt, &rc)
@@ -762,13 +846,14 @@ ngx_http_hermes_kernels_handler(ngx_http_request_t *r)
             return NGX_HTTP_INTERNAL_SERVER_ERROR;
         }
 
-        return ngx_http_hermes_response_send_buf(r, NGX_HTTP_OK, "application/json", b);
+        return ngx_http_hermes_response_send_buf(r, NGX_HTTP_OK,
+                                                 "application/json", b);
     }
 
     if (session.len == 0) {
         return ngx_http_hermes_response_send_error(r, NGX_HTTP_BAD_REQUEST,
-                                          "invalid_session",
-                                          "DELETE <location>/SESSION");
+                                                   "invalid_session",
+                                                   "DELETE <location>/SESSION");
     }
 
     force = (ngx_http_arg(r, (u_char *) "force", 5, &value) == NGX_OK
@@ -786,17 +871,20 @@ ngx_http_hermes_kernels_handler(ngx_http_request_t *r)
 
     case NGX_OK:
         return ngx_http_hermes_response_send_buf(r, NGX_HTTP_NO_CONTENT,
-                                        "application/json", NULL);
+                                                 "application/json", NULL);
 
     case NGX_BUSY:
-        return ngx_http_hermes_response_send_error(r, NGX_HTTP_CONFLICT, "cell_running",
-                                          "a cell is running on this kernel; "
-                                          "?force=1 kills it anyway");
+        return ngx_http_hermes_response_send_error(r, NGX_HTTP_CONFLICT,
+                                                   "cell_running",
+                                                   "a cell is running on this "
+                                                   "kernel; ?force=1 kills it "
+                                                   "anyway");
 
     default:
-        return ngx_http_hermes_response_send_error(r, NGX_HTTP_NOT_FOUND, "not_found",
-                                          "no kernel of yours for this "
-                                          "session");
+        return ngx_http_hermes_response_send_error(r, NGX_HTTP_NOT_FOUND,
+                                                   "not_found",
+                                                   "no kernel of yours for "
+                                                   "this session");
     }
 }
 
@@ -888,8 +976,8 @@ ngx_http_hermes_kernels_path(ngx_http_request_t *r, ngx_str_t *session,
 
 not_found:
 
-    *rc = ngx_http_hermes_response_send_error(r, NGX_HTTP_NOT_FOUND, "not_found",
-                                     "no such resource");
+    *rc = ngx_http_hermes_response_send_error(r, NGX_HTTP_NOT_FOUND,
+                                              "not_found", "no such resource");
     return NGX_DECLINED;
 }
 
@@ -917,9 +1005,10 @@ ngx_http_hermes_kernel_interrupt_cell(ngx_http_request_t *r,
     rc = ngx_http_hermes_registry_running(zone, owner, session, &v, &cell);
 
     if (rc == NGX_DECLINED) {
-        return ngx_http_hermes_response_send_error(r, NGX_HTTP_NOT_FOUND, "not_found",
-                                          "no kernel of yours for this "
-                                          "session");
+        return ngx_http_hermes_response_send_error(r, NGX_HTTP_NOT_FOUND,
+                                                   "not_found",
+                                                   "no kernel of yours for "
+                                                   "this session");
     }
 
     if (rc == NGX_OK) {
@@ -927,9 +1016,10 @@ ngx_http_hermes_kernel_interrupt_cell(ngx_http_request_t *r,
                                               r->connection->log);
 
         if (rc == NGX_BUSY) {
-            return ngx_http_hermes_response_send_error(r, NGX_HTTP_SERVICE_UNAVAILABLE,
-                                              "busy", "the gateway is busy; "
-                                              "retry shortly");
+            return ngx_http_hermes_response_send_error(r,
+                                                  NGX_HTTP_SERVICE_UNAVAILABLE,
+                                                  "busy", "the gateway is "
+                                                  "busy; retry shortly");
         }
 
         if (rc == NGX_ERROR) {
@@ -938,9 +1028,10 @@ ngx_http_hermes_kernel_interrupt_cell(ngx_http_request_t *r,
     }
 
     if (rc != NGX_OK) {
-        return ngx_http_hermes_response_send_error(r, NGX_HTTP_CONFLICT, "no_cell",
-                                          "no cell is running on this "
-                                          "session's kernel");
+        return ngx_http_hermes_response_send_error(r, NGX_HTTP_CONFLICT,
+                                                   "no_cell",
+                                                   "no cell is running on this "
+                                                   "session's kernel");
     }
 
     b = ngx_create_temp_buf(r->pool, 64);
@@ -951,8 +1042,8 @@ ngx_http_hermes_kernel_interrupt_cell(ngx_http_request_t *r,
     b->last = ngx_sprintf(b->last, "{\"interrupted\":true,\"cell\":%uD}\n",
                           cell);
 
-    return ngx_http_hermes_response_send_buf(r, NGX_HTTP_ACCEPTED, "application/json",
-                                    b);
+    return ngx_http_hermes_response_send_buf(r, NGX_HTTP_ACCEPTED,
+                                             "application/json", b);
 }
 
 
@@ -1004,9 +1095,10 @@ ngx_http_hermes_kernel_get(ngx_http_request_t *r, ngx_str_t *owner,
     }
 
     if (found == NULL) {
-        return ngx_http_hermes_response_send_error(r, NGX_HTTP_NOT_FOUND, "not_found",
-                                          "no kernel of yours for this "
-                                          "session");
+        return ngx_http_hermes_response_send_error(r, NGX_HTTP_NOT_FOUND,
+                                                   "not_found",
+                                                   "no kernel of yours for "
+                                                   "this session");
     }
 
     *l = *found;
@@ -1019,7 +1111,8 @@ ngx_http_hermes_kernel_get(ngx_http_request_t *r, ngx_str_t *owner,
         return NGX_HTTP_INTERNAL_SERVER_ERROR;
     }
 
-    return ngx_http_hermes_response_send_buf(r, NGX_HTTP_OK, "application/json", b);
+    return ngx_http_hermes_response_send_buf(r, NGX_HTTP_OK, "application/json",
+                                             b);
 }
 
 
@@ -1054,9 +1147,10 @@ ngx_http_hermes_status_handler(ngx_http_request_t *r)
         } else if (value.len != 4 || ngx_strncmp(value.data, "json", 4) != 0)
         {
             return ngx_http_hermes_response_send_error(r, NGX_HTTP_BAD_REQUEST,
-                                              "invalid_format",
-                                              "format must be \"json\" or "
-                                              "\"prometheus\"");
+                                                       "invalid_format",
+                                                       "format must be "
+                                                       "\"json\" or "
+                                                       "\"prometheus\"");
         }
     }
 
@@ -1075,7 +1169,8 @@ ngx_http_hermes_status_handler(ngx_http_request_t *r)
         }
 
         return ngx_http_hermes_response_send_buf(r, NGX_HTTP_OK,
-                                        "text/plain; version=0.0.4", b);
+                                                 "text/plain; version=0.0.4",
+                                                 b);
     }
 
     b = ngx_http_hermes_json_stats(r->pool, &st, zone->max_kernels);
@@ -1083,7 +1178,8 @@ ngx_http_hermes_status_handler(ngx_http_request_t *r)
         return NGX_HTTP_INTERNAL_SERVER_ERROR;
     }
 
-    return ngx_http_hermes_response_send_buf(r, NGX_HTTP_OK, "application/json", b);
+    return ngx_http_hermes_response_send_buf(r, NGX_HTTP_OK, "application/json",
+                                             b);
 }
 
 

@@ -57,7 +57,7 @@ ngx_http_hermes_response_send_error(ngx_http_request_t *r, ngx_uint_t status,
     char *code, char *message)
 {
     ngx_str_t               c, m;
-    ngx_buf_t              *b;
+    ngx_buf_t              *b, *e;
     ngx_http_hermes_ctx_t  *ctx;
 
     c.data = (u_char *) code;
@@ -79,15 +79,32 @@ ngx_http_hermes_response_send_error(ngx_http_request_t *r, ngx_uint_t status,
 
     ctx->error_code = c;
 
+    if (ctx->envelope != NGX_HTTP_HERMES_ENVELOPE_NONE) {
+        /* an agent's tool call: the model reads the error and reacts */
+
+        e = ngx_http_hermes_json_tool_message(r->pool, ctx->envelope,
+                                              &ctx->tool_call_id, b->pos,
+                                              b->last - b->pos - 1, 1);
+        if (e == NULL) {
+            return NGX_HTTP_INTERNAL_SERVER_ERROR;
+        }
+
+        return ngx_http_hermes_response_send_buf(r, NGX_HTTP_OK,
+                                                 "application/json", e);
+    }
+
     if (status == NGX_HTTP_TOO_MANY_REQUESTS
         || status == NGX_HTTP_SERVICE_UNAVAILABLE)
     {
-        if (ngx_http_hermes_response_add_header(r, "Retry-After", "1") != NGX_OK) {
+        if (ngx_http_hermes_response_add_header(r, "Retry-After", "1")
+            != NGX_OK)
+        {
             return NGX_HTTP_INTERNAL_SERVER_ERROR;
         }
     }
 
-    return ngx_http_hermes_response_send_buf(r, status, "application/json", b);
+    return ngx_http_hermes_response_send_buf(r, status, "application/json",
+                                             b);
 }
 
 

@@ -50,17 +50,21 @@ static ngx_int_t ngx_http_hermes_local_stream_open_kernel(
     ngx_http_hermes_local_stream_t *ls);
 static ngx_int_t ngx_http_hermes_local_stream_private_dir(ngx_file_info_t *fi,
     uint32_t uid);
-static void ngx_http_hermes_local_stream_unwatch(ngx_http_hermes_local_stream_t *ls);
+static void ngx_http_hermes_local_stream_unwatch(
+    ngx_http_hermes_local_stream_t *ls);
 static void ngx_http_hermes_local_stream_inotify_handler(ngx_event_t *ev);
 static void ngx_http_hermes_local_stream_inotify_overflow(ngx_log_t *log);
-static void ngx_http_hermes_local_stream_pump(ngx_http_hermes_local_stream_t *ls);
+static void ngx_http_hermes_local_stream_pump(
+    ngx_http_hermes_local_stream_t *ls);
 static ngx_int_t ngx_http_hermes_local_stream_read_out(
     ngx_http_hermes_local_stream_t *ls, ngx_uint_t all);
-static void ngx_http_hermes_local_stream_finish(ngx_http_hermes_local_stream_t *ls);
-static void ngx_http_hermes_local_stream_drain(ngx_http_hermes_local_stream_t *ls);
+static void ngx_http_hermes_local_stream_finish(
+    ngx_http_hermes_local_stream_t *ls);
+static void ngx_http_hermes_local_stream_drain(
+    ngx_http_hermes_local_stream_t *ls);
 static void ngx_http_hermes_local_stream_died_handler(ngx_event_t *ev);
-static void ngx_http_hermes_local_stream_name(ngx_http_hermes_local_stream_t *ls,
-    u_char *buf, const char *what);
+static void ngx_http_hermes_local_stream_name(
+    ngx_http_hermes_local_stream_t *ls, u_char *buf, const char *what);
 
 
 ngx_http_hermes_transport_t  ngx_http_hermes_transport_local = {
@@ -859,8 +863,8 @@ ngx_http_hermes_local_stream_salvage(ngx_http_hermes_stream_t *st,
 /* a file of this cell in cells/: "cell_req", "cell_out", "cell_res" */
 
 static void
-ngx_http_hermes_local_stream_name(ngx_http_hermes_local_stream_t *ls, u_char *buf,
-    const char *what)
+ngx_http_hermes_local_stream_name(ngx_http_hermes_local_stream_t *ls,
+    u_char *buf, const char *what)
 {
     ngx_sprintf(buf, "%s_%06uD%s%Z", what, ls->st->ref->cell_id,
                 what[5] == 'o' ? "" : ".json");

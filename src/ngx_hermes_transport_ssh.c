@@ -35,14 +35,16 @@ typedef struct {
 
 static ngx_int_t ngx_http_hermes_ssh_stream_run(ngx_http_hermes_stream_t *st);
 static void ngx_http_hermes_ssh_stream_resume(ngx_http_hermes_stream_t *st);
-static ngx_int_t ngx_http_hermes_ssh_stream_interrupt(ngx_http_hermes_stream_t *st);
+static ngx_int_t ngx_http_hermes_ssh_stream_interrupt(
+    ngx_http_hermes_stream_t *st);
 static void ngx_http_hermes_ssh_stream_salvage(ngx_http_hermes_stream_t *st,
     ngx_http_hermes_windows_t *w);
 static void ngx_http_hermes_ssh_stream_close(ngx_http_hermes_stream_t *st);
 static void ngx_http_hermes_ssh_stream_relay_handler(ngx_event_t *ev);
-static void ngx_http_hermes_ssh_stream_relay_end(ngx_http_hermes_ssh_stream_t *ss);
-static ngx_int_t ngx_http_hermes_ssh_stream_forward(ngx_http_hermes_ssh_stream_t *ss,
-    u_char *p, size_t n);
+static void ngx_http_hermes_ssh_stream_relay_end(
+    ngx_http_hermes_ssh_stream_t *ss);
+static ngx_int_t ngx_http_hermes_ssh_stream_forward(
+    ngx_http_hermes_ssh_stream_t *ss, u_char *p, size_t n);
 static void ngx_http_hermes_ssh_stream_keep(ngx_http_hermes_ssh_stream_t *ss,
     u_char *p, size_t n);
 
