@@ -147,6 +147,7 @@ typedef struct {
 
     ngx_msec_t                    cell_timeout;
     ngx_msec_t                    cell_grace;   /* interrupt, then kill */
+    ngx_msec_t                    heartbeat;    /* 0: none */
     size_t                        max_output;
     size_t                        max_stream;
     size_t                        max_code;
@@ -635,6 +636,7 @@ typedef struct {
     ngx_str_t                     tool_call_id; /* the envelope's id */
     ngx_uint_t                    envelope;
     unsigned                      reset:1;
+    unsigned                      ephemeral:1;  /* a one-shot kernel */
     unsigned                      json_answer:1; /* Accept: application/json */
 } ngx_http_hermes_request_t;
 
@@ -838,6 +840,7 @@ ngx_int_t ngx_http_hermes_response_kernel(ngx_http_hermes_response_t *rs,
 ngx_int_t ngx_http_hermes_response_output(ngx_http_hermes_response_t *rs,
     u_char *p, size_t n);
 void ngx_http_hermes_response_end_line(ngx_http_hermes_response_t *rs);
+void ngx_http_hermes_response_heartbeat(ngx_http_hermes_response_t *rs);
 void ngx_http_hermes_response_result(ngx_http_hermes_response_t *rs,
     ngx_http_hermes_result_t *res, ngx_http_hermes_kernel_ref_t *ref,
     ngx_http_hermes_request_t *req);

@@ -36,6 +36,7 @@ typedef struct {
     ngx_event_t                     resume;     /* the client left: go on */
     ngx_msec_t                      wait_delay;
     ngx_event_t                     timer;      /* the cell's timeout */
+    ngx_event_t                     heartbeat;  /* a silent stretch */
     ngx_msec_t                      timeout;
     ngx_msec_t                      started;
     ngx_msec_t                      turn;       /* its turn came */
@@ -85,6 +86,7 @@ static void ngx_http_hermes_cell_error(ngx_http_hermes_cell_t *cell,
 static void ngx_http_hermes_cell_drained(void *data);
 static void ngx_http_hermes_cell_gone(void *data);
 static void ngx_http_hermes_cell_resume_handler(ngx_event_t *ev);
+static void ngx_http_hermes_cell_heartbeat_handler(ngx_event_t *ev);
 static void ngx_http_hermes_cell_stop(ngx_http_hermes_cell_t *cell);
 static void ngx_http_hermes_cell_end(ngx_http_hermes_cell_t *cell);
 
@@ -198,6 +200,10 @@ ngx_http_hermes_cell_start(ngx_http_request_t *r,
     cell->timer.handler = ngx_http_hermes_cell_timeout_handler;
     cell->timer.data = cell;
     cell->timer.log = cell->log;
+
+    cell->heartbeat.handler = ngx_http_hermes_cell_heartbeat_handler;
+    cell->heartbeat.data = cell;
+    cell->heartbeat.log = cell->log;
 
     victims.n = 0;
 
@@ -490,6 +496,10 @@ ngx_http_hermes_cell_shipped(ngx_http_hermes_stream_t *st)
         return NGX_ERROR;
     }
 
+    if (cell->hlcf->heartbeat && !cell->response.json) {
+        ngx_add_timer(&cell->heartbeat, cell->hlcf->heartbeat);
+    }
+
     return NGX_OK;
 }
 
@@ -499,6 +509,11 @@ ngx_http_hermes_cell_output(ngx_http_hermes_stream_t *st, u_char *p,
     size_t n)
 {
     ngx_http_hermes_cell_t *cell = st->data;
+
+    if (cell->heartbeat.timer_set) {
+        /* silence is counted from the last output */
+        ngx_add_timer(&cell->heartbeat, cell->hlcf->heartbeat);
+    }
 
     return ngx_http_hermes_response_output(&cell->response, p, n);
 }
@@ -697,6 +712,11 @@ ngx_http_hermes_cell_result(ngx_http_hermes_stream_t *st, u_char *data,
                                       cell->timeout / 1000)
                                   - cell->res.error.data;
         }
+    }
+
+    if (cell->req.ephemeral) {
+        /* a one-shot kernel: discarded after its cell */
+        cell->res.ended = 1;
     }
 
     if (cell->res.ended) {
@@ -1068,6 +1088,20 @@ ngx_http_hermes_cell_resume_handler(ngx_event_t *ev)
 }
 
 
+static void
+ngx_http_hermes_cell_heartbeat_handler(ngx_event_t *ev)
+{
+    ngx_http_hermes_cell_t *cell = ev->data;
+
+    if (cell->response.r == NULL) {
+        return;
+    }
+
+    ngx_http_hermes_response_heartbeat(&cell->response);
+    ngx_add_timer(&cell->heartbeat, cell->hlcf->heartbeat);
+}
+
+
 /* the transport lets go of what it held of the kernel's host */
 
 static void
@@ -1095,6 +1129,10 @@ ngx_http_hermes_cell_end(ngx_http_hermes_cell_t *cell)
 
     if (cell->timer.timer_set) {
         ngx_del_timer(&cell->timer);
+    }
+
+    if (cell->heartbeat.timer_set) {
+        ngx_del_timer(&cell->heartbeat);
     }
 
     ngx_http_hermes_cell_stop(cell);

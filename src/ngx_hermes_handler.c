@@ -9,6 +9,8 @@
 
 #include "ngx_hermes.h"
 
+#include <sodium.h>
+
 
 /*
  * The owner of every caller where hermes_owner is unset.  Owners with a
@@ -288,58 +290,81 @@ ngx_http_hermes_owner(ngx_http_request_t *r, ngx_str_t *owner, ngx_int_t *rc)
 
 /*
  * The session: the body's, or hermes_session's (a header, a URL capture)
- * so that a router can see it; when both name one, they must agree.
- * NGX_DECLINED: the answer is under way, *rc is what to return.
+ * so that a router can see it; when both name one, they must agree.  A
+ * request that names none, or says "ephemeral", runs in a one-shot
+ * kernel of a session made up for it.  NGX_DECLINED: the answer is under
+ * way, *rc is what to return.
  */
 
 static ngx_int_t
 ngx_http_hermes_session(ngx_http_request_t *r,
     ngx_http_hermes_request_t *req, ngx_int_t *rc)
 {
+    u_char                       id[NGX_HTTP_HERMES_ID_LEN / 2];
     ngx_str_t                    s;
     ngx_http_hermes_loc_conf_t  *hlcf;
 
     hlcf = ngx_http_get_module_loc_conf(r, ngx_http_hermes_module);
 
-    if (hlcf->session == NULL) {
-        if (req->session.len == 0) {
-            *rc = ngx_http_hermes_response_send_error(r, NGX_HTTP_BAD_REQUEST,
-                                                      "invalid_request",
-                                                      "\"session\" is "
-                                                      "required");
+    ngx_str_null(&s);
+
+    if (hlcf->session) {
+        if (ngx_http_complex_value(r, hlcf->session, &s) != NGX_OK) {
+            *rc = NGX_HTTP_INTERNAL_SERVER_ERROR;
             return NGX_DECLINED;
         }
 
+        if (!ngx_http_hermes_json_session_valid(&s)) {
+            *rc = ngx_http_hermes_response_send_error(r, NGX_HTTP_BAD_REQUEST,
+                                                      "invalid_session",
+                                                      "hermes_session must be "
+                                                      "1-128 characters of "
+                                                      "[A-Za-z0-9._:-]");
+            return NGX_DECLINED;
+        }
+
+        if (req->session.len
+            && (req->session.len != s.len
+                || ngx_strncmp(req->session.data, s.data, s.len) != 0))
+        {
+            *rc = ngx_http_hermes_response_send_error(r, NGX_HTTP_BAD_REQUEST,
+                                                      "session_mismatch",
+                                                      "the body names another "
+                                                      "session than "
+                                                      "hermes_session");
+            return NGX_DECLINED;
+        }
+
+        req->session = s;
+    }
+
+    if (req->ephemeral && req->session.len) {
+        *rc = ngx_http_hermes_response_send_error(r, NGX_HTTP_BAD_REQUEST,
+                                                  "invalid_request",
+                                                  "an ephemeral cell has no "
+                                                  "session");
+        return NGX_DECLINED;
+    }
+
+    if (req->session.len) {
         return NGX_OK;
     }
 
-    if (ngx_http_complex_value(r, hlcf->session, &s) != NGX_OK) {
+    /* one-shot: a session no one can name twice */
+
+    req->session.data = ngx_pnalloc(r->pool, sizeof("oneshot-") - 1
+                                             + NGX_HTTP_HERMES_ID_LEN + 1);
+    if (req->session.data == NULL) {
         *rc = NGX_HTTP_INTERNAL_SERVER_ERROR;
         return NGX_DECLINED;
     }
 
-    if (!ngx_http_hermes_json_session_valid(&s)) {
-        *rc = ngx_http_hermes_response_send_error(r, NGX_HTTP_BAD_REQUEST,
-                                                  "invalid_session",
-                                                  "hermes_session must be "
-                                                  "1-128 characters of "
-                                                  "[A-Za-z0-9._:-]");
-        return NGX_DECLINED;
-    }
+    randombytes_buf(id, sizeof(id));
 
-    if (req->session.len
-        && (req->session.len != s.len
-            || ngx_strncmp(req->session.data, s.data, s.len) != 0))
-    {
-        *rc = ngx_http_hermes_response_send_error(r, NGX_HTTP_BAD_REQUEST,
-                                                  "session_mismatch",
-                                                  "the body names another "
-                                                  "session than "
-                                                  "hermes_session");
-        return NGX_DECLINED;
-    }
-
-    req->session = s;
+    req->session.len = ngx_sprintf(req->session.data, "oneshot-%*xs",
+                                   sizeof(id), id)
+                       - req->session.data;
+    req->ephemeral = 1;
 
     return NGX_OK;
 }

@@ -718,6 +718,7 @@ ngx_http_hermes_json_parse_request(ngx_pool_t *pool, u_char *body,
         { "code", 0, ngx_null_string, 0 },
         { "timeout", 0, ngx_null_string, 0 },
         { "reset", 0, ngx_null_string, 0 },
+        { "ephemeral", 0, ngx_null_string, 0 },
         { "id", 0, ngx_null_string, 0 },
         { "type", 0, ngx_null_string, 0 },
         { "name", 0, ngx_null_string, 0 },
@@ -726,6 +727,7 @@ ngx_http_hermes_json_parse_request(ngx_pool_t *pool, u_char *body,
         { "input.code", 0, ngx_null_string, 0 },
         { "input.timeout", 0, ngx_null_string, 0 },
         { "input.reset", 0, ngx_null_string, 0 },
+        { "input.ephemeral", 0, ngx_null_string, 0 },
         { "function", 0, ngx_null_string, 0 },
         { "function.name", 0, ngx_null_string, 0 },
         { "function.arguments", 0, ngx_null_string, 0 },
@@ -733,6 +735,7 @@ ngx_http_hermes_json_parse_request(ngx_pool_t *pool, u_char *body,
         { "function.arguments.code", 0, ngx_null_string, 0 },
         { "function.arguments.timeout", 0, ngx_null_string, 0 },
         { "function.arguments.reset", 0, ngx_null_string, 0 },
+        { "function.arguments.ephemeral", 0, ngx_null_string, 0 },
         { NULL, 0, ngx_null_string, 0 }
     };
 
@@ -741,6 +744,7 @@ ngx_http_hermes_json_parse_request(ngx_pool_t *pool, u_char *body,
         { "code", 0, ngx_null_string, 0 },
         { "timeout", 0, ngx_null_string, 0 },
         { "reset", 0, ngx_null_string, 0 },
+        { "ephemeral", 0, ngx_null_string, 0 },
         { NULL, 0, ngx_null_string, 0 }
     };
 
@@ -919,6 +923,16 @@ code:
         }
 
         req->reset = f->boolean;
+    }
+
+    f = ngx_http_hermes_json_get(args, "ephemeral");
+    if (f && f->type != NGX_HTTP_HERMES_JSON_NULL) {
+        if (f->type != NGX_HTTP_HERMES_JSON_BOOL) {
+            ngx_http_hermes_json_fail(NGX_HTTP_BAD_REQUEST, "invalid_request",
+                                      "\"ephemeral\" must be true or false");
+        }
+
+        req->ephemeral = f->boolean;
     }
 
     return NGX_OK;

@@ -602,6 +602,37 @@ ngx_http_hermes_response_end_line(ngx_http_hermes_response_t *rs)
 }
 
 
+/*
+ * A line in a silent stretch of the stream, so that proxies with idle
+ * timeouts keep it: never mid-line, never past what the client has not
+ * taken yet.
+ */
+
+void
+ngx_http_hermes_response_heartbeat(ngx_http_hermes_response_t *rs)
+{
+    ngx_buf_t  *b;
+
+    if (rs->r == NULL || rs->json || !rs->header_sent || rs->mid_line
+        || rs->busy)
+    {
+        return;
+    }
+
+    b = ngx_calloc_buf(rs->r->pool);
+    if (b == NULL) {
+        return;
+    }
+
+    b->pos = (u_char *) "{\"type\":\"heartbeat\"}\n";
+    b->last = b->pos + sizeof("{\"type\":\"heartbeat\"}\n") - 1;
+    b->memory = 1;
+    b->flush = 1;
+
+    (void) ngx_http_hermes_response_send(rs, b);
+}
+
+
 /* the result: the stream's last line, or the one JSON answer */
 
 void

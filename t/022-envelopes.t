@@ -100,7 +100,7 @@ is($J->decode($r->{json}{content})->{error}{code}, 'code_too_large',
 
 # without Accept: application/json an envelope's error is an HTTP error
 $r = $t->execute('/v1/execute', { type => 'tool_use', id => 'toolu_06', name => 'execute_code',
-    input => { code => '1' } });
+    input => { session => 'e1' } });
 is($r->{status}, 400, 'streaming envelope error: 400');
 is($r->{json}{error}{code}, 'invalid_request', 'streaming envelope error: JSON error');
 
@@ -115,10 +115,10 @@ $r = $t->execute('/v1/execute', { id => 'call_4', type => 'function',
     function => { name => 'execute_code', arguments => [1] } });
 is($r->{status}, 400, 'arguments neither a string nor an object: 400');
 
-# a plain body still needs its session
-$r = $t->execute('/v1/execute', { code => '1' });
-is($r->{status}, 400, 'no session, no hermes_session: 400');
-like($r->{json}{error}{message}, qr/"session" is required/, 'says so');
+# an envelope without a session: a one-shot kernel (t/023-oneshot.t)
+$r = $t->execute('/v1/execute', { type => 'tool_use', id => 'toolu_10', name => 'execute_code',
+    input => { code => 'print("once")' } }, json => 1);
+is($J->decode($r->{json}{content})->{output}, "once\n", 'no session: runs once');
 
 # hermes_session from a header
 $r = $t->execute('/v1/by-header', { code => 'y = 5; print(y)' },
