@@ -14,6 +14,7 @@
 static ngx_int_t ngx_http_hermes_init_module(ngx_cycle_t *cycle);
 static ngx_int_t ngx_http_hermes_init_process(ngx_cycle_t *cycle);
 static void ngx_http_hermes_exit_process(ngx_cycle_t *cycle);
+static void ngx_http_hermes_exit_master(ngx_cycle_t *cycle);
 static void *ngx_http_hermes_create_main_conf(ngx_conf_t *cf);
 static char *ngx_http_hermes_cell_timeout(ngx_conf_t *cf, ngx_command_t *cmd,
     void *conf);
@@ -180,7 +181,7 @@ ngx_module_t  ngx_http_hermes_module = {
     NULL,                                  /* init thread */
     NULL,                                  /* exit thread */
     ngx_http_hermes_exit_process,          /* exit process */
-    NULL,                                  /* exit master */
+    ngx_http_hermes_exit_master,           /* exit master */
     NGX_MODULE_V1_PADDING
 };
 
@@ -220,6 +221,13 @@ ngx_http_hermes_init_process(ngx_cycle_t *cycle)
     }
 
     return ngx_http_hermes_transport_local_init_process(cycle);
+}
+
+
+static void
+ngx_http_hermes_exit_master(ngx_cycle_t *cycle)
+{
+    ngx_http_hermes_kernel_exit_master(cycle);
 }
 
 

@@ -455,6 +455,8 @@ ngx_int_t ngx_http_hermes_registry_shutdown(ngx_http_hermes_zone_t *zone,
     ngx_http_hermes_victims_t *victims);
 void ngx_http_hermes_registry_stats(ngx_http_hermes_zone_t *zone,
     ngx_http_hermes_stats_t *st);
+ngx_uint_t ngx_http_hermes_registry_drain(ngx_http_hermes_zone_t *zone,
+    ngx_http_hermes_victims_t *victims);
 void ngx_http_hermes_registry_observe(ngx_http_hermes_zone_t *zone,
     ngx_uint_t hist, ngx_msec_t ms);
 void ngx_http_hermes_registry_answered(ngx_http_hermes_zone_t *zone,
@@ -600,6 +602,7 @@ void ngx_http_hermes_kernel_kill_victims(ngx_thread_pool_t *tp,
 ngx_int_t ngx_http_hermes_kernel_init_process(ngx_cycle_t *cycle,
     ngx_http_hermes_main_conf_t *hmcf);
 void ngx_http_hermes_kernel_exit_process(ngx_cycle_t *cycle);
+void ngx_http_hermes_kernel_exit_master(ngx_cycle_t *cycle);
 u_char *ngx_http_hermes_log_escape(u_char *dst, u_char *last, u_char *src,
     size_t len, ngx_uint_t quoted);
 

@@ -15,6 +15,7 @@
 
 
 #define NGX_HTTP_HERMES_CMD_TIMEOUT   10000
+#define NGX_HTTP_HERMES_EXIT_TIME     10000     /* killing all at exit */
 #define NGX_HTTP_HERMES_CMD_MAX       (16 * NGX_HTTP_HERMES_DIR_MAX + 2048)
 
 /* the runner outlives the registry's idle clock a little, then exits */
@@ -93,6 +94,8 @@ static ngx_http_hermes_backend_conf_t *ngx_http_hermes_kernel_backend(
 static void ngx_http_hermes_intr_thread(void *data, ngx_log_t *log);
 static void ngx_http_hermes_intr_event(ngx_event_t *ev);
 static void ngx_http_hermes_kill_repost(void);
+static u_char *ngx_http_hermes_kill_command(u_char *p, u_char *last,
+    ngx_http_hermes_victim_t *v);
 static void ngx_http_hermes_kill_thread(void *data, ngx_log_t *log);
 static void ngx_http_hermes_kill_event(ngx_event_t *ev);
 static void ngx_http_hermes_kill_retry(ngx_event_t *ev);
@@ -789,6 +792,37 @@ ngx_http_hermes_kill_repost(void)
 
 
 /*
+ * The kill: the process group if the pid is still the kernel's (its start
+ * time), the sandbox's own leftovers, and the directory if it is still
+ * the one made at spawn (its inode).
+ */
+
+static u_char *
+ngx_http_hermes_kill_command(u_char *p, u_char *last,
+    ngx_http_hermes_victim_t *v)
+{
+    if (v->pid > 1) {
+        p = ngx_slprintf(p, last,
+                         "if s=$(cat /proc/%P/stat 2>/dev/null); then"
+                         " s=${s##*) }; set -- $s;"
+                         " [ \"${20}\" = '%uL' ] && kill -9 -%P;"
+                         " else kill -9 -%P; fi 2>/dev/null; ",
+                         v->pid, v->start, v->pid, v->pid);
+    }
+
+    if (v->dir_len > NGX_HTTP_HERMES_ID_LEN) {
+        p = ngx_http_hermes_sandbox_kill(p, last, v->dir + v->dir_len
+                                                  - NGX_HTTP_HERMES_ID_LEN);
+    }
+
+    return ngx_slprintf(p, last,
+                        " [ '%uL' = 0 ] || [ \"$(stat -c %%i -- '%s'"
+                        " 2>/dev/null)\" = '%uL' ] && rm -rf -- '%s'; exit 0",
+                        v->ino, v->dir, v->ino, v->dir);
+}
+
+
+/*
  * The whole process group, then the directory; but only when they are
  * still this kernel's.  A pid that now names a process started at another
  * time is a stranger's (the kernel's pid was reused): no signal.  A pid
@@ -802,33 +836,11 @@ ngx_http_hermes_kill_thread(void *data, ngx_log_t *log)
 {
     ngx_http_hermes_kill_t *k = data;
 
-    u_char                 *p, *last;
     u_char                  out[256];
     u_char                  cmd[4 * NGX_HTTP_HERMES_DIR_MAX + 1024];
     ngx_http_hermes_cmd_t   c;
 
-    p = cmd;
-    last = cmd + sizeof(cmd) - 1;
-
-    if (k->v.pid > 1) {
-        p = ngx_slprintf(p, last,
-                         "if s=$(cat /proc/%P/stat 2>/dev/null); then"
-                         " s=${s##*) }; set -- $s;"
-                         " [ \"${20}\" = '%uL' ] && kill -9 -%P;"
-                         " else kill -9 -%P; fi 2>/dev/null; ",
-                         k->v.pid, k->v.start, k->v.pid, k->v.pid);
-    }
-
-    if (k->v.dir_len > NGX_HTTP_HERMES_ID_LEN) {
-        p = ngx_http_hermes_sandbox_kill(p, last, k->v.dir + k->v.dir_len
-                                                  - NGX_HTTP_HERMES_ID_LEN);
-    }
-
-    p = ngx_slprintf(p, last,
-                     " [ '%uL' = 0 ] || [ \"$(stat -c %%i -- '%s' 2>/dev/null)\""
-                     " = '%uL' ] && rm -rf -- '%s'; exit 0",
-                     k->v.ino, k->v.dir, k->v.ino, k->v.dir);
-    *p = '\0';
+    *ngx_http_hermes_kill_command(cmd, cmd + sizeof(cmd) - 1, &k->v) = '\0';
 
     ngx_memzero(&c, sizeof(ngx_http_hermes_cmd_t));
     c.cmd = (char *) cmd;
@@ -1158,6 +1170,119 @@ ngx_http_hermes_kernel_exit_process(ngx_cycle_t *cycle)
             bcfs[i]->ops->exit_process(bcfs[i]);
         }
     }
+}
+
+
+/*
+ * The master, when nginx stops or quits (not on a reload: the registry
+ * lives on then): no worker is left to run a cell, so every kernel of
+ * every zone is killed and its directory removed, here and now, bounded
+ * by NGX_HTTP_HERMES_EXIT_TIME in all.
+ */
+
+void
+ngx_http_hermes_kernel_exit_master(ngx_cycle_t *cycle)
+{
+    u_char                           out[256];
+    u_char                           cmd[4 * NGX_HTTP_HERMES_DIR_MAX + 1024];
+    ngx_uint_t                       i, j, killed, failed, left, level;
+    ngx_msec_t                       deadline, now;
+    ngx_shm_zone_t                 **z;
+    ngx_http_hermes_cmd_t            c;
+    ngx_http_hermes_conn_t           conn;
+    ngx_http_hermes_zone_t          *zone;
+    ngx_http_hermes_victims_t        victims;
+    ngx_http_hermes_main_conf_t     *hmcf;
+    ngx_http_hermes_backend_conf_t  *bcf;
+
+    hmcf = ngx_http_cycle_get_module_main_conf(cycle, ngx_http_hermes_module);
+
+    if (hmcf == NULL || hmcf->zones.nelts == 0) {
+        return;
+    }
+
+    ngx_http_hermes_main_conf = hmcf;
+
+    /* the shells below are ours to wait for, not the master's to reap */
+
+    if (signal(SIGCHLD, SIG_DFL) == SIG_ERR
+        || ngx_http_hermes_ssh_init() != NGX_OK)
+    {
+        ngx_log_error(NGX_LOG_ALERT, cycle->log, ngx_errno,
+                      "hermes: cannot kill the kernels at exit");
+        return;
+    }
+
+    killed = 0;
+    failed = 0;
+    left = 0;
+
+    ngx_time_update();
+    deadline = ngx_current_msec + NGX_HTTP_HERMES_EXIT_TIME;
+
+    z = hmcf->zones.elts;
+
+    for (i = 0; i < hmcf->zones.nelts; i++) {
+        zone = z[i]->data;
+
+        if (zone == NULL || zone->sh == NULL) {
+            continue;
+        }
+
+        for ( ;; ) {
+            victims.n = 0;
+
+            if (ngx_http_hermes_registry_drain(zone, &victims) == 0) {
+                break;
+            }
+
+            for (j = 0; j < victims.n; j++) {
+                bcf = ngx_http_hermes_kernel_backend(&victims.v[j]);
+
+                ngx_time_update();
+                now = ngx_current_msec;
+
+                if (bcf == NULL || now >= deadline) {
+                    left++;
+                    continue;
+                }
+
+                *ngx_http_hermes_kill_command(cmd, cmd + sizeof(cmd) - 1,
+                                              &victims.v[j]) = '\0';
+
+                ngx_memzero(&c, sizeof(ngx_http_hermes_cmd_t));
+                c.cmd = (char *) cmd;
+                c.out = out;
+                c.out_size = sizeof(out);
+                c.timeout = ngx_min(NGX_HTTP_HERMES_CMD_TIMEOUT,
+                                    deadline - now);
+
+                ngx_http_hermes_backend_take(&conn, bcf, victims.v[j].host);
+
+                if (ngx_http_hermes_backend_exec(&conn, &c) == NGX_OK
+                    && c.status == 0)
+                {
+                    killed++;
+
+                } else {
+                    failed++;
+                }
+
+                ngx_http_hermes_backend_give(&conn);
+            }
+        }
+    }
+
+    if (killed + failed + left) {
+        level = (failed + left) ? NGX_LOG_WARN : NGX_LOG_NOTICE;
+
+        ngx_log_error(level, cycle->log, 0,
+                      "hermes: nginx stops: %ui kernel(s) shut down, "
+                      "%ui could not be killed, %ui left for lack of time",
+                      killed, failed, left);
+    }
+
+    ngx_http_hermes_kernel_exit_process(cycle);
 }
 
 

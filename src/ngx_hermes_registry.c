@@ -1185,6 +1185,41 @@ ngx_http_hermes_registry_shutdown(ngx_http_hermes_zone_t *zone,
 }
 
 
+/*
+ * nginx is shutting down (no worker is left): take entries out, least
+ * recently used first, as many as "victims" holds; their kernels are to
+ * be killed.  The number taken out.
+ */
+
+ngx_uint_t
+ngx_http_hermes_registry_drain(ngx_http_hermes_zone_t *zone,
+    ngx_http_hermes_victims_t *victims)
+{
+    ngx_uint_t               n;
+    ngx_queue_t             *q;
+    ngx_http_hermes_node_t  *kn;
+
+    n = 0;
+
+    ngx_shmtx_lock(&zone->shpool->mutex);
+
+    while (!ngx_queue_empty(&zone->sh->lru)) {
+        q = ngx_queue_last(&zone->sh->lru);
+        kn = ngx_queue_data(q, ngx_http_hermes_node_t, queue);
+
+        if (ngx_http_hermes_registry_evict(zone, kn, victims) != NGX_OK) {
+            break;
+        }
+
+        n++;
+    }
+
+    ngx_shmtx_unlock(&zone->shpool->mutex);
+
+    return n;
+}
+
+
 void
 ngx_http_hermes_registry_stats(ngx_http_hermes_zone_t *zone,
     ngx_http_hermes_stats_t *st)
