@@ -539,6 +539,7 @@ ngx_http_hermes_zone(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
 
     u_char                  *p;
     ssize_t                  size;
+    uint32_t                 crc[2];
     ngx_int_t                n;
     ngx_str_t               *value, name, s;
     ngx_uint_t               i, per_owner;
@@ -663,6 +664,13 @@ ngx_http_hermes_zone(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
 
     zone->sweep = (sweep != NGX_CONF_UNSET_MSEC)
                   ? sweep : ngx_min(zone->idle_timeout / 10, 10000);
+
+    /* the same gateway after a crash, another one beside it: leftovers */
+
+    crc[0] = ngx_crc32_long(cf->cycle->conf_file.data,
+                            cf->cycle->conf_file.len);
+    crc[1] = ngx_crc32_long(name.data, name.len);
+    ngx_hex_dump(zone->gateway, (u_char *) crc, sizeof(crc));
 
     zone->max_kernels_per_owner = (per_owner != NGX_CONF_UNSET_UINT)
                                   ? per_owner

@@ -26,6 +26,7 @@
 #define NGX_HTTP_HERMES_BACKEND_TAG_LEN 16      /* hex of an 8-byte hash */
 #define NGX_HTTP_HERMES_DIR_MAX         256
 #define NGX_HTTP_HERMES_HOST_MAX        64
+#define NGX_HTTP_HERMES_TAG_HEX         16      /* hex of 8 bytes */
 
 
 /* embedded kernel host files, generated from the .py files in src/remote */
@@ -88,6 +89,8 @@ typedef struct {
     ngx_msec_t                    sweep;
     ngx_thread_pool_t            *thread_pool;  /* kills evicted kernels */
     ngx_event_t                  *sweep_event;  /* this worker's */
+    /* this gateway's zone (nginx.conf's path and the zone's name) */
+    u_char                        gateway[NGX_HTTP_HERMES_TAG_HEX];
 } ngx_http_hermes_zone_t;
 
 
@@ -233,6 +236,10 @@ typedef struct {
 
 
 struct ngx_http_hermes_sh_s {
+    /* made anew with the zone: tells its kernels from earlier ones' */
+    u_char                        instance[NGX_HTTP_HERMES_TAG_HEX];
+    ngx_atomic_t                  recovered;    /* leftovers looked for */
+
     ngx_rbtree_t                  rbtree;
     ngx_rbtree_node_t             sentinel;
     ngx_queue_t                   lru;          /* most recent at head */

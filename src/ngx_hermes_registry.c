@@ -103,6 +103,7 @@ ngx_http_hermes_registry_init_zone(ngx_shm_zone_t *shm_zone, void *data)
 {
     ngx_http_hermes_zone_t  *ozone = data;
 
+    u_char                   id[NGX_HTTP_HERMES_TAG_HEX / 2];
     size_t                   len;
     ngx_http_hermes_zone_t  *zone;
 
@@ -127,6 +128,9 @@ ngx_http_hermes_registry_init_zone(ngx_shm_zone_t *shm_zone, void *data)
     }
 
     ngx_memzero(zone->sh, sizeof(ngx_http_hermes_sh_t));
+
+    randombytes_buf(id, sizeof(id));
+    ngx_hex_dump(zone->sh->instance, id, sizeof(id));
 
     zone->shpool->data = zone->sh;
 
