@@ -82,6 +82,7 @@ MAX_PAYLOAD = (1 << 20) + 64
 FRAME_DATA = 1 << 20              # cell_out bytes in one OUT frame at most
 CHUNK = 65536
 RPC_MAX = 1 << 20
+RPC_BACKLOG = 8 << 20             # frames waiting on stdout: requests wait
 EXEC_OUT_MAX = 1 << 20
 DEFAULT_WINDOW = 1 << 20
 TICK_NO_INOTIFY = 0.01
@@ -392,6 +393,8 @@ def ship(k, cell, req):
             return {"relay": "dead"}
         return {"relay": "failed", "error": "wake: %s" % e.strerror}
     try:
+        if not stat.S_ISFIFO(os.fstat(fd).st_mode):
+            return {"relay": "failed", "error": "wake: not a FIFO"}
         os.write(fd, b"\0")
     except BlockingIOError:
         pass  # a full FIFO already holds a wake-up
@@ -585,6 +588,9 @@ class Cell:
 
     def rpc_req(self, name):
         rpc = self.k.rpc
+        if len(self.agent.outq) > RPC_BACKLOG:
+            self.agent.rpc_later = True     # looked for again once sent
+            return
         try:
             fd = open_regular(name, rpc)
             if fd is None:
@@ -661,8 +667,6 @@ class Exec:
             self.pidfd = None
         if self.pidfd is not None:
             a.on(self.pidfd, select.POLLIN, self.exited)
-        else:
-            a.sigchld()
         fd = self.proc.stdout.fileno()
         os.set_blocking(fd, False)
         a.on(fd, select.POLLIN, self.readable)
@@ -670,6 +674,9 @@ class Exec:
         os.set_blocking(fd, False)
         a.on(fd, select.POLLOUT, self.writable)
         self.writable(0)
+        if self.pidfd is None:
+            a.sigchld()
+            self.reap()     # it may have exited before SIGCHLD was caught
 
     def writable(self, ev):
         fd = self.proc.stdin.fileno()
@@ -771,6 +778,7 @@ class Agent:
         self.execs = {}             # Exec -> True, until reaped
         self.watches = {}           # wd -> {stream: True}
         self.wakeup = None
+        self.rpc_later = False
         self.ino = Inotify()
         if self.ino.ok:
             self.on(self.ino.fd, select.POLLIN, self.inotified)
@@ -893,6 +901,12 @@ class Agent:
                 raise Quit("stdout closed")
             del q[:n]
         want = bool(q)
+        if not want and self.rpc_later:
+            self.rpc_later = False
+            for s in list(self.streams.values()):
+                if isinstance(s, Cell) and s.open:
+                    s.rpc_scan()
+            want = bool(q)
         if want != self.out_waiting:
             self.out_waiting = want
             self.poller.modify(1, select.POLLOUT if want else 0)

@@ -70,9 +70,10 @@ def request(n, code):
 class Agent:
     """An agent process and a thread that reads its frames."""
 
-    def __init__(self, first=b"", shell=None, autoack=True, reader=True):
+    def __init__(self, first=b"", shell=None, autoack=True, reader=True,
+                 prelude=b""):
         with open(AGENT, "rb") as f:
-            src = f.read()
+            src = prelude + f.read()
         self.err = tempfile.TemporaryFile()
         argv = [PYTHON, "-I", "-c", LOADER]
         if shell is not None:       # a login shell's rc, printing junk
@@ -611,6 +612,51 @@ class AgentTest(unittest.TestCase):
         self.assertLessEqual(cpu1 - cpu0, 2, "CPU ticks while idle")
         self.assertLessEqual(sw1 - sw0, 3, "wake-ups while idle")
         self.assertEqual(json.loads(result(a.end(1)))["status"], "success")
+
+
+# A host without pidfds (Python 3.8, Linux < 5.3) and without inotify (no
+# ctypes): the agent's text run after a prelude that takes them away.
+NO_PIDFD = b"import os\ndel os.pidfd_open\n"
+NO_INOTIFY = b"import sys\nsys.modules['ctypes'] = None\n"
+
+
+class FallbackTest(unittest.TestCase):
+
+    def agent(self, prelude):
+        a = Agent(prelude=prelude)
+        self.addCleanup(a.close)
+        return a
+
+    def test_without_pidfd_or_inotify(self):
+        for prelude in (NO_PIDFD, NO_INOTIFY, NO_PIDFD + NO_INOTIFY):
+            a = self.agent(prelude)
+            hello = json.loads(a.wait(lambda: a.frames)[0][2])
+            self.assertEqual((hello["pidfd"], hello["inotify"]),
+                             (b"pidfd" not in prelude, b"ctypes" not in prelude))
+            a.exec_(1, "sleep 1; echo slow")
+            a.exec_(2, "exit 4")
+            a.exec_(3, "exec sleep 30", timeout=200)
+            t0 = time.monotonic()
+            self.assertEqual(unjb(a.end(2)[0][1]), ({"status": 4}, b""))
+            self.assertLess(time.monotonic() - t0, 0.5, prelude)
+            self.assertEqual(unjb(a.end(3)[0][1])[0]["status"], -1)
+            self.assertEqual(unjb(a.end(1)[0][1]), ({"status": 0}, b"slow\n"))
+            k = Kernel()
+            self.addCleanup(k.close)
+            a.cell(4, k, 1, code="import time\nfor i in range(20):\n"
+                                 "    print(i, flush=True)\n    time.sleep(0.01)\n")
+            fr = a.end(4)
+            self.assertEqual(out_bytes(fr[1:]), _file(k, "cell_out_000001"))
+            self.assertEqual(result(fr), _file(k, "cell_res_000001.json"))
+            a.cell(5, k, 2, code="import time\nprint('bye', flush=True)\ntime.sleep(30)")
+            a.wait(lambda: out_bytes(a.of(5)))
+            k.proc.kill()
+            self.assertEqual(result(a.end(5, timeout=3)), b'{"relay":"died"}')
+
+
+def _file(k, name):
+    with open(k.path("cells", name), "rb") as f:
+        return f.read()
 
 
 if __name__ == "__main__":
