@@ -533,6 +533,15 @@ class Cell:
         when the result is there or the kernel is gone."""
         if not self.open:
             return
+        try:
+            self.step()
+        except OSError as e:
+            # whatever a cell did to its files, it ends its stream only
+            log("cell stream %d: %s" % (self.sid, e))
+            self.word({"relay": "unreadable", "status": "error",
+                       "error": UNREADABLE_OUT})
+
+    def step(self):
         o, k = self.o, self.k
         cap = self.acked + self.window
         if o.fd is None:
@@ -572,7 +581,7 @@ class Cell:
             if o.fd is not None and cap <= o.offset < o.nl:
                 return              # whole lines still to send: wait for ACK
             if k.exists(self.res_name):
-                return self.pump()  # the result came as the runner went
+                return self.step()  # the result came as the runner went
             self.word({"relay": "died"})
 
     def rpc_scan(self):
