@@ -464,8 +464,11 @@ class Cell:
         a = self.agent
         try:
             self.pidfd = pidfd_open(self.k.pid)
-        except OSError:
+        except ProcessLookupError:
             self.dead = True
+        except OSError as e:
+            log("pidfd_open: %s: the runner is looked at every %g s"
+                % (e.strerror, TICK_NO_PIDFD))
         if not self.k.alive():      # gone, or the pid is another's now
             self.dead = True
         if self.pidfd is not None:

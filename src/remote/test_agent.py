@@ -431,6 +431,13 @@ class AgentTest(unittest.TestCase):
         self.assertEqual(first + rest, self.file(k, "cell_out_000001"))
         self.assertEqual(json.loads(result(fr))["status"], "success")
         self.assertEqual(len(self.file(k, "cell_out_000001").splitlines()), 300)
+        # the files are the truth: after the end too, from any offset
+        whole = self.file(k, "cell_out_000001")
+        for off in (0, 17, len(whole)):
+            b.cell(10 + off, k, 1, offset=off)
+            fr = b.end(10 + off)
+            self.assertEqual(out_bytes(fr[:-1], off), whole[off:])
+            self.assertEqual(result(fr), self.file(k, "cell_res_000001.json"))
 
     def test_runner_killed_mid_cell_is_died(self):
         a = self.agent()
@@ -501,10 +508,13 @@ class AgentTest(unittest.TestCase):
                               "error": "reading the cell's output failed"})
         # a result that is a FIFO, a link or too big, made while streaming
         bad = []
-        for kind in ("fifo", "big", "symlink"):
+        for kind in ("fifo", "big", "symlink", "made in place"):
             k = self.kernel()
             code = "import os, time\nprint('x', flush=True)\ntime.sleep(0.2)\n"
-            if kind == "fifo":
+            if kind == "made in place":     # no rename: only IN_CREATE says it
+                code += ("os.mkfifo('cells/cell_res_000001.json', 0o600)\n"
+                         "time.sleep(5)\n")
+            elif kind == "fifo":
                 code += "os.mkfifo('cells/x', 0o600)\n"
             elif kind == "big":
                 code += ("open('cells/x', 'w').write('{\"id\":1,\"output\":\"%s\"}')\n"
@@ -568,6 +578,9 @@ class AgentTest(unittest.TestCase):
         os.rename(k.path("rpc", "x"), k.path("rpc", "req_000008"))
         os.symlink("/dev/zero", k.path("rpc", "x"))
         os.rename(k.path("rpc", "x"), k.path("rpc", "req_000009"))
+        with open(k.path("rpc", "x"), "wb") as f:
+            f.truncate(300 << 20)
+        os.rename(k.path("rpc", "x"), k.path("rpc", "req_000010"))
         self.assertTrue(a.ping())
         self.assertEqual(len(a.of(1)), 2)
         a.send(1, "a", jb({"name": "res_000007"}, b'{"seq":7}'))
