@@ -58,11 +58,12 @@ frames wait to be written), one inotify instance (ctypes on libc: watches
 on the cells/ and rpc/ directories of the kernels it streams), a pidfd per
 streamed runner (readable when it exits: a final read, then "died") and
 its EXEC children's pidfds and pipes.  Fallbacks, used only where the host
-lacks the mechanism: without os.pidfd_open (Python 3.8, Linux < 5.3) an
+lacks the mechanism: without os.pidfd_open (Python < 3.9, Linux < 5.3) an
 EXEC child's exit is seen through SIGCHLD (signal.set_wakeup_fd) and a
 runner's liveness is checked every 0.1 s while its cell streams; without
 inotify (no ctypes, no libc symbol, or the watch limit reached) a stream
 looks at its files every 10 ms.  HELLO says which of the two it has.
+Python 3.7 or later (test_agent.py runs it with HERMES_AGENT_PYTHON).
 """
 
 import errno
