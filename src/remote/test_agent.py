@@ -304,6 +304,34 @@ class AgentTest(unittest.TestCase):
         self.assertEqual(a.p.wait(5), 0)
         self.assertIn("frame", a.stderr())
 
+    def test_bad_requests_are_answered_and_the_agent_goes_on(self):
+        a = self.agent()
+        k = self.kernel()
+        good = {"dir": k.dir, "cell": 1, "pid": k.pid, "start": _start(k.pid),
+                "ino": os.stat(k.dir).st_ino, "uid": os.geteuid(),
+                "offset": -1, "out_limit": 100, "res_limit": 100}
+        bad = [b"", b"\0\0\0\x09{}", b"\0\0\0\x02[]", b"\0\0\0\x03{x}"]
+        for key, v in (("dir", k.dir + "\0x"), ("pid", 1 << 40), ("pid", "1"),
+                       ("uid", 1 << 40), ("offset", -2), ("cell", 1.0),
+                       ("ino", -1), ("window", 0), ("start", None)):
+            bad.append(jb(dict(good, **{key: v}), request(1, "1")))
+        for i, p in enumerate(bad):
+            a.send(i + 1, "C", p)
+            w = json.loads(result(a.end(i + 1)))
+            self.assertEqual(w["relay"], "failed", i)
+            self.assertTrue(w["error"].startswith("bad CELL: "), w)
+        for i, req in enumerate(({"cmd": "true\0"}, {"cmd": "true", "timeout": 1 << 60},
+                                 {"cmd": ["true"], "timeout": 1}, {"timeout": 9})):
+            a.send(100 + i, "X", jb(req))
+            st, _ = unjb(a.end(100 + i)[0][1])
+            self.assertEqual(st["status"], -1)
+            self.assertTrue(st["error"].startswith("bad EXEC: "), st)
+        a.send(200, "A", b"\xff" * 8)      # an ACK for no stream
+        a.send(201, "a", jb({"name": "res_000001"}, b"x"))
+        self.assertTrue(a.ping())
+        self.assertEqual([x for x in os.listdir(k.cells) if "req" in x], [])
+        self.assertEqual(os.listdir(k.rpc), [])
+
     # -- EXEC -------------------------------------------------------------
 
     def test_exec_status_stdout_stdin(self):
