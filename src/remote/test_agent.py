@@ -508,12 +508,37 @@ class AgentTest(unittest.TestCase):
 
     def test_planted_request_tmp_fails_the_ship(self):
         a = self.agent()
+        for i, kind in enumerate(("file", "symlink", "fifo", "dir")):
+            k = self.kernel()
+            target = k.path("target")
+            with open(target, "w") as f:
+                f.write("keep\n")
+            tmp = k.path("cells", "cell_req_000001.json.tmp")
+            if kind == "file":
+                open(tmp, "w").close()
+            elif kind == "symlink":
+                os.symlink(target, tmp)
+            elif kind == "fifo":
+                os.mkfifo(tmp, 0o600)
+            else:
+                os.mkdir(tmp, 0o700)
+            a.cell(i + 1, k, 1, code="1")
+            w = json.loads(result(a.end(i + 1)))
+            self.assertEqual(w["relay"], "failed", kind)
+            self.assertTrue(w["error"].startswith("cells/cell_req_000001.json.tmp: "), w)
+            with open(target) as f:
+                self.assertEqual(f.read(), "keep\n", kind)
+            self.assertFalse(os.path.exists(k.path("cells", "cell_req_000001.json")))
+
+    def test_wake_that_is_not_a_fifo_fails_the_ship(self):
+        a = self.agent()
         k = self.kernel()
-        os.symlink(k.path("target"), k.path("cells", "cell_req_000001.json.tmp"))
+        os.rename(k.path("wake"), k.path("wake.old"))
+        open(k.path("wake"), "w").close()
         a.cell(1, k, 1, code="1")
-        w = json.loads(result(a.end(1)))
-        self.assertEqual(w["relay"], "failed")
-        self.assertFalse(os.path.exists(k.path("target")))
+        self.assertEqual(json.loads(result(a.end(1))),
+                         {"relay": "failed", "error": "wake: not a FIFO"})
+        self.assertEqual(os.path.getsize(k.path("wake")), 0)
 
     def test_hostile_files_are_unreadable_and_others_flow_on(self):
         a = self.agent()
@@ -658,6 +683,36 @@ class AgentTest(unittest.TestCase):
         self.assertLessEqual(cpu1 - cpu0, 2, "CPU ticks while idle")
         self.assertLessEqual(sw1 - sw0, 3, "wake-ups while idle")
         self.assertEqual(json.loads(result(a.end(1)))["status"], "success")
+
+
+class DiskFullTest(unittest.TestCase):
+    """The kernel dir on a small tmpfs, filled up before the cell ships."""
+
+    def test_full_disk_is_said_and_nothing_is_left(self):
+        mnt = tempfile.mkdtemp(prefix="hermes_rafull_")
+        self.addCleanup(os.rmdir, mnt)
+        p = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m,mode=0700",
+                            "tmpfs", mnt], capture_output=True)
+        if p.returncode != 0:
+            self.skipTest("cannot mount a tmpfs to fill (needs root)")
+        self.addCleanup(subprocess.run, ["umount", "-l", mnt])
+        k = Kernel(root=mnt)
+        self.addCleanup(k.close)
+        self.assertTrue(k.ready)
+        fd = os.open(os.path.join(mnt, "fill"), os.O_WRONLY | os.O_CREAT, 0o600)
+        try:
+            while True:
+                os.write(fd, bytes(65536))
+        except OSError:
+            pass
+        finally:
+            os.close(fd)
+        a = Agent()
+        self.addCleanup(a.close)
+        a.cell(1, k, 2, code="print(1)")
+        self.assertEqual(a.end(1), [("R", b'{"relay":"full"}')], a.stderr())
+        self.assertFalse([x for x in os.listdir(k.cells) if "req_000002" in x])
+        self.assertTrue(k.alive())
 
 
 # A host without pidfds (Python 3.8, Linux < 5.3) and without inotify (no
