@@ -611,6 +611,34 @@ class AgentTest(unittest.TestCase):
         self.assertEqual(out_bytes(a.of(1)), b'{"type":"stdout","text":"1\\n"}\n')
         self.assertNotIn("R", [t for t, _ in a.of(1)])
 
+    def test_inotify_queue_overflow_looks_at_every_stream_again(self):
+        with open("/proc/sys/fs/inotify/max_queued_events") as f:
+            events = int(f.read())
+        a = self.agent()
+        k = self.kernel()
+        a.cell(1, k, 1, code="import time\nprint('a', flush=True)\n"
+                             "time.sleep(1)\nprint('b')")
+        a.wait(lambda: out_bytes(a.of(1)))
+        os.kill(a.pid, signal.SIGSTOP)     # its queue fills up meanwhile
+        try:
+            for i in range(events + 10):
+                os.close(os.open(k.path("cells", "junk%d" % i),
+                                 os.O_WRONLY | os.O_CREAT, 0o600))
+            req = k.path("rpc", "req_000003")
+            with open(req + ".tmp", "wb") as f:
+                f.write(b"{}")
+            os.rename(req + ".tmp", req)
+            self.assertTrue(_wait_for(lambda: os.path.exists(k.res_path(1))))
+        finally:
+            os.kill(a.pid, signal.SIGCONT)
+        fr = a.end(1, timeout=3)
+        self.assertEqual([unjb(p) for t, p in fr if t == "r"],
+                         [({"name": "req_000003"}, b"{}")])
+        self.assertEqual(out_bytes([f for f in fr if f[0] == "O"]),
+                         self.file(k, "cell_out_000001"))
+        self.assertEqual(result(fr), self.file(k, "cell_res_000001.json"))
+        self.assertIn("overflow", a.stderr())
+
     # -- tool calls -------------------------------------------------------
 
     def test_rpc_request_and_answer_files(self):
