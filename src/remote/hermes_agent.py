@@ -672,7 +672,7 @@ class Exec:
             self.proc = subprocess.Popen(
                 ["/bin/sh", "-c", self.cmd], stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE, start_new_session=True)
-        except OSError as e:
+        except (OSError, ValueError, subprocess.SubprocessError) as e:
             return self.answer({"status": -1, "error": "spawn: %s" % e})
         self.deadline = time.monotonic() + self.timeout
         a.execs[self] = True
