@@ -855,17 +855,33 @@ _AWAIT = getattr(ast, "PyCF_ALLOW_TOP_LEVEL_AWAIT", 0)
 _CO_COROUTINE = 0x80
 
 
-def _run_code(code):
-    """exec/eval a compiled part of the cell: with a top-level await it
-    is a coroutine, run to its end on our loop (not the thread's current
-    one: asyncio.run in a cell works, or fails, as in plain Python)."""
+async def _cell_coroutine(body, last):
+    # The whole cell in the loop, as the body of an async function would be.
+    r = eval(body, _globals)
+    if body.co_flags & _CO_COROUTINE:
+        await r
+    if last is None:
+        return None
+    r = eval(last, _globals)
+    if last.co_flags & _CO_COROUTINE:
+        r = await r
+    return r
+
+
+def _run_code(body, last):
+    """Run the compiled cell -> the last expression's value.  With a
+    top-level await, the cell runs to its end on our loop (not the
+    thread's current one): asyncio.run in it fails as in an async
+    function, and works in a cell without await."""
     global _loop
-    if not code.co_flags & _CO_COROUTINE:
-        return eval(code, _globals)
+    flags = body.co_flags | (last.co_flags if last is not None else 0)
+    if not flags & _CO_COROUTINE:
+        exec(body, _globals)
+        return None if last is None else eval(last, _globals)
     import asyncio
     if _loop is None or _loop.is_closed():
         _loop = asyncio.new_event_loop()
-    task = _loop.create_task(eval(code, _globals))
+    task = _loop.create_task(_cell_coroutine(body, last))
     try:
         return _loop.run_until_complete(task)
     except BaseException:
@@ -880,11 +896,9 @@ def _exec(body, last):
     try:
         try:
             _interruptible = True
-            _run_code(body)
-            if last is not None:
-                value = _run_code(last)
-                if value is not None:            # like IPython's Out[]
-                    _display(value)
+            value = _run_code(body, last)
+            if value is not None:            # like IPython's Out[]
+                _display(value)
         finally:
             _interruptible = False
     except BaseException as e:   # noqa: B036 -- everything ends up in the result
