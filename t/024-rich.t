@@ -241,6 +241,36 @@ PY
     }
 }
 
+# The module passes "displays" on as JSON it parsed and wrote itself: a
+# result file a cell planted for its own cell shows what gets through.
+my $plant = <<'PY';
+import glob, os, time
+n = int(sorted(glob.glob('cells/cell_req_*.json'))[-1].split('_')[-1].split('.')[0])
+with open('cells/.plant', 'w') as f:
+    f.write('{"id":%d,"status":"success","output":"planted\\n","error":null,'
+            '"execution_count":1,"displays":%s}' % (n, DISPLAYS))
+os.rename('cells/.plant', 'cells/cell_res_%06d.json' % n)
+time.sleep(0.5)
+PY
+my @cases = (
+    ['[{"text/plain":"a\\u00e9\\ud83d\\udc0d\\n","application/json":{"k":[1,2.5e3,true,null]}}]',
+     [{ 'text/plain' => "a\x{e9}\x{1f40d}\n", 'application/json' => { k => [1, 2.5e3, JSON::PP::true, undef] } }],
+     'a bundle passes through, escapes and numbers intact'],
+    ['[1]', [], 'an element that is not an object: no displays'],
+    ['"text"', [], 'not an array: no displays'],
+    ['[{"a":' . ('[' x 40) . (']' x 40) . '}]', [], 'nested too deep: no displays'],
+    ['[{"a":' . ('[' x 20) . (']' x 20) . '}]', [{ a => eval('[' x 20 . ']' x 20) }],
+     'nested 20 deep: passed'],
+    ['[],"displays":[{"x":"y"}]', [], 'displays twice: no displays'],
+);
+for my $c (@cases) {
+    my ($json, $want, $name) = @$c;
+    (my $code = $plant) =~ s/DISPLAYS/r'$json'/;
+    my $r = $t->execute('/local/x', { session => 'plant', code => $code }, timeout => 20);
+    is($r->{result}{output}, "planted\n", "planted result: $name (read)");
+    is_deeply($r->{result}{displays}, $want, "planted result: $name");
+}
+
 $t->stop;
 $sshd->stop if $sshd;
 done_testing;

@@ -413,7 +413,8 @@ def _capture_fds():
 
 
 def _restore_fds():
-    # A cell may have closed or redirected 1 or 2: the next one has them.
+    # A cell may have closed or redirected 1 or 2: the next one has them,
+    # and no file we open takes their numbers.
     for fd, name in ((1, "stdout"), (2, "stderr")):
         if name in _FD_WRITE:
             try:
@@ -1043,6 +1044,7 @@ def _int(v, default):
 def _process(n, path):
     global _current, _globals, _count
     t0 = time.monotonic()
+    _restore_fds()                        # before we open anything
     os.umask(0o077)                       # a cell may have changed it
     signal.signal(signal.SIGINT, _on_sigint)   # ... or the SIGINT handler
     _remove_older(n)
@@ -1059,7 +1061,6 @@ def _process(n, path):
     reset = req.get("reset") is True
     if reset:
         _globals = _fresh_globals()
-    _restore_fds()
     with _cond:
         _drain_fds(final=True)            # bytes from between cells: the log
         _current = sink
@@ -1071,6 +1072,7 @@ def _process(n, path):
             status, error, ended = _run(req["code"])
             _mpl_flush(sink)
         finally:
+            _restore_fds()
             _flush_std()
             sys.stdout, sys.stderr = sys.__stdout__, sys.__stderr__
     sink.close()                          # cell_out_N complete before the result
