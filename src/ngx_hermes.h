@@ -655,6 +655,7 @@ typedef struct {
     ngx_uint_t                    status;       /* ngx_http_hermes_cell_status_e */
     ngx_str_t                     output;
     ngx_str_t                     error;
+    ngx_str_t                     displays;     /* raw JSON array, or empty */
     ngx_uint_t                    execution_count;
     ngx_uint_t                    stdout_bytes_total;
     ngx_uint_t                    tool_calls_made;
