@@ -37,7 +37,7 @@ struct ngx_http_hermes_spawn_s {
     ngx_http_hermes_sandbox_t     *sandbox;
     ngx_uint_t                     root;        /* we spawn as root */
     /* "gateway instance": whose kernel it is, after a crash too */
-    u_char                         gateway[2 * NGX_HTTP_HERMES_TAG_HEX + 2];
+    u_char                         gateway[2 * NGX_HTTP_HERMES_TAG_HEX + 3];
     u_char                         env[256];
     size_t                         env_len;
     ngx_int_t                      rc;
@@ -150,7 +150,7 @@ ngx_http_hermes_kernel_spawn(ngx_http_hermes_loc_conf_t *hlcf,
     s->root_dir = hlcf->backend->root;
     s->sandbox = hlcf->sandbox;
     s->root = hlcf->backend->ops->root(hlcf->backend);
-    ngx_sprintf(s->gateway, "%*s %*s%Z",
+    ngx_sprintf(s->gateway, "%*s %*s\n%Z",
                 (size_t) NGX_HTTP_HERMES_TAG_HEX, zone->gateway,
                 (size_t) NGX_HTTP_HERMES_TAG_HEX, zone->sh->instance);
     s->done = done;
