@@ -23,6 +23,9 @@ REMOTE_SHIP  := src/remote/kernel_runner.py src/remote/hermes_tools.py
 REMOTE_CARRY := src/remote/hermes_relay.py
 REMOTE_PY    := $(REMOTE_SHIP) $(REMOTE_CARRY)
 GEN        := build/gen/ngx_hermes_remote.c
+# the status page (?format=html) and its Content-Security-Policy
+STATUS_PAGE := src/status/hermes_status.html
+GEN_STATUS  := build/gen/ngx_hermes_status_page.c
 
 MODULE      = build/ngx_http_hermes_module.so
 ASAN_MODULE = build-asan/ngx_http_hermes_module.so
@@ -54,6 +57,10 @@ $(GEN): $(REMOTE_PY) src/remote/embed.sh
 	@mkdir -p $(@D)
 	src/remote/embed.sh $@ $(REMOTE_SHIP) -- $(REMOTE_CARRY)
 
+$(GEN_STATUS): $(STATUS_PAGE) src/status/embed.pl
+	@mkdir -p $(@D)
+	src/status/embed.pl $@ $(STATUS_PAGE)
+
 # configure DIR "EXTRA_CFLAGS": Debian's own flags (threads on) plus ours.
 define configure
 	rm -rf $(1)/src $(1)/nginx && mkdir -p $(1)/src && cp -a $(NGX_SRC)/. $(1)/src/
@@ -71,12 +78,12 @@ build/nginx/Makefile: config .deps-ok
 build-asan/nginx/Makefile: config .deps-ok
 	$(call configure,build-asan,-fsanitize=address -fno-omit-frame-pointer -O1,-fsanitize=address)
 
-$(MODULE): build/nginx/Makefile $(SRCS) $(GEN)
+$(MODULE): build/nginx/Makefile $(SRCS) $(GEN) $(GEN_STATUS)
 	$(MAKE) -s -f $(TOP)/build/nginx/Makefile -C build/src modules
 	@# a new inode: a running nginx keeps its mapping of the old file
 	cp build/nginx/ngx_http_hermes_module.so $@.tmp && mv -f $@.tmp $@
 
-$(ASAN_MODULE): build-asan/nginx/Makefile $(SRCS) $(GEN)
+$(ASAN_MODULE): build-asan/nginx/Makefile $(SRCS) $(GEN) $(GEN_STATUS)
 	$(MAKE) -s -f $(TOP)/build-asan/nginx/Makefile -C build-asan/src modules
 	cp build-asan/nginx/ngx_http_hermes_module.so $@.tmp && mv -f $@.tmp $@
 
