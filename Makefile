@@ -16,6 +16,9 @@ PKGS       := nginx nginx-dev libssh-dev libyajl-dev libsodium-dev \
               libcmocka-dev python3 openssh-server openssh-client \
               curl perl gcc make bubblewrap util-linux acl \
               dpkg-dev debhelper fakeroot
+# Only the test suite's: t/076 renders the status page in a real browser.
+# chromium brings about 135 MB of downloads, 470 MB installed.
+TEST_PKGS  := chromium
 
 SRCS       := config ngx_hermes_module.c $(wildcard src/*.c src/*.h)
 # shipped into each kernel's directory, and carried only (see embed.sh)
@@ -30,13 +33,13 @@ GEN_STATUS  := build/gen/ngx_hermes_status_page.c
 MODULE      = build/ngx_http_hermes_module.so
 ASAN_MODULE = build-asan/ngx_http_hermes_module.so
 
-.PHONY: all deps module asan run test test-asan unit bench deb clean
+.PHONY: all deps test-deps module asan run test test-asan unit bench deb clean
 
 all: module
 
-deps: .deps-ok
-.deps-ok:
-	@missing=""; for p in $(PKGS); do \
+# install_pkgs: the Debian packages of the list not installed yet
+define install_pkgs
+	@missing=""; for p in $(1); do \
 	    dpkg-query -W -f='$${Status}' $$p 2>/dev/null | grep -q 'ok installed' \
 	        || missing="$$missing $$p"; \
 	done; \
@@ -45,12 +48,22 @@ deps: .deps-ok
 	    export DEBIAN_FRONTEND=noninteractive; \
 	    apt-get update -qq && apt-get install -y -qq $$missing >/dev/null; \
 	fi
+endef
+
+deps: .deps-ok
+.deps-ok:
+	$(call install_pkgs,$(PKGS))
 	@# kernels of a root worker run as this user (hermes_sandbox user=)
 	@if [ "$$(id -u)" = 0 ] && ! id -u hermes-kernel >/dev/null 2>&1; then \
 	    echo "creating the system user hermes-kernel"; \
 	    useradd --system --no-create-home --home-dir /nonexistent \
 	        --shell /usr/sbin/nologin hermes-kernel; \
 	fi
+	@touch $@
+
+test-deps: .test-deps-ok
+.test-deps-ok: .deps-ok
+	$(call install_pkgs,$(TEST_PKGS))
 	@touch $@
 
 $(GEN): $(REMOTE_PY) src/remote/embed.sh
@@ -93,10 +106,10 @@ asan: deps $(ASAN_MODULE)
 run: module
 	@conf/run.sh $(PORT)
 
-test: module
+test: module test-deps
 	prove -I t/lib t/
 
-test-asan: asan
+test-asan: asan test-deps
 	rm -f build-asan/asan.*
 	HERMES_MODULE=$(TOP)/$(ASAN_MODULE) \
 	HERMES_NGINX_PRELOAD=$$(gcc -print-file-name=libasan.so) \
@@ -136,4 +149,4 @@ $(DEB): $(MODULE) $(REMOTE_PY) $(DEB_SRCS) README.md $(wildcard docs/*.md)
 deb: deps $(DEB)
 
 clean:
-	rm -rf build build-asan run .deps-ok t/unit/build
+	rm -rf build build-asan run .deps-ok .test-deps-ok t/unit/build
