@@ -15,7 +15,11 @@ PORT       ?= 8088
 PKGS       := nginx nginx-dev libssh-dev libyajl-dev libsodium-dev \
               libcmocka-dev python3 openssh-server openssh-client \
               curl perl gcc make bubblewrap util-linux acl \
-              dpkg-dev debhelper fakeroot python3-matplotlib
+              dpkg-dev debhelper fakeroot
+# Only the test suite's: t/076 renders the status page in a real browser
+# (chromium brings about 135 MB of downloads, 470 MB installed); t/024
+# draws a matplotlib figure in a kernel.
+TEST_PKGS  := chromium python3-matplotlib
 
 SRCS       := config ngx_hermes_module.c $(wildcard src/*.c src/*.h)
 # shipped into each kernel's directory, and carried only (see embed.sh)
@@ -23,17 +27,20 @@ REMOTE_SHIP  := src/remote/kernel_runner.py src/remote/hermes_tools.py
 REMOTE_CARRY := src/remote/hermes_relay.py
 REMOTE_PY    := $(REMOTE_SHIP) $(REMOTE_CARRY)
 GEN        := build/gen/ngx_hermes_remote.c
+# the status page (?format=html) and its Content-Security-Policy
+STATUS_PAGE := src/status/hermes_status.html
+GEN_STATUS  := build/gen/ngx_hermes_status_page.c
 
 MODULE      = build/ngx_http_hermes_module.so
 ASAN_MODULE = build-asan/ngx_http_hermes_module.so
 
-.PHONY: all deps module asan run test test-asan unit bench deb clean
+.PHONY: all deps test-deps module asan run test test-asan unit bench deb clean
 
 all: module
 
-deps: .deps-ok
-.deps-ok:
-	@missing=""; for p in $(PKGS); do \
+# install_pkgs: the Debian packages of the list not installed yet
+define install_pkgs
+	@missing=""; for p in $(1); do \
 	    dpkg-query -W -f='$${Status}' $$p 2>/dev/null | grep -q 'ok installed' \
 	        || missing="$$missing $$p"; \
 	done; \
@@ -42,6 +49,11 @@ deps: .deps-ok
 	    export DEBIAN_FRONTEND=noninteractive; \
 	    apt-get update -qq && apt-get install -y -qq $$missing >/dev/null; \
 	fi
+endef
+
+deps: .deps-ok
+.deps-ok:
+	$(call install_pkgs,$(PKGS))
 	@# kernels of a root worker run as this user (hermes_sandbox user=)
 	@if [ "$$(id -u)" = 0 ] && ! id -u hermes-kernel >/dev/null 2>&1; then \
 	    echo "creating the system user hermes-kernel"; \
@@ -50,9 +62,18 @@ deps: .deps-ok
 	fi
 	@touch $@
 
+test-deps: .test-deps-ok
+.test-deps-ok: .deps-ok
+	$(call install_pkgs,$(TEST_PKGS))
+	@touch $@
+
 $(GEN): $(REMOTE_PY) src/remote/embed.sh
 	@mkdir -p $(@D)
 	src/remote/embed.sh $@ $(REMOTE_SHIP) -- $(REMOTE_CARRY)
+
+$(GEN_STATUS): $(STATUS_PAGE) src/status/embed.pl
+	@mkdir -p $(@D)
+	src/status/embed.pl $@ $(STATUS_PAGE)
 
 # configure DIR "EXTRA_CFLAGS": Debian's own flags (threads on) plus ours.
 define configure
@@ -71,12 +92,12 @@ build/nginx/Makefile: config .deps-ok
 build-asan/nginx/Makefile: config .deps-ok
 	$(call configure,build-asan,-fsanitize=address -fno-omit-frame-pointer -O1,-fsanitize=address)
 
-$(MODULE): build/nginx/Makefile $(SRCS) $(GEN)
+$(MODULE): build/nginx/Makefile $(SRCS) $(GEN) $(GEN_STATUS)
 	$(MAKE) -s -f $(TOP)/build/nginx/Makefile -C build/src modules
 	@# a new inode: a running nginx keeps its mapping of the old file
 	cp build/nginx/ngx_http_hermes_module.so $@.tmp && mv -f $@.tmp $@
 
-$(ASAN_MODULE): build-asan/nginx/Makefile $(SRCS) $(GEN)
+$(ASAN_MODULE): build-asan/nginx/Makefile $(SRCS) $(GEN) $(GEN_STATUS)
 	$(MAKE) -s -f $(TOP)/build-asan/nginx/Makefile -C build-asan/src modules
 	cp build-asan/nginx/ngx_http_hermes_module.so $@.tmp && mv -f $@.tmp $@
 
@@ -86,10 +107,10 @@ asan: deps $(ASAN_MODULE)
 run: module
 	@conf/run.sh $(PORT)
 
-test: module
+test: module test-deps
 	prove -I t/lib t/
 
-test-asan: asan
+test-asan: asan test-deps
 	rm -f build-asan/asan.*
 	HERMES_MODULE=$(TOP)/$(ASAN_MODULE) \
 	HERMES_NGINX_PRELOAD=$$(gcc -print-file-name=libasan.so) \
@@ -129,4 +150,4 @@ $(DEB): $(MODULE) $(REMOTE_PY) $(DEB_SRCS) README.md $(wildcard docs/*.md)
 deb: deps $(DEB)
 
 clean:
-	rm -rf build build-asan run .deps-ok t/unit/build
+	rm -rf build build-asan run .deps-ok .test-deps-ok t/unit/build

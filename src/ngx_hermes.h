@@ -40,6 +40,15 @@ typedef struct {
 
 extern ngx_http_hermes_remote_file_t  ngx_http_hermes_remote_files[];
 
+/*
+ * The status page, generated from src/status/hermes_status.html, and the
+ * Content-Security-Policy that lets only its own inline script and style
+ * (by their hashes) run and fetch only its own origin.
+ */
+
+extern ngx_str_t  ngx_http_hermes_status_page;
+extern ngx_str_t  ngx_http_hermes_status_csp;
+
 
 /* configuration */
 
@@ -281,6 +290,7 @@ typedef struct {
     ngx_uint_t                    kernels;
     ngx_uint_t                    running;
     ngx_uint_t                    queued;       /* cells waiting their turn */
+    ngx_uint_t                    owners;       /* with kernels, if asked */
     ngx_uint_t                    spawned_total;
     ngx_uint_t                    spawn_failures_total;
     ngx_uint_t                    evicted_idle_total;
@@ -302,9 +312,19 @@ typedef struct {
 } ngx_http_hermes_stats_t;
 
 
+/* an owner's kernels, for the status page (never in Prometheus labels) */
+
+typedef struct {
+    ngx_str_t                     owner;
+    ngx_uint_t                    kernels;
+    ngx_uint_t                    running;
+} ngx_http_hermes_owner_stats_t;
+
+
 /* a kernel for the listing endpoint, copied out of the zone */
 
 typedef struct {
+    ngx_str_t                     owner;        /* status page only */
     ngx_str_t                     session;
     u_char                        kernel_id[NGX_HTTP_HERMES_ID_LEN];
     ngx_uint_t                    state;
@@ -316,6 +336,7 @@ typedef struct {
     uint64_t                      created;
     uint64_t                      last_used;
     uint64_t                      running_for;
+    ngx_uint_t                    queued;       /* status page only */
 } ngx_http_hermes_listing_t;
 
 
@@ -460,8 +481,8 @@ ngx_int_t ngx_http_hermes_registry_running(ngx_http_hermes_zone_t *zone,
 ngx_int_t ngx_http_hermes_registry_shutdown(ngx_http_hermes_zone_t *zone,
     ngx_str_t *owner, ngx_str_t *session, ngx_uint_t force,
     ngx_http_hermes_victims_t *victims);
-void ngx_http_hermes_registry_stats(ngx_http_hermes_zone_t *zone,
-    ngx_http_hermes_stats_t *st);
+ngx_int_t ngx_http_hermes_registry_stats(ngx_http_hermes_zone_t *zone,
+    ngx_http_hermes_stats_t *st, ngx_array_t *owners, ngx_array_t *cells);
 ngx_uint_t ngx_http_hermes_registry_drain(ngx_http_hermes_zone_t *zone,
     ngx_http_hermes_victims_t *victims);
 void ngx_http_hermes_registry_observe(ngx_http_hermes_zone_t *zone,
@@ -689,7 +710,8 @@ ngx_buf_t *ngx_http_hermes_json_listing(ngx_pool_t *pool, ngx_array_t *list);
 ngx_buf_t *ngx_http_hermes_json_kernel(ngx_pool_t *pool,
     ngx_http_hermes_listing_t *l);
 ngx_buf_t *ngx_http_hermes_json_stats(ngx_pool_t *pool,
-    ngx_http_hermes_stats_t *st, ngx_uint_t max_kernels);
+    ngx_http_hermes_stats_t *st, ngx_uint_t max_kernels, ngx_array_t *owners,
+    ngx_array_t *cells);
 ngx_buf_t *ngx_http_hermes_prometheus_stats(ngx_pool_t *pool,
     ngx_http_hermes_stats_t *st, ngx_uint_t max_kernels, ngx_str_t *zone);
 ngx_buf_t *ngx_http_hermes_json_cell_request(ngx_pool_t *pool, uint32_t id,

@@ -29,6 +29,15 @@ typedef struct {
 } ngx_http_hermes_media_t;
 
 
+/* the status location's ?format= */
+
+typedef enum {
+    NGX_HTTP_HERMES_STATUS_JSON = 0,
+    NGX_HTTP_HERMES_STATUS_PROMETHEUS,
+    NGX_HTTP_HERMES_STATUS_HTML
+} ngx_http_hermes_status_format_e;
+
+
 static ngx_int_t ngx_http_hermes_owner(ngx_http_request_t *r,
     ngx_str_t *owner, ngx_int_t *rc);
 static ngx_int_t ngx_http_hermes_session(ngx_http_request_t *r,
@@ -53,6 +62,7 @@ static ngx_int_t ngx_http_hermes_kernel_get(ngx_http_request_t *r,
     ngx_str_t *owner, ngx_str_t *session);
 static void ngx_http_hermes_name_hosts(ngx_http_request_t *r,
     ngx_http_hermes_stats_t *st);
+static ngx_int_t ngx_http_hermes_status_page_send(ngx_http_request_t *r);
 
 
 ngx_int_t
@@ -1144,10 +1154,11 @@ ngx_http_hermes_kernel_get(ngx_http_request_t *r, ngx_str_t *owner,
 ngx_int_t
 ngx_http_hermes_status_handler(ngx_http_request_t *r)
 {
-    ngx_int_t                    rc;
+    ngx_int_t                    rc, refresh;
     ngx_str_t                    value;
     ngx_buf_t                   *b;
-    ngx_uint_t                   prometheus;
+    ngx_uint_t                   format;
+    ngx_array_t                  owners, cells;
     ngx_http_hermes_zone_t      *zone;
     ngx_http_hermes_stats_t      st;
     ngx_http_hermes_loc_conf_t  *hlcf;
@@ -1161,32 +1172,72 @@ ngx_http_hermes_status_handler(ngx_http_request_t *r)
         return rc;
     }
 
-    prometheus = 0;
+    format = NGX_HTTP_HERMES_STATUS_JSON;
 
     if (ngx_http_arg(r, (u_char *) "format", 6, &value) == NGX_OK) {
 
         if (value.len == 10 && ngx_strncmp(value.data, "prometheus", 10) == 0)
         {
-            prometheus = 1;
+            format = NGX_HTTP_HERMES_STATUS_PROMETHEUS;
+
+        } else if (value.len == 4 && ngx_strncmp(value.data, "html", 4) == 0)
+        {
+            format = NGX_HTTP_HERMES_STATUS_HTML;
 
         } else if (value.len != 4 || ngx_strncmp(value.data, "json", 4) != 0)
         {
             return ngx_http_hermes_response_send_error(r, NGX_HTTP_BAD_REQUEST,
                                                        "invalid_format",
                                                        "format must be "
-                                                       "\"json\" or "
-                                                       "\"prometheus\"");
+                                                       "\"json\", "
+                                                       "\"prometheus\" or "
+                                                       "\"html\"");
         }
+    }
+
+    if (format == NGX_HTTP_HERMES_STATUS_HTML) {
+
+        /* the page reads it from its own URL: refused here, not there */
+
+        if (ngx_http_arg(r, (u_char *) "refresh", 7, &value) == NGX_OK) {
+            refresh = ngx_atoi(value.data, value.len);
+
+            if (refresh < 1 || refresh > 60) {
+                return ngx_http_hermes_response_send_error(r,
+                                                   NGX_HTTP_BAD_REQUEST,
+                                                   "invalid_refresh",
+                                                   "refresh must be seconds "
+                                                   "from 1 to 60");
+            }
+        }
+
+        return ngx_http_hermes_status_page_send(r);
     }
 
     hlcf = ngx_http_get_module_loc_conf(r, ngx_http_hermes_module);
     zone = hlcf->shm_zone->data;
 
-    ngx_http_hermes_registry_stats(zone, &st);
+    if (ngx_array_init(&owners, r->pool, 8,
+                       sizeof(ngx_http_hermes_owner_stats_t))
+        != NGX_OK
+        || ngx_array_init(&cells, r->pool, 8,
+                          sizeof(ngx_http_hermes_listing_t))
+           != NGX_OK)
+    {
+        return NGX_HTTP_INTERNAL_SERVER_ERROR;
+    }
+
+    if (ngx_http_hermes_registry_stats(zone, &st, &owners,
+                                       format == NGX_HTTP_HERMES_STATUS_JSON
+                                       ? &cells : NULL)
+        != NGX_OK)
+    {
+        return NGX_HTTP_INTERNAL_SERVER_ERROR;
+    }
 
     ngx_http_hermes_name_hosts(r, &st);
 
-    if (prometheus) {
+    if (format == NGX_HTTP_HERMES_STATUS_PROMETHEUS) {
         b = ngx_http_hermes_prometheus_stats(r->pool, &st, zone->max_kernels,
                                              &hlcf->shm_zone->shm.name);
         if (b == NULL) {
@@ -1198,13 +1249,52 @@ ngx_http_hermes_status_handler(ngx_http_request_t *r)
                                                  b);
     }
 
-    b = ngx_http_hermes_json_stats(r->pool, &st, zone->max_kernels);
+    ngx_http_hermes_name_backends(r, &cells);
+
+    b = ngx_http_hermes_json_stats(r->pool, &st, zone->max_kernels, &owners,
+                                   &cells);
     if (b == NULL) {
         return NGX_HTTP_INTERNAL_SERVER_ERROR;
     }
 
     return ngx_http_hermes_response_send_buf(r, NGX_HTTP_OK, "application/json",
                                              b);
+}
+
+
+/*
+ * The status page: a constant that renders the JSON form it fetches, so
+ * nothing of the registry is ever written into HTML here.
+ */
+
+static ngx_int_t
+ngx_http_hermes_status_page_send(ngx_http_request_t *r)
+{
+    ngx_buf_t  *b;
+
+    b = ngx_calloc_buf(r->pool);
+    if (b == NULL) {
+        return NGX_HTTP_INTERNAL_SERVER_ERROR;
+    }
+
+    b->pos = ngx_http_hermes_status_page.data;
+    b->last = b->pos + ngx_http_hermes_status_page.len;
+    b->memory = 1;
+
+    if (ngx_http_hermes_response_add_header(r, "Cache-Control", "no-store")
+        != NGX_OK
+        || ngx_http_hermes_response_add_header(r, "Content-Security-Policy",
+                                  (char *) ngx_http_hermes_status_csp.data)
+           != NGX_OK
+        || ngx_http_hermes_response_add_header(r, "X-Content-Type-Options",
+                                               "nosniff")
+           != NGX_OK)
+    {
+        return NGX_HTTP_INTERNAL_SERVER_ERROR;
+    }
+
+    return ngx_http_hermes_response_send_buf(r, NGX_HTTP_OK,
+                                             "text/html; charset=utf-8", b);
 }
 
 

@@ -1763,16 +1763,23 @@ ngx_http_hermes_gen_seconds(yajl_gen g, ngx_uint_t ms)
 }
 
 
+/*
+ * The figures; the owners' and the running cells' (names of owners and
+ * sessions: the status location is an operator's) follow when given.
+ */
+
 ngx_buf_t *
 ngx_http_hermes_json_stats(ngx_pool_t *pool, ngx_http_hermes_stats_t *st,
-    ngx_uint_t max_kernels)
+    ngx_uint_t max_kernels, ngx_array_t *owners, ngx_array_t *cells)
 {
-    u_char                      num[16], *p;
-    yajl_gen                    g;
-    ngx_buf_t                  *b;
-    ngx_uint_t                  i, j, n, count;
-    ngx_uint_t                  ev[NGX_HTTP_HERMES_NEVICTIONS];
-    ngx_http_hermes_answers_t  *a;
+    u_char                          num[16], *p;
+    yajl_gen                        g;
+    ngx_buf_t                      *b;
+    ngx_uint_t                      i, j, n, count;
+    ngx_uint_t                      ev[NGX_HTTP_HERMES_NEVICTIONS];
+    ngx_http_hermes_answers_t      *a;
+    ngx_http_hermes_listing_t      *l;
+    ngx_http_hermes_owner_stats_t  *o;
 
     g = yajl_gen_alloc(NULL);
     if (g == NULL) {
@@ -1796,6 +1803,54 @@ ngx_http_hermes_json_stats(ngx_pool_t *pool, ngx_http_hermes_stats_t *st,
         ngx_http_hermes_gen_number(g, st->hosts[i].kernels);
     }
     yajl_gen_map_close(g);
+
+    if (owners) {
+        o = owners->elts;
+
+        ngx_http_hermes_gen_counter("owners", st->owners);
+
+        ngx_http_hermes_gen_key(g, "owner_kernels");
+        yajl_gen_map_open(g);
+        for (i = 0; i < owners->nelts; i++) {
+            ngx_http_hermes_gen_str(g, &o[i].owner);
+            ngx_http_hermes_gen_number(g, o[i].kernels);
+        }
+        yajl_gen_map_close(g);
+
+        ngx_http_hermes_gen_key(g, "owner_running");
+        yajl_gen_map_open(g);
+        for (i = 0; i < owners->nelts; i++) {
+            ngx_http_hermes_gen_str(g, &o[i].owner);
+            ngx_http_hermes_gen_number(g, o[i].running);
+        }
+        yajl_gen_map_close(g);
+    }
+
+    if (cells) {
+        l = cells->elts;
+
+        ngx_http_hermes_gen_key(g, "running_cells");
+        yajl_gen_array_open(g);
+        for (i = 0; i < cells->nelts; i++) {
+            yajl_gen_map_open(g);
+            ngx_http_hermes_gen_key(g, "owner");
+            ngx_http_hermes_gen_str(g, &l[i].owner);
+            ngx_http_hermes_gen_key(g, "session");
+            ngx_http_hermes_gen_str(g, &l[i].session);
+            ngx_http_hermes_gen_key(g, "kernel_id");
+            yajl_gen_string(g, l[i].kernel_id, NGX_HTTP_HERMES_ID_LEN);
+            ngx_http_hermes_gen_key(g, "backend");
+            ngx_http_hermes_gen_str(g, &l[i].backend_name);
+            ngx_http_hermes_gen_key(g, "host");
+            ngx_http_hermes_gen_str(g, &l[i].host_name);
+            ngx_http_hermes_gen_counter("execution_count",
+                                        l[i].execution_count);
+            ngx_http_hermes_gen_counter("running_for_ms", l[i].running_for);
+            ngx_http_hermes_gen_counter("queued", l[i].queued);
+            yajl_gen_map_close(g);
+        }
+        yajl_gen_array_close(g);
+    }
 
     ngx_http_hermes_gen_counter("zone_used_bytes", st->zone_bytes_used);
     ngx_http_hermes_gen_counter("zone_size_bytes", st->zone_bytes_total);
@@ -2001,6 +2056,8 @@ ngx_http_hermes_prometheus_stats(ngx_pool_t *pool,
     ngx_http_hermes_prom("queue_depth", "gauge",
                          "Cells waiting now for their turn on a busy "
                          "kernel.", st->queued);
+    ngx_http_hermes_prom("owners", "gauge",
+                         "Owners with kernels in the registry.", st->owners);
 
     if (st->nhosts) {
         ngx_http_hermes_prom_family("host_kernels", "gauge",

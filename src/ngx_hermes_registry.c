@@ -67,6 +67,14 @@ static void ngx_http_hermes_registry_host_failed(ngx_http_hermes_zone_t *zone,
     u_char *tag, ngx_uint_t host);
 static ngx_http_hermes_host_stats_t *ngx_http_hermes_registry_host(
     ngx_http_hermes_stats_t *st, u_char *tag, ngx_uint_t host);
+static ngx_int_t ngx_http_hermes_registry_owners(ngx_http_hermes_zone_t *zone,
+    ngx_array_t *owners);
+static ngx_int_t ngx_http_hermes_registry_cells(ngx_http_hermes_zone_t *zone,
+    ngx_array_t *cells);
+static ngx_int_t ngx_libc_cdecl ngx_http_hermes_registry_owner_order(
+    const void *one, const void *two);
+static ngx_int_t ngx_libc_cdecl ngx_http_hermes_registry_oldest_first(
+    const void *one, const void *two);
 static ngx_int_t ngx_libc_cdecl ngx_http_hermes_registry_answer_order(
     const void *one, const void *two);
 
@@ -1224,15 +1232,22 @@ ngx_http_hermes_registry_drain(ngx_http_hermes_zone_t *zone,
 }
 
 
-void
+/*
+ * The zone's figures; with owners, its kernels by owner, and with cells,
+ * its running cells (the status page's, copied out of the zone).
+ */
+
+ngx_int_t
 ngx_http_hermes_registry_stats(ngx_http_hermes_zone_t *zone,
-    ngx_http_hermes_stats_t *st)
+    ngx_http_hermes_stats_t *st, ngx_array_t *owners, ngx_array_t *cells)
 {
-    ngx_uint_t                     i, j, n, attributed;
-    ngx_queue_t                   *q;
-    ngx_http_hermes_sh_t          *sh;
-    ngx_http_hermes_node_t        *kn;
-    ngx_http_hermes_host_stats_t  *h;
+    ngx_int_t                       rc;
+    ngx_uint_t                      i, j, n, attributed;
+    ngx_queue_t                    *q;
+    ngx_http_hermes_sh_t           *sh;
+    ngx_http_hermes_node_t         *kn;
+    ngx_http_hermes_host_stats_t   *h;
+    ngx_http_hermes_owner_stats_t  *o;
 
     sh = zone->sh;
 
@@ -1322,7 +1337,54 @@ ngx_http_hermes_registry_stats(ngx_http_hermes_zone_t *zone,
     st->zone_bytes_used = zone->shm_zone->shm.size
                           - zone->shpool->pfree * ngx_pagesize;
 
+    rc = NGX_OK;
+
+    if (owners) {
+        rc = ngx_http_hermes_registry_owners(zone, owners);
+    }
+
+    if (cells && rc == NGX_OK) {
+        rc = ngx_http_hermes_registry_cells(zone, cells);
+    }
+
     ngx_shmtx_unlock(&zone->shpool->mutex);
+
+    if (rc != NGX_OK) {
+        return NGX_ERROR;
+    }
+
+    st->owners = 0;
+
+    if (owners && owners->nelts) {
+
+        /* owners of one crc32 can interleave in the tree: merge them */
+
+        o = owners->elts;
+
+        ngx_sort(o, owners->nelts, sizeof(ngx_http_hermes_owner_stats_t),
+                 ngx_http_hermes_registry_owner_order);
+
+        for (i = 0, j = 1; j < owners->nelts; j++) {
+            if (o[j].owner.len == o[i].owner.len
+                && ngx_memcmp(o[j].owner.data, o[i].owner.data,
+                              o[i].owner.len) == 0)
+            {
+                o[i].kernels += o[j].kernels;
+                o[i].running += o[j].running;
+                continue;
+            }
+
+            o[++i] = o[j];
+        }
+
+        owners->nelts = i + 1;
+        st->owners = owners->nelts;
+    }
+
+    if (cells) {
+        ngx_sort(cells->elts, cells->nelts, sizeof(ngx_http_hermes_listing_t),
+                 ngx_http_hermes_registry_oldest_first);
+    }
 
     /* an answer's codes together: the JSON form groups by them */
 
@@ -1339,6 +1401,153 @@ ngx_http_hermes_registry_stats(ngx_http_hermes_zone_t *zone,
         h->host = NGX_HTTP_HERMES_HOSTS;
         h->spawn_failures = n;
     }
+
+    return NGX_OK;
+}
+
+
+/*
+ * Kernels by owner, under the lock: an owner's entries are one run of the
+ * tree (its crc32 leads the key), so most owners take one element.
+ */
+
+static ngx_int_t
+ngx_http_hermes_registry_owners(ngx_http_hermes_zone_t *zone,
+    ngx_array_t *owners)
+{
+    ngx_rbtree_t                   *tree;
+    ngx_rbtree_node_t              *node;
+    ngx_http_hermes_node_t         *kn;
+    ngx_http_hermes_owner_stats_t  *o;
+
+    tree = &zone->sh->rbtree;
+
+    if (tree->root == tree->sentinel) {
+        return NGX_OK;
+    }
+
+    o = NULL;
+
+    for (node = ngx_rbtree_min(tree->root, tree->sentinel);
+         node;
+         node = ngx_rbtree_next(tree, node))
+    {
+        kn = (ngx_http_hermes_node_t *) node;
+
+        if (kn->state == NGX_HTTP_HERMES_STATE_LOST) {
+            continue;
+        }
+
+        if (o == NULL
+            || o->owner.len != kn->owner_len
+            || ngx_memcmp(o->owner.data, kn->data, kn->owner_len) != 0)
+        {
+            o = ngx_array_push(owners);
+            if (o == NULL) {
+                return NGX_ERROR;
+            }
+
+            o->owner.len = kn->owner_len;
+            o->owner.data = ngx_pnalloc(owners->pool, kn->owner_len);
+            if (o->owner.data == NULL) {
+                return NGX_ERROR;
+            }
+
+            ngx_memcpy(o->owner.data, kn->data, kn->owner_len);
+            o->kernels = 0;
+            o->running = 0;
+        }
+
+        o->kernels++;
+
+        if (kn->state == NGX_HTTP_HERMES_STATE_RUNNING) {
+            o->running++;
+        }
+    }
+
+    return NGX_OK;
+}
+
+
+/* the running cells, under the lock: whose, where, for how long */
+
+static ngx_int_t
+ngx_http_hermes_registry_cells(ngx_http_hermes_zone_t *zone,
+    ngx_array_t *cells)
+{
+    u_char                     *p;
+    uint64_t                    now;
+    ngx_queue_t                *q;
+    ngx_http_hermes_node_t     *kn;
+    ngx_http_hermes_listing_t  *l;
+
+    now = ngx_http_hermes_now_ms();
+
+    for (q = ngx_queue_head(&zone->sh->lru);
+         q != ngx_queue_sentinel(&zone->sh->lru);
+         q = ngx_queue_next(q))
+    {
+        kn = ngx_queue_data(q, ngx_http_hermes_node_t, queue);
+
+        if (kn->state != NGX_HTTP_HERMES_STATE_RUNNING) {
+            continue;
+        }
+
+        l = ngx_array_push(cells);
+        if (l == NULL) {
+            return NGX_ERROR;
+        }
+
+        ngx_memzero(l, sizeof(ngx_http_hermes_listing_t));
+
+        p = ngx_http_hermes_node_session(kn);
+
+        l->owner.len = kn->owner_len;
+        l->session.len = kn->data + kn->key_len - p;
+
+        l->owner.data = ngx_pnalloc(cells->pool,
+                                    l->owner.len + l->session.len);
+        if (l->owner.data == NULL) {
+            return NGX_ERROR;
+        }
+
+        l->session.data = ngx_cpymem(l->owner.data, kn->data, l->owner.len);
+        ngx_memcpy(l->session.data, p, l->session.len);
+
+        ngx_memcpy(l->kernel_id, kn->kernel_id, NGX_HTTP_HERMES_ID_LEN);
+        ngx_memcpy(l->tag, ngx_http_hermes_node_tag(kn),
+                   NGX_HTTP_HERMES_BACKEND_TAG_LEN);
+
+        l->state = kn->state;
+        l->host = kn->host;
+        l->execution_count = kn->execution_count;
+        l->created = kn->created;
+        l->last_used = kn->last_used;
+        l->running_for = now - kn->turn_at;
+        l->queued = ngx_http_hermes_pending(kn) - kn->claimed;
+    }
+
+    return NGX_OK;
+}
+
+
+static ngx_int_t ngx_libc_cdecl
+ngx_http_hermes_registry_owner_order(const void *one, const void *two)
+{
+    const ngx_http_hermes_owner_stats_t  *a = one, *b = two;
+
+    return ngx_memn2cmp(a->owner.data, b->owner.data, a->owner.len,
+                        b->owner.len);
+}
+
+
+static ngx_int_t ngx_libc_cdecl
+ngx_http_hermes_registry_oldest_first(const void *one, const void *two)
+{
+    const ngx_http_hermes_listing_t  *a = one, *b = two;
+
+    return (a->running_for < b->running_for)
+           - (a->running_for > b->running_for);
 }
 
 

@@ -693,7 +693,7 @@ time_walks(scale_t *s, scale_point_t *pt)
     ngx_http_hermes_victims_t   victims;
 
     t = now_ns();
-    ngx_http_hermes_registry_stats(&pt->zone, &st);
+    ngx_http_hermes_registry_stats(&pt->zone, &st, NULL, NULL);
     pt->ns_stats = now_ns() - t;
 
     pool = ngx_create_pool(16384, ngx_cycle->log);
@@ -786,7 +786,7 @@ test_scale_fill(void **state)
                          NGX_OK);
 
         pfree0 = pt->zone.shpool->pfree;
-        ngx_http_hermes_registry_stats(&pt->zone, &st);
+        ngx_http_hermes_registry_stats(&pt->zone, &st, NULL, NULL);
         used0 = st.zone_bytes_used;
 
         for (i = 0; i < pt->entries; i++) {
@@ -800,7 +800,7 @@ test_scale_fill(void **state)
             }
         }
 
-        ngx_http_hermes_registry_stats(&pt->zone, &st);
+        ngx_http_hermes_registry_stats(&pt->zone, &st, NULL, NULL);
 
         if (st.kernels != pt->entries) {
             fail_msg("%lu entries inserted, registry counts %lu",
