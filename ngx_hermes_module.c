@@ -123,6 +123,13 @@ static ngx_command_t  ngx_http_hermes_commands[] = {
       offsetof(ngx_http_hermes_loc_conf_t, max_code),
       NULL },
 
+    { ngx_string("hermes_max_file"),
+      NGX_HTTP_MAIN_CONF|NGX_HTTP_SRV_CONF|NGX_HTTP_LOC_CONF|NGX_CONF_TAKE1,
+      ngx_conf_set_size_slot,
+      NGX_HTTP_LOC_CONF_OFFSET,
+      offsetof(ngx_http_hermes_loc_conf_t, max_file),
+      NULL },
+
     { ngx_string("hermes_heartbeat"),
       NGX_HTTP_MAIN_CONF|NGX_HTTP_SRV_CONF|NGX_HTTP_LOC_CONF|NGX_CONF_TAKE1,
       ngx_conf_set_msec_slot,
@@ -393,6 +400,7 @@ ngx_http_hermes_create_loc_conf(ngx_conf_t *cf)
     conf->max_output = NGX_CONF_UNSET_SIZE;
     conf->max_stream = NGX_CONF_UNSET_SIZE;
     conf->max_code = NGX_CONF_UNSET_SIZE;
+    conf->max_file = NGX_CONF_UNSET_SIZE;
     conf->queue = NGX_CONF_UNSET_UINT;
     conf->heartbeat = NGX_CONF_UNSET_MSEC;
 
@@ -417,6 +425,8 @@ ngx_http_hermes_merge_loc_conf(ngx_conf_t *cf, void *parent, void *child)
     ngx_conf_merge_size_value(conf->max_stream, prev->max_stream,
                               5 * 1024 * 1024);
     ngx_conf_merge_size_value(conf->max_code, prev->max_code, 1024 * 1024);
+    ngx_conf_merge_size_value(conf->max_file, prev->max_file,
+                              100 * 1024 * 1024);
     ngx_conf_merge_uint_value(conf->queue, prev->queue, 8);
     ngx_conf_merge_msec_value(conf->heartbeat, prev->heartbeat, 15000);
     ngx_conf_merge_str_value(conf->thread_pool_name, prev->thread_pool_name,

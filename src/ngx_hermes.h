@@ -163,6 +163,7 @@ typedef struct {
     size_t                        max_output;
     size_t                        max_stream;
     size_t                        max_code;
+    size_t                        max_file;
     ngx_uint_t                    queue;
 
     ngx_str_t                     thread_pool_name;
@@ -478,6 +479,9 @@ ngx_int_t ngx_http_hermes_registry_list(ngx_http_hermes_zone_t *zone,
 ngx_int_t ngx_http_hermes_registry_running(ngx_http_hermes_zone_t *zone,
     ngx_str_t *owner, ngx_str_t *session, ngx_http_hermes_victim_t *v,
     uint32_t *cell);
+ngx_int_t ngx_http_hermes_registry_kernel(ngx_http_hermes_zone_t *zone,
+    ngx_str_t *owner, ngx_str_t *session, ngx_http_hermes_victim_t *v,
+    uint32_t *uid);
 ngx_int_t ngx_http_hermes_registry_shutdown(ngx_http_hermes_zone_t *zone,
     ngx_str_t *owner, ngx_str_t *session, ngx_uint_t force,
     ngx_http_hermes_victims_t *victims);
@@ -832,6 +836,7 @@ typedef struct {
     ngx_msec_t                    cell_ms;
     ngx_msec_t                    queue_ms;
     ngx_http_hermes_response_t   *response;     /* a cell's, while it runs */
+    void                         *files;        /* a file on its way */
     ngx_str_t                     tool_call_id;
     ngx_uint_t                    envelope;     /* errors as tool messages
                                                    (a JSON answer wanted) */
@@ -887,6 +892,13 @@ ngx_int_t ngx_http_hermes_response_add_header(ngx_http_request_t *r,
     char *key, char *value);
 ngx_http_hermes_ctx_t *ngx_http_hermes_response_ctx(ngx_http_request_t *r);
 ngx_int_t ngx_http_hermes_response_filter_init(ngx_conf_t *cf);
+
+
+/* files into and out of a kernel's directory */
+
+ngx_int_t ngx_http_hermes_files_handler(ngx_http_request_t *r,
+    ngx_http_hermes_zone_t *zone, ngx_str_t *owner, ngx_str_t *session,
+    ngx_str_t *path);
 
 
 /* HTTP handlers */

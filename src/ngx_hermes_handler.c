@@ -55,7 +55,8 @@ static u_char *ngx_http_hermes_media_type(u_char *p, u_char *last,
 static ngx_uint_t ngx_http_hermes_content_is_json(ngx_http_request_t *r);
 static ngx_uint_t ngx_http_hermes_accepts_json(ngx_http_request_t *r);
 static ngx_int_t ngx_http_hermes_kernels_path(ngx_http_request_t *r,
-    ngx_str_t *session, ngx_uint_t *interrupt, ngx_int_t *rc);
+    ngx_str_t *session, ngx_uint_t *interrupt, ngx_str_t *file,
+    ngx_int_t *rc);
 static ngx_int_t ngx_http_hermes_kernel_interrupt_cell(ngx_http_request_t *r,
     ngx_str_t *owner, ngx_str_t *session);
 static ngx_int_t ngx_http_hermes_kernel_get(ngx_http_request_t *r,
@@ -801,6 +802,7 @@ ngx_http_hermes_kernels_handler(ngx_http_request_t *r)
     ngx_int_t                    rc;
     ngx_str_t                    owner, session, value;
     ngx_buf_t                   *b;
+    ngx_str_t                    file;
     ngx_uint_t                   force, interrupt;
     ngx_array_t                  list;
     ngx_http_hermes_zone_t      *zone;
@@ -809,6 +811,23 @@ ngx_http_hermes_kernels_handler(ngx_http_request_t *r)
 
     hlcf = ngx_http_get_module_loc_conf(r, ngx_http_hermes_module);
     zone = hlcf->shm_zone->data;
+
+    if (ngx_http_hermes_kernels_path(r, &session, &interrupt, &file, &rc)
+        != NGX_OK)
+    {
+        return rc;
+    }
+
+    if (file.len) {
+        /* <loc>/SESSION/files/PATH: a PUT reads its body itself */
+
+        if (ngx_http_hermes_owner(r, &owner, &rc) != NGX_OK) {
+            return rc;
+        }
+
+        return ngx_http_hermes_files_handler(r, zone, &owner, &session,
+                                             &file);
+    }
 
     rc = ngx_http_discard_request_body(r);
     if (rc != NGX_OK) {
@@ -828,12 +847,6 @@ ngx_http_hermes_kernels_handler(ngx_http_request_t *r)
                                                    "method_not_allowed",
                                                    "use GET, DELETE, or POST "
                                                    "for SESSION/interrupt");
-    }
-
-    if (ngx_http_hermes_kernels_path(r, &session, &interrupt, &rc)
-        != NGX_OK)
-    {
-        return rc;
     }
 
     if (interrupt != ((r->method & NGX_HTTP_POST) != 0)) {
@@ -933,7 +946,7 @@ ngx_http_hermes_kernels_handler(ngx_http_request_t *r)
 
 static ngx_int_t
 ngx_http_hermes_kernels_path(ngx_http_request_t *r, ngx_str_t *session,
-    ngx_uint_t *interrupt, ngx_int_t *rc)
+    ngx_uint_t *interrupt, ngx_str_t *file, ngx_int_t *rc)
 {
     u_char                    *p, *last;
     size_t                     len;
@@ -942,6 +955,7 @@ ngx_http_hermes_kernels_path(ngx_http_request_t *r, ngx_str_t *session,
     clcf = ngx_http_get_module_loc_conf(r, ngx_http_core_module);
 
     ngx_str_null(session);
+    ngx_str_null(file);
     *interrupt = 0;
 
 #if (NGX_PCRE)
@@ -987,17 +1001,28 @@ ngx_http_hermes_kernels_path(ngx_http_request_t *r, ngx_str_t *session,
 
     session->len = p - session->data;
 
-    /* <loc>/SESSION/interrupt is the one thing below a session */
+    /* below a session: /interrupt and /files/PATH */
 
     if (p != last) {
-        if ((size_t) (last - p) != sizeof("/interrupt") - 1
-            || ngx_strncmp(p, "/interrupt", sizeof("/interrupt") - 1) != 0
-            || session->len == 0)
-        {
+        if (session->len == 0) {
             goto not_found;
         }
 
-        *interrupt = 1;
+        if ((size_t) (last - p) > sizeof("/files/") - 1
+            && ngx_strncmp(p, "/files/", sizeof("/files/") - 1) == 0)
+        {
+            file->data = p + sizeof("/files/") - 1;
+            file->len = last - file->data;
+
+        } else if ((size_t) (last - p) == sizeof("/interrupt") - 1
+                   && ngx_strncmp(p, "/interrupt", sizeof("/interrupt") - 1)
+                      == 0)
+        {
+            *interrupt = 1;
+
+        } else {
+            goto not_found;
+        }
     }
 
     if (session->len && !ngx_http_hermes_json_session_valid(session)) {

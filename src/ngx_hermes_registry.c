@@ -1138,6 +1138,58 @@ ngx_http_hermes_registry_running(ngx_http_hermes_zone_t *zone,
 }
 
 
+/*
+ * The owner's kernel of the session, started and not lost, for its files:
+ * where it is (v: dir, host, backend tag) and its user.  NGX_DECLINED:
+ * none.
+ */
+
+ngx_int_t
+ngx_http_hermes_registry_kernel(ngx_http_hermes_zone_t *zone,
+    ngx_str_t *owner, ngx_str_t *session, ngx_http_hermes_victim_t *v,
+    uint32_t *uid)
+{
+    u_char                     *p;
+    uint32_t                    ohash;
+    ngx_int_t                   rc;
+    ngx_http_hermes_node_t     *kn;
+    ngx_http_hermes_victims_t   one;
+
+    rc = NGX_DECLINED;
+    ohash = ngx_crc32_short(owner->data, owner->len);
+
+    ngx_shmtx_lock(&zone->shpool->mutex);
+
+    for (kn = ngx_http_hermes_registry_owner_next(zone, owner, ohash, NULL);
+         kn;
+         kn = ngx_http_hermes_registry_owner_next(zone, owner, ohash, kn))
+    {
+        p = ngx_http_hermes_node_session(kn);
+
+        if (kn->state == NGX_HTTP_HERMES_STATE_LOST
+            || kn->state == NGX_HTTP_HERMES_STATE_SPAWNING
+            || kn->pid == 0
+            || (size_t) (kn->data + kn->key_len - p) != session->len
+            || ngx_memcmp(p, session->data, session->len) != 0)
+        {
+            continue;
+        }
+
+        one.n = 0;
+        (void) ngx_http_hermes_registry_victim(kn, &one, kn->pid);
+
+        *v = one.v[0];
+        *uid = kn->uid;
+        rc = NGX_OK;
+        break;
+    }
+
+    ngx_shmtx_unlock(&zone->shpool->mutex);
+
+    return rc;
+}
+
+
 ngx_int_t
 ngx_http_hermes_registry_shutdown(ngx_http_hermes_zone_t *zone,
     ngx_str_t *owner, ngx_str_t *session, ngx_uint_t force,

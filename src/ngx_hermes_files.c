@@ -1,0 +1,550 @@
+
+/*
+ * ngx_hermes: files into and out of a kernel's working directory, its
+ * kernel dir: PUT and GET <kernels location>/SESSION/files/PATH.  The path
+ * is checked here, then again on the kernel's host by hermes_files.py,
+ * which a thread pool task runs there through the backend, the module's
+ * own copy on stdin (with the bytes of a PUT), what a GET reads on stdout.
+ * Both are bounded by hermes_max_file.
+ */
+
+
+#include "ngx_hermes.h"
+
+
+#define NGX_HTTP_HERMES_FILES_PATH_MAX  1024
+
+#define NGX_HTTP_HERMES_FILES_LOADER                                          \
+    "import sys;i=sys.stdin.buffer;"                                          \
+    "exec(compile(i.read(int(i.readline())),\"hermes_files.py\",\"exec\"))"
+
+
+typedef struct {
+    ngx_thread_task_t              task;
+    ngx_http_hermes_conn_t         conn;
+    ngx_http_request_t            *r;
+    u_char                        *cmd;
+    u_char                        *in;          /* length, script, bytes */
+    size_t                         in_len;
+    u_char                        *out;         /* what a GET read */
+    size_t                         out_size;
+    size_t                         out_len;
+    ngx_int_t                      rc;
+    int                            status;
+    ngx_str_t                      path;
+    unsigned                       get:1;
+} ngx_http_hermes_files_t;
+
+
+static ngx_int_t ngx_http_hermes_files_path(ngx_str_t *path);
+static void ngx_http_hermes_files_body(ngx_http_request_t *r);
+static ngx_int_t ngx_http_hermes_files_post(ngx_http_request_t *r,
+    ngx_http_hermes_files_t *f);
+static void ngx_http_hermes_files_thread(void *data, ngx_log_t *log);
+static void ngx_http_hermes_files_done(ngx_event_t *ev);
+static void ngx_http_hermes_files_free(void *data);
+
+
+/* the kernel's own files, not the caller's to replace or read */
+
+static ngx_str_t  ngx_http_hermes_files_reserved[] = {
+    ngx_string("cells"),
+    ngx_string("rpc"),
+    ngx_string("wake"),
+    ngx_string("intr"),
+    ngx_string("ready"),
+    ngx_string("gateway"),
+    ngx_string("kernel.env"),
+    ngx_string("runner.log"),
+    ngx_string("kernel_runner.py"),
+    ngx_string("hermes_tools.py"),
+    ngx_null_string
+};
+
+
+ngx_int_t
+ngx_http_hermes_files_handler(ngx_http_request_t *r,
+    ngx_http_hermes_zone_t *zone, ngx_str_t *owner, ngx_str_t *session,
+    ngx_str_t *path)
+{
+    u_char                          *p, *last;
+    uint32_t                         uid;
+    ngx_int_t                        rc;
+    ngx_uint_t                       i;
+    ngx_http_hermes_files_t         *f;
+    ngx_http_hermes_victim_t         v;
+    ngx_http_hermes_loc_conf_t      *hlcf;
+    ngx_http_hermes_main_conf_t     *hmcf;
+    ngx_http_hermes_backend_conf_t **bcfs, *bcf;
+    ngx_http_hermes_remote_file_t   *rf;
+    ngx_pool_cleanup_t              *cln;
+
+    if (r->method != NGX_HTTP_GET && r->method != NGX_HTTP_PUT
+        && r->method != NGX_HTTP_HEAD)
+    {
+        if (ngx_http_hermes_response_add_header(r, "Allow", "GET, PUT")
+            != NGX_OK)
+        {
+            return NGX_HTTP_INTERNAL_SERVER_ERROR;
+        }
+
+        return ngx_http_hermes_response_send_error(r, NGX_HTTP_NOT_ALLOWED,
+                                                   "method_not_allowed",
+                                                   "use GET or PUT for a "
+                                                   "file");
+    }
+
+    if (ngx_http_hermes_files_path(path) != NGX_OK) {
+        return ngx_http_hermes_response_send_error(r, NGX_HTTP_BAD_REQUEST,
+                                                   "invalid_path",
+                                                   "a file path is relative, "
+                                                   "without \"..\", empty "
+                                                   "parts, quotes, "
+                                                   "backslashes or control "
+                                                   "bytes, and not one of "
+                                                   "the kernel's own files");
+    }
+
+    if (ngx_http_hermes_registry_kernel(zone, owner, session, &v, &uid)
+        != NGX_OK)
+    {
+        return ngx_http_hermes_response_send_error(r, NGX_HTTP_NOT_FOUND,
+                                                   "not_found",
+                                                   "no kernel of yours for "
+                                                   "this session");
+    }
+
+    hmcf = ngx_http_get_module_main_conf(r, ngx_http_hermes_module);
+    bcfs = hmcf->backends.elts;
+    bcf = NULL;
+
+    for (i = 0; i < hmcf->backends.nelts; i++) {
+        if (ngx_memcmp(bcfs[i]->tag, v.tag, NGX_HTTP_HERMES_BACKEND_TAG_LEN)
+            == 0)
+        {
+            bcf = bcfs[i];
+            break;
+        }
+    }
+
+    if (bcf == NULL) {
+        return ngx_http_hermes_response_send_error(r, NGX_HTTP_NOT_FOUND,
+                                                   "not_found",
+                                                   "the kernel's backend is "
+                                                   "no longer configured");
+    }
+
+    for (rf = ngx_http_hermes_remote_files; rf->len; rf++) {
+        if (rf->name.len == sizeof("hermes_files.py") - 1
+            && ngx_strncmp(rf->name.data, "hermes_files.py", rf->name.len)
+               == 0)
+        {
+            break;
+        }
+    }
+
+    if (rf->len == 0) {
+        ngx_log_error(NGX_LOG_ALERT, r->connection->log, 0,
+                      "hermes: hermes_files.py is not built in");
+        return NGX_HTTP_INTERNAL_SERVER_ERROR;
+    }
+
+    hlcf = ngx_http_get_module_loc_conf(r, ngx_http_hermes_module);
+
+    f = ngx_pcalloc(r->pool, sizeof(ngx_http_hermes_files_t));
+    if (f == NULL) {
+        return NGX_HTTP_INTERNAL_SERVER_ERROR;
+    }
+
+    f->r = r;
+    f->path = *path;
+    f->get = (r->method != NGX_HTTP_PUT);
+
+    /* what the thread holds outside the request's pool is freed with it */
+
+    cln = ngx_pool_cleanup_add(r->pool, 0);
+    if (cln == NULL) {
+        return NGX_HTTP_INTERNAL_SERVER_ERROR;
+    }
+
+    cln->handler = ngx_http_hermes_files_free;
+    cln->data = f;
+
+    f->cmd = ngx_pnalloc(r->pool, NGX_HTTP_HERMES_DIR_MAX
+                                  + NGX_HTTP_HERMES_FILES_PATH_MAX + 256);
+    if (f->cmd == NULL) {
+        return NGX_HTTP_INTERNAL_SERVER_ERROR;
+    }
+
+    last = f->cmd + NGX_HTTP_HERMES_DIR_MAX + NGX_HTTP_HERMES_FILES_PATH_MAX
+           + 255;
+
+    p = ngx_slprintf(f->cmd, last,
+                     "exec python3 -I -c '" NGX_HTTP_HERMES_FILES_LOADER "'"
+                     " %s '%s' '%V' %i %uz",
+                     f->get ? "get" : "put", v.dir, path,
+                     bcf->ops->root(bcf) ? (ngx_int_t) uid : -1,
+                     hlcf->max_file);
+    *p = '\0';
+
+    /* stdin: the script's length, the script, then a PUT's bytes */
+
+    f->in = ngx_alloc(NGX_INT64_LEN + 1 + rf->len, r->connection->log);
+    if (f->in == NULL) {
+        return NGX_HTTP_INTERNAL_SERVER_ERROR;
+    }
+
+    p = ngx_sprintf(f->in, "%uz\n", rf->len);
+    p = ngx_cpymem(p, rf->data, rf->len);
+    f->in_len = p - f->in;
+
+    ngx_http_hermes_backend_take(&f->conn, bcf, v.host);
+
+    if (f->get) {
+        f->out_size = hlcf->max_file + 1;
+
+        f->out = ngx_alloc(f->out_size, r->connection->log);
+        if (f->out == NULL) {
+            return NGX_HTTP_INTERNAL_SERVER_ERROR;
+        }
+
+        if (ngx_http_discard_request_body(r) != NGX_OK) {
+            return NGX_HTTP_INTERNAL_SERVER_ERROR;
+        }
+
+        rc = ngx_http_hermes_files_post(r, f);
+        if (rc != NGX_OK) {
+            return rc;
+        }
+
+        r->main->count++;
+        return NGX_DONE;
+    }
+
+    if (r->headers_in.content_length_n > (off_t) hlcf->max_file) {
+        return ngx_http_hermes_response_send_error(r,
+                                           NGX_HTTP_REQUEST_ENTITY_TOO_LARGE,
+                                           "file_too_large",
+                                           "the file is over hermes_max_file");
+    }
+
+    if (ngx_http_hermes_response_ctx(r) == NULL) {
+        return NGX_HTTP_INTERNAL_SERVER_ERROR;
+    }
+
+    ngx_http_hermes_response_ctx(r)->files = f;
+
+    rc = ngx_http_read_client_request_body(r, ngx_http_hermes_files_body);
+
+    if (rc >= NGX_HTTP_SPECIAL_RESPONSE) {
+        return rc;
+    }
+
+    return NGX_DONE;
+}
+
+
+/*
+ * Relative, no "..", "." or empty part, printable ASCII without quotes
+ * or backslashes (it goes into a single-quoted shell word), and not one
+ * of the kernel's own files at the top.
+ */
+
+static ngx_int_t
+ngx_http_hermes_files_path(ngx_str_t *path)
+{
+    u_char      *p, *last, *part;
+    size_t       len;
+    ngx_str_t   *rs;
+
+    if (path->len == 0 || path->len > NGX_HTTP_HERMES_FILES_PATH_MAX) {
+        return NGX_DECLINED;
+    }
+
+    last = path->data + path->len;
+    part = path->data;
+
+    for (p = path->data; p <= last; p++) {
+
+        if (p < last && *p != '/') {
+            if (*p < 0x20 || *p >= 0x7f || *p == '\'' || *p == '\\') {
+                return NGX_DECLINED;
+            }
+
+            continue;
+        }
+
+        len = p - part;
+
+        if (len == 0 || (len == 1 && part[0] == '.')
+            || (len == 2 && part[0] == '.' && part[1] == '.'))
+        {
+            return NGX_DECLINED;
+        }
+
+        if (part == path->data) {
+            for (rs = ngx_http_hermes_files_reserved; rs->len; rs++) {
+                if (rs->len == len && ngx_strncmp(rs->data, part, len) == 0) {
+                    return NGX_DECLINED;
+                }
+            }
+        }
+
+        part = p + 1;
+    }
+
+    return NGX_OK;
+}
+
+
+/* the PUT's body is in: in memory, in one piece, for the task's stdin */
+
+static void
+ngx_http_hermes_files_body(ngx_http_request_t *r)
+{
+    u_char                   *p;
+    size_t                    len, size;
+    ssize_t                   n;
+    ngx_int_t                 rc;
+    ngx_buf_t                *b;
+    ngx_chain_t              *cl;
+    ngx_http_hermes_files_t  *f;
+
+    f = ngx_http_hermes_response_ctx(r)->files;
+
+    len = 0;
+
+    if (r->request_body) {
+        for (cl = r->request_body->bufs; cl; cl = cl->next) {
+            b = cl->buf;
+            len += b->in_file ? (size_t) (b->file_last - b->file_pos)
+                              : (size_t) (b->last - b->pos);
+        }
+    }
+
+    size = f->in_len + len;
+
+    p = ngx_alloc(size, r->connection->log);
+    if (p == NULL) {
+        ngx_http_finalize_request(r, NGX_HTTP_INTERNAL_SERVER_ERROR);
+        return;
+    }
+
+    ngx_memcpy(p, f->in, f->in_len);
+    ngx_free(f->in);
+    f->in = p;
+    p += f->in_len;
+
+    if (r->request_body) {
+        for (cl = r->request_body->bufs; cl; cl = cl->next) {
+            b = cl->buf;
+
+            if (!b->in_file) {
+                p = ngx_cpymem(p, b->pos, b->last - b->pos);
+                continue;
+            }
+
+            /* nginx's own temp file of the body, not a kernel's */
+
+            n = ngx_read_file(b->file, p, b->file_last - b->file_pos,
+                              b->file_pos);
+            if (n != b->file_last - b->file_pos) {
+                ngx_http_finalize_request(r, NGX_HTTP_INTERNAL_SERVER_ERROR);
+                return;
+            }
+
+            p += n;
+        }
+    }
+
+    f->in_len = p - f->in;
+
+    rc = ngx_http_hermes_files_post(r, f);
+
+    if (rc != NGX_OK) {
+        ngx_http_finalize_request(r, rc);
+        return;
+    }
+
+    /* the body reader's count is ours until the task is done */
+}
+
+
+static ngx_int_t
+ngx_http_hermes_files_post(ngx_http_request_t *r, ngx_http_hermes_files_t *f)
+{
+    ngx_http_hermes_loc_conf_t  *hlcf;
+
+    hlcf = ngx_http_get_module_loc_conf(r, ngx_http_hermes_module);
+
+    f->task.ctx = f;
+    f->task.handler = ngx_http_hermes_files_thread;
+    f->task.event.handler = ngx_http_hermes_files_done;
+    f->task.event.data = f;
+    f->task.event.log = r->connection->log;
+
+    if (ngx_thread_task_post(hlcf->thread_pool, &f->task) != NGX_OK) {
+        ngx_http_hermes_backend_give(&f->conn);
+        return ngx_http_hermes_response_send_error(r,
+                                                   NGX_HTTP_SERVICE_UNAVAILABLE,
+                                                   "busy", "the gateway is "
+                                                   "busy; retry shortly");
+    }
+
+    return NGX_OK;
+}
+
+
+static void
+ngx_http_hermes_files_thread(void *data, ngx_log_t *log)
+{
+    ngx_http_hermes_files_t *f = data;
+
+    u_char                 err[64];
+    ngx_http_hermes_cmd_t  c;
+
+    ngx_memzero(&c, sizeof(ngx_http_hermes_cmd_t));
+
+    c.cmd = (char *) f->cmd;
+    c.in = f->in;
+    c.in_len = f->in_len;
+    c.out = f->get ? f->out : err;
+    c.out_size = f->get ? f->out_size : sizeof(err);
+    c.timeout = 60000;
+
+    f->rc = ngx_http_hermes_backend_exec(&f->conn, &c);
+    f->status = c.status;
+    f->out_len = c.out_len;
+}
+
+
+static void
+ngx_http_hermes_files_done(ngx_event_t *ev)
+{
+    ngx_http_hermes_files_t *f = ev->data;
+
+    ngx_int_t            rc;
+    ngx_buf_t           *b;
+    ngx_chain_t          out;
+    ngx_http_request_t  *r;
+
+    r = f->r;
+
+    ngx_http_hermes_backend_give(&f->conn);
+
+    if (f->rc == NGX_DECLINED) {
+        rc = ngx_http_hermes_response_send_error(r, NGX_HTTP_BAD_GATEWAY,
+                                                 "backend_unavailable",
+                                                 "the kernel host cannot be "
+                                                 "reached");
+        goto done;
+    }
+
+    switch (f->rc == NGX_OK ? f->status : -1) {
+
+    case 0:
+        break;
+
+    case 2:
+        rc = ngx_http_hermes_response_send_error(r, NGX_HTTP_NOT_FOUND,
+                                                 "not_found",
+                                                 "no such file in the "
+                                                 "kernel's directory");
+        goto done;
+
+    case 3:
+        rc = ngx_http_hermes_response_send_error(r,
+                                          NGX_HTTP_REQUEST_ENTITY_TOO_LARGE,
+                                          "file_too_large",
+                                          "the file is over hermes_max_file");
+        goto done;
+
+    case 4:
+        rc = ngx_http_hermes_response_send_error(r, NGX_HTTP_BAD_REQUEST,
+                                                 "invalid_path",
+                                                 "the path leads through a "
+                                                 "symlink or to what is not "
+                                                 "a regular file");
+        goto done;
+
+    default:
+        ngx_log_error(NGX_LOG_ERR, r->connection->log, 0,
+                      "hermes: %s \"%V\" of a kernel failed (exit %d)",
+                      f->get ? "reading" : "writing", &f->path, f->status);
+
+        rc = ngx_http_hermes_response_send_error(r, NGX_HTTP_BAD_GATEWAY,
+                                                 "file_failed",
+                                                 "the kernel's host could "
+                                                 "not move the file");
+        goto done;
+    }
+
+    if (!f->get) {
+        rc = ngx_http_hermes_response_send_buf(r, NGX_HTTP_NO_CONTENT,
+                                               "application/json", NULL);
+        goto done;
+    }
+
+    if (f->out_len == f->out_size) {
+        /* one byte past the bound: it grew while read */
+        rc = ngx_http_hermes_response_send_error(r,
+                                          NGX_HTTP_REQUEST_ENTITY_TOO_LARGE,
+                                          "file_too_large",
+                                          "the file is over hermes_max_file");
+        goto done;
+    }
+
+    r->headers_out.status = NGX_HTTP_OK;
+    r->headers_out.content_length_n = f->out_len;
+    ngx_str_set(&r->headers_out.content_type, "application/octet-stream");
+    r->headers_out.content_type_len = r->headers_out.content_type.len;
+
+    if (f->out_len == 0 || r->method == NGX_HTTP_HEAD) {
+        r->header_only = 1;
+    }
+
+    rc = ngx_http_send_header(r);
+
+    if (rc == NGX_ERROR || rc > NGX_OK || r->header_only) {
+        goto done;
+    }
+
+    b = ngx_calloc_buf(r->pool);
+    if (b == NULL) {
+        rc = NGX_ERROR;
+        goto done;
+    }
+
+    /* freed with the request's pool, once sent */
+    b->pos = f->out;
+    b->last = f->out + f->out_len;
+    b->memory = 1;
+    b->last_buf = 1;
+    b->last_in_chain = 1;
+
+    out.buf = b;
+    out.next = NULL;
+
+    rc = ngx_http_output_filter(r, &out);
+
+done:
+
+    ngx_http_finalize_request(r, rc);
+}
+
+
+static void
+ngx_http_hermes_files_free(void *data)
+{
+    ngx_http_hermes_files_t *f = data;
+
+    if (f->in) {
+        ngx_free(f->in);
+        f->in = NULL;
+    }
+
+    if (f->out) {
+        ngx_free(f->out);
+        f->out = NULL;
+    }
+}

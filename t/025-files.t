@@ -1,0 +1,187 @@
+#!/usr/bin/perl
+# Files into and out of a kernel's working directory: PUT and GET
+# <kernels>/SESSION/files/PATH, owner-scoped, confined to the kernel dir
+# (no "..", no absolute path, no symlink out, no FIFO), bounded by
+# hermes_max_file, written 0600; on the local and the ssh backend.
+
+use strict;
+use warnings;
+
+use Test::More;
+use Time::HiRes qw(time sleep);
+
+use Hermes::Test;
+use Hermes::Sshd;
+
+my $t = Hermes::Test->new(workers => 1);
+my $p = $t->prefix;
+
+my $s;
+my $ssh = '';
+unless (Hermes::Sshd->unavailable) {
+    $s = Hermes::Sshd->new(dir => "$p/ssh", port => $t->port(5));
+    $s->start;
+    $ssh = "host=127.0.0.1:" . $s->port . " known_hosts=" . $s->known_hosts
+        . " user=root identity=" . $s->identity . " connect_timeout=3s";
+}
+
+my $ssh_loc = $s ? <<"LOC" : '';
+        location = /ssh/execute {
+            hermes_execute;
+            hermes_owner \$http_x_owner;
+            hermes_backend ssh $ssh root=%%KROOT%%/ssh;
+        }
+
+        location /ssh/kernels {
+            hermes_kernels;
+            hermes_owner \$http_x_owner;
+            hermes_max_file 1m;
+        }
+LOC
+
+mkdir "$p/kroot/ssh", 0711;
+
+$t->write_conf(<<"CONF");
+    hermes_zone kernels:1m;
+    hermes_backend local root=%%KROOT%%;
+
+    server {
+        listen 127.0.0.1:%%PORT_0%%;
+        client_max_body_size 8m;
+
+        location = /v1/execute {
+            hermes_execute;
+            hermes_owner \$http_x_owner;
+        }
+
+        location /v1/kernels {
+            hermes_kernels;
+            hermes_owner \$http_x_owner;
+            hermes_max_file 1m;
+        }
+$ssh_loc
+    }
+CONF
+$t->run;
+
+sub put {
+    my ($base, $sess, $path, $body, $owner) = @_;
+    return $t->raw_request('PUT', "$base/$sess/files/$path", body => $body,
+        content_type => 'application/octet-stream',
+        headers => { 'X-Owner' => $owner // 'alice' });
+}
+
+sub get {
+    my ($base, $sess, $path, $owner) = @_;
+    return $t->raw_request('GET', "$base/$sess/files/$path",
+        headers => { 'X-Owner' => $owner // 'alice' });
+}
+
+sub run_cell {
+    my ($exec, $sess, $code, $owner) = @_;
+    return $t->execute($exec, { session => $sess, code => $code },
+        headers => { 'X-Owner' => $owner // 'alice' });
+}
+
+sub err { my $r = shift; my $j = eval { JSON::PP->new->decode($r->{content}) }; ($j // {})->{error}{code} // '' }
+
+my @backends = (['local', '/v1/execute', '/v1/kernels', $t->kroot]);
+push @backends, ['ssh', '/ssh/execute', '/ssh/kernels', $t->kroot . '/ssh'] if $s;
+
+for my $b (@backends) {
+    my ($name, $exec, $kern, $root) = @$b;
+    my $sess = "f-$name";
+
+    my $r = put($kern, $sess, 'data.txt', "x");
+    is($r->{status}, 404, "$name: no kernel yet: 404");
+
+    $r = run_cell($exec, $sess, "import os\nprint(os.getcwd().endswith('hermes_rkernel_' + os.environ.get('HERMES_KERNEL_ID', '')) or True)");
+    my $kid = $r->{result}{kernel}{kernel_id};
+    my $dir = "$root/hermes_rkernel_$kid";
+    ok($kid, "$name: a kernel");
+
+    # a round trip, binary and with subdirectories made on the way
+    my $bytes = join '', map { chr } 0 .. 255;
+    $bytes x= 64;
+    $r = put($kern, $sess, 'in/sub/data.bin', $bytes);
+    is($r->{status}, 204, "$name: PUT: 204");
+    $r = run_cell($exec, $sess, "d = open('in/sub/data.bin', 'rb').read()\nprint(len(d), d[:3] == bytes([0, 1, 2]))");
+    is($r->{result}{output}, length($bytes) . " True\n", "$name: the cell reads what was put");
+    my @st = stat "$dir/in/sub/data.bin";
+    is($st[2] & 07777, 0600, "$name: the file is 0600");
+    is((stat "$dir/in")[2] & 07777, 0700, "$name: a directory made on the way is 0700");
+    is($st[4], (stat $dir)[4], "$name: the file belongs to the kernel's user");
+
+    $r = run_cell($exec, $sess, "open('out.csv', 'w').write('a,b\\n1,2\\n')");
+    $r = get($kern, $sess, 'out.csv');
+    is($r->{status}, 200, "$name: GET: 200");
+    is($r->{content}, "a,b\n1,2\n", "$name: GET: what the cell wrote");
+    like($r->{headers}{'content-type'}, qr{^application/octet-stream}, "$name: GET: octet-stream");
+    $r = get($kern, $sess, 'in/sub/data.bin');
+    is($r->{content}, $bytes, "$name: GET: binary round trip");
+
+    # overwrite
+    $r = put($kern, $sess, 'out.csv', "new\n");
+    is(get($kern, $sess, 'out.csv')->{content}, "new\n", "$name: PUT replaces");
+
+    # what is not there, not the caller's, too big
+    $r = get($kern, $sess, 'nothing.txt');
+    is($r->{status}, 404, "$name: no such file: 404");
+    $r = get($kern, $sess, 'out.csv', 'mallory');
+    is($r->{status}, 404, "$name: another owner's kernel: 404");
+    $r = put($kern, $sess, 'big.bin', 'x' x (1024 * 1024 + 1));
+    is($r->{status}, 413, "$name: PUT over hermes_max_file: 413");
+    ok(!-e "$dir/big.bin" && !-e "$dir/big.bin.tmp", "$name: nothing left of it");
+    run_cell($exec, $sess, "open('big.out', 'wb').write(b'y' * (1024 * 1024 + 1))");
+    $r = get($kern, $sess, 'big.out');
+    is($r->{status}, 413, "$name: GET over hermes_max_file: 413");
+
+    # nginx normalizes "//" and "./" away: such paths stay inside
+    for my $c (['/abs/y', 'abs/y'], ['a//b', 'a/b'], ['./x', 'x']) {
+        my ($u, $inside) = @$c;
+        $r = put($kern, $sess, $u, 'n');
+        is($r->{status}, 204, "$name: PUT $u: normalized by nginx");
+        ok(-f "$dir/$inside", "$name: PUT $u: landed inside the kernel dir as $inside");
+    }
+    ok(!-e '/abs', "$name: nothing at /abs");
+
+    # confinement: refused before anything runs
+    for my $bad ('../x', 'a/../../x', "a'b", "a\\b", 'cells/x',
+                 'kernel_runner.py', 'rpc', 'gateway', '..')
+    {
+        (my $u = $bad) =~ s/([^A-Za-z0-9._\/-])/sprintf('%%%02X', ord $1)/ge;
+        $r = put($kern, $sess, $u, 'x');
+        ok($r->{status} == 400 || $r->{status} == 404, "$name: PUT $bad: refused ($r->{status})");
+        $r = get($kern, $sess, $u);
+        ok($r->{status} == 400 || $r->{status} == 404, "$name: GET $bad: refused ($r->{status})");
+    }
+    ok(!-e "$p/x" && !-e "$root/x", "$name: nothing written outside the kernel dir");
+
+    # what a cell planted: a symlink out, a FIFO, a directory
+    $r = run_cell($exec, $sess, "import os\nos.symlink('/etc', 'letc')\nos.symlink('/etc/hostname', 'host')\n"
+        . "os.mkfifo('fifo')\nos.mkdir('adir')\nprint('planted')");
+    is($r->{result}{output}, "planted\n", "$name: a cell planted a symlink, a FIFO, a directory");
+    for my $c (['letc/hostname', 'a symlinked directory'], ['host', 'a symlink'],
+               ['fifo', 'a FIFO'], ['adir', 'a directory'])
+    {
+        my ($path, $what) = @$c;
+        my $t0 = time;
+        $r = get($kern, $sess, $path);
+        is($r->{status}, 400, "$name: GET through $what: 400");
+        is(err($r), 'invalid_path', "$name: GET through $what: invalid_path");
+        ok(time - $t0 < 5, "$name: GET of $what does not hang");
+        $r = put($kern, $sess, $path, 'z');
+        is($r->{status}, 400, "$name: PUT through $what: 400");
+    }
+    is(do { local $/; open my $f, '<', '/etc/hostname'; <$f> } =~ /^z$/ ? 'written' : 'kept',
+        'kept', "$name: /etc/hostname untouched");
+    ok(!-e '/etc/hostname.tmp', "$name: no temp file through the link");
+
+    # the kernel lives on, with its state
+    $r = run_cell($exec, $sess, "print(len(d))");
+    is($r->{result}{output}, length($bytes) . "\n", "$name: the kernel kept its state");
+}
+
+$t->stop;
+$s->stop if $s;
+done_testing;
