@@ -27,6 +27,11 @@ static char *ngx_http_hermes_backend(ngx_conf_t *cf, ngx_command_t *cmd,
     void *conf);
 static char *ngx_http_hermes_content(ngx_conf_t *cf, ngx_command_t *cmd,
     void *conf);
+static char *ngx_http_hermes_tools(ngx_conf_t *cf, ngx_command_t *cmd,
+    void *conf);
+static char *ngx_http_hermes_tools_pass(ngx_conf_t *cf, ngx_command_t *cmd,
+    void *conf);
+static ngx_int_t ngx_http_hermes_postconfiguration(ngx_conf_t *cf);
 static ngx_http_hermes_backend_conf_t *ngx_http_hermes_backend_create(
     ngx_conf_t *cf, ngx_uint_t type, ngx_str_t *root);
 static void ngx_http_hermes_backend_tag(ngx_http_hermes_backend_conf_t *bcf,
@@ -40,6 +45,11 @@ static char  *ngx_http_hermes_handler_names[] = {
 
 static ngx_conf_num_bounds_t  ngx_http_hermes_queue_bounds = {
     ngx_conf_check_num_bounds, 0, 1024
+};
+
+
+static ngx_conf_num_bounds_t  ngx_http_hermes_tool_calls_bounds = {
+    ngx_conf_check_num_bounds, 0, 100000
 };
 
 
@@ -129,6 +139,27 @@ static ngx_command_t  ngx_http_hermes_commands[] = {
       offsetof(ngx_http_hermes_loc_conf_t, sandbox),
       NULL },
 
+    { ngx_string("hermes_tools"),
+      NGX_HTTP_MAIN_CONF|NGX_HTTP_SRV_CONF|NGX_HTTP_LOC_CONF|NGX_CONF_1MORE,
+      ngx_http_hermes_tools,
+      NGX_HTTP_LOC_CONF_OFFSET,
+      0,
+      NULL },
+
+    { ngx_string("hermes_tools_pass"),
+      NGX_HTTP_MAIN_CONF|NGX_HTTP_SRV_CONF|NGX_HTTP_LOC_CONF|NGX_CONF_TAKE12,
+      ngx_http_hermes_tools_pass,
+      NGX_HTTP_LOC_CONF_OFFSET,
+      0,
+      NULL },
+
+    { ngx_string("hermes_max_tool_calls"),
+      NGX_HTTP_MAIN_CONF|NGX_HTTP_SRV_CONF|NGX_HTTP_LOC_CONF|NGX_CONF_TAKE1,
+      ngx_conf_set_num_slot,
+      NGX_HTTP_LOC_CONF_OFFSET,
+      offsetof(ngx_http_hermes_loc_conf_t, max_tool_calls),
+      &ngx_http_hermes_tool_calls_bounds },
+
     { ngx_string("hermes_thread_pool"),
       NGX_HTTP_MAIN_CONF|NGX_HTTP_SRV_CONF|NGX_HTTP_LOC_CONF|NGX_CONF_TAKE1,
       ngx_conf_set_str_slot,
@@ -142,7 +173,7 @@ static ngx_command_t  ngx_http_hermes_commands[] = {
 
 static ngx_http_module_t  ngx_http_hermes_module_ctx = {
     ngx_http_hermes_add_variables,         /* preconfiguration */
-    ngx_http_hermes_filter_init,           /* postconfiguration */
+    ngx_http_hermes_postconfiguration,     /* postconfiguration */
 
     ngx_http_hermes_create_main_conf,      /* create main configuration */
     NULL,                                  /* init main configuration */
@@ -371,6 +402,9 @@ ngx_http_hermes_create_loc_conf(ngx_conf_t *cf)
     conf->max_stream = NGX_CONF_UNSET_SIZE;
     conf->max_code = NGX_CONF_UNSET_SIZE;
     conf->queue = NGX_CONF_UNSET_UINT;
+    conf->tools = NGX_CONF_UNSET_PTR;
+    conf->tools_protocol = NGX_CONF_UNSET_UINT;
+    conf->max_tool_calls = NGX_CONF_UNSET_UINT;
 
     return conf;
 }
@@ -396,6 +430,11 @@ ngx_http_hermes_merge_loc_conf(ngx_conf_t *cf, void *parent, void *child)
     ngx_conf_merge_uint_value(conf->queue, prev->queue, 8);
     ngx_conf_merge_str_value(conf->thread_pool_name, prev->thread_pool_name,
                              "default");
+    ngx_conf_merge_ptr_value(conf->tools, prev->tools, NULL);
+    ngx_conf_merge_str_value(conf->tools_pass, prev->tools_pass, "");
+    ngx_conf_merge_uint_value(conf->tools_protocol, prev->tools_protocol,
+                              NGX_HTTP_HERMES_TOOLS_HERMES);
+    ngx_conf_merge_uint_value(conf->max_tool_calls, prev->max_tool_calls, 50);
 
     if (conf->owner == NULL) {
         conf->owner = prev->owner;
@@ -492,6 +531,141 @@ ngx_http_hermes_merge_loc_conf(ngx_conf_t *cf, void *parent, void *child)
     conf->thread_pool = ngx_thread_pool_add(cf, &conf->thread_pool_name);
     if (conf->thread_pool == NULL) {
         return NGX_CONF_ERROR;
+    }
+
+    return NGX_CONF_OK;
+}
+
+
+/* the module's filters: the JSON errors, then the tool calls' captures */
+
+static ngx_int_t
+ngx_http_hermes_postconfiguration(ngx_conf_t *cf)
+{
+    if (ngx_http_hermes_filter_init(cf) != NGX_OK) {
+        return NGX_ERROR;
+    }
+
+    return ngx_http_hermes_rpc_filter_init(cf);
+}
+
+
+/* hermes_tools NAME ...: the tools cells may call; "off": none */
+
+static char *
+ngx_http_hermes_tools(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
+{
+    ngx_http_hermes_loc_conf_t *hlcf = conf;
+
+    u_char      c;
+    ngx_str_t  *value, *name;
+    ngx_uint_t  i, j, k;
+
+    if (hlcf->tools != NGX_CONF_UNSET_PTR) {
+        return "is duplicate";
+    }
+
+    value = cf->args->elts;
+
+    if (cf->args->nelts == 2 && ngx_strcmp(value[1].data, "off") == 0) {
+        hlcf->tools = NULL;
+        return NGX_CONF_OK;
+    }
+
+    hlcf->tools = ngx_array_create(cf->pool, cf->args->nelts - 1,
+                                   sizeof(ngx_str_t));
+    if (hlcf->tools == NULL) {
+        return NGX_CONF_ERROR;
+    }
+
+    for (i = 1; i < cf->args->nelts; i++) {
+
+        /* names code can write as hermes_tools.NAME, and MCP's names */
+
+        if (value[i].len == 0 || value[i].len > 128) {
+            goto invalid;
+        }
+
+        for (j = 0; j < value[i].len; j++) {
+            c = value[i].data[j];
+
+            if (!((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z')
+                  || (c >= '0' && c <= '9') || c == '_' || c == '-'
+                  || c == '.'))
+            {
+                goto invalid;
+            }
+        }
+
+        name = hlcf->tools->elts;
+
+        for (k = 0; k < hlcf->tools->nelts; k++) {
+            if (name[k].len == value[i].len
+                && ngx_strncmp(name[k].data, value[i].data, value[i].len)
+                   == 0)
+            {
+                ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                                   "\"hermes_tools\": \"%V\" is listed "
+                                   "twice", &value[i]);
+                return NGX_CONF_ERROR;
+            }
+        }
+
+        name = ngx_array_push(hlcf->tools);
+        if (name == NULL) {
+            return NGX_CONF_ERROR;
+        }
+
+        *name = value[i];
+    }
+
+    return NGX_CONF_OK;
+
+invalid:
+
+    ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                       "\"hermes_tools\": invalid tool name \"%V\" "
+                       "(1-128 of A-Z a-z 0-9 _ - .)", &value[i]);
+    return NGX_CONF_ERROR;
+}
+
+
+/* hermes_tools_pass URI [protocol=hermes|mcp] */
+
+static char *
+ngx_http_hermes_tools_pass(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
+{
+    ngx_http_hermes_loc_conf_t *hlcf = conf;
+
+    ngx_str_t  *value;
+
+    if (hlcf->tools_pass.data) {
+        return "is duplicate";
+    }
+
+    value = cf->args->elts;
+
+    if (value[1].len == 0 || value[1].data[0] != '/') {
+        ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                           "\"hermes_tools_pass\": \"%V\" is not a "
+                           "location's URI (it starts with \"/\")",
+                           &value[1]);
+        return NGX_CONF_ERROR;
+    }
+
+    hlcf->tools_pass = value[1];
+    hlcf->tools_protocol = NGX_HTTP_HERMES_TOOLS_HERMES;
+
+    if (cf->args->nelts == 3) {
+        if (ngx_strcmp(value[2].data, "protocol=hermes") == 0) {
+            hlcf->tools_protocol = NGX_HTTP_HERMES_TOOLS_HERMES;
+
+        } else {
+            ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                               "\"hermes_tools_pass\": invalid parameter "
+                               "\"%V\" (protocol=hermes)", &value[2]);
+            return NGX_CONF_ERROR;
+        }
     }
 
     return NGX_CONF_OK;

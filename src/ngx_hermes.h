@@ -156,7 +156,19 @@ typedef struct {
 
     ngx_str_t                     thread_pool_name;
     ngx_thread_pool_t            *thread_pool;
+
+    /* tool calls from cells (ngx_hermes_rpc.c) */
+    ngx_array_t                  *tools;        /* ngx_str_t; NULL: none */
+    ngx_str_t                     tools_pass;   /* a location's URI */
+    ngx_uint_t                    tools_protocol;
+    ngx_uint_t                    max_tool_calls;
 } ngx_http_hermes_loc_conf_t;
+
+
+typedef enum {
+    NGX_HTTP_HERMES_TOOLS_HERMES = 0,
+    NGX_HTTP_HERMES_TOOLS_MCP
+} ngx_http_hermes_tools_protocol_e;
 
 
 /* the registry */
@@ -182,8 +194,11 @@ typedef enum {
     NGX_HTTP_HERMES_RPC_MALFORMED = 0,
     NGX_HTTP_HERMES_RPC_BAD_TOKEN,
     NGX_HTTP_HERMES_RPC_BAD_SEQ,
+    NGX_HTTP_HERMES_RPC_REPLAY,
     NGX_HTTP_HERMES_RPC_NREJECT
 } ngx_http_hermes_rpc_reject_e;
+
+extern ngx_str_t  ngx_http_hermes_rpc_reject_names[];
 
 
 /*
@@ -626,7 +641,8 @@ ngx_buf_t *ngx_http_hermes_json_stats(ngx_pool_t *pool,
 ngx_buf_t *ngx_http_hermes_prometheus_stats(ngx_pool_t *pool,
     ngx_http_hermes_stats_t *st, ngx_uint_t max_kernels, ngx_str_t *zone);
 ngx_buf_t *ngx_http_hermes_json_cell_request(ngx_pool_t *pool, uint32_t id,
-    ngx_http_hermes_request_t *req, size_t max_output, size_t max_stream);
+    ngx_http_hermes_request_t *req, size_t max_output, size_t max_stream,
+    ngx_array_t *tools);
 
 extern ngx_str_t  ngx_http_hermes_cell_status_names[];
 
@@ -637,6 +653,55 @@ ngx_int_t ngx_http_hermes_cell_start(ngx_http_request_t *r,
     ngx_http_hermes_request_t *req, ngx_str_t *owner);
 ngx_int_t ngx_http_hermes_cell_init_process(ngx_cycle_t *cycle);
 void ngx_http_hermes_cell_exit_process(ngx_cycle_t *cycle);
+
+
+/* tool calls: a cell's RPC channel (ngx_hermes_rpc.c) */
+
+#define NGX_HTTP_HERMES_RPC_STRING    1
+#define NGX_HTTP_HERMES_RPC_NUMBER    2
+#define NGX_HTTP_HERMES_RPC_OBJECT    3
+#define NGX_HTTP_HERMES_RPC_OTHER     4
+
+/* a request as the checks read it; strings point into it or its bufs */
+
+typedef struct {
+    ngx_str_t                     tool;
+    ngx_str_t                     args;         /* the raw object */
+    ngx_str_t                     token;
+    ngx_str_t                     seq_text;
+    uint64_t                      seq;
+    ngx_uint_t                    tool_type;    /* 0: absent */
+    ngx_uint_t                    args_type;
+    ngx_uint_t                    token_type;
+    ngx_uint_t                    seq_type;
+    ngx_uint_t                    reject;       /* rpc_reject_e, NREJECT */
+    u_char                        tool_buf[129];
+    u_char                        token_buf[128];
+    u_char                        seq_buf[16];
+} ngx_http_hermes_rpc_req_t;
+
+typedef struct ngx_http_hermes_rpc_s  ngx_http_hermes_rpc_t;
+
+/* a stream event line ("...\n") for the cell's client */
+typedef void (*ngx_http_hermes_rpc_event_pt)(void *data, u_char *line,
+    size_t len);
+
+ngx_int_t ngx_http_hermes_rpc_check(u_char *data, size_t len,
+    uint64_t name_seq, u_char *token, size_t token_len, uint64_t *seen,
+    ngx_uint_t nseen, ngx_http_hermes_rpc_req_t *req);
+uint64_t ngx_http_hermes_rpc_name_seq(u_char *name, size_t len);
+ngx_http_hermes_rpc_t *ngx_http_hermes_rpc_create(ngx_pool_t *pool,
+    ngx_http_request_t *r, ngx_http_hermes_loc_conf_t *hlcf,
+    ngx_http_hermes_kernel_ref_t *ref, ngx_fd_t dir_fd, int ifd,
+    ngx_http_hermes_rpc_event_pt event, void *data, ngx_log_t *log);
+int ngx_http_hermes_rpc_wd(ngx_http_hermes_rpc_t *rpc);
+void ngx_http_hermes_rpc_notify(ngx_http_hermes_rpc_t *rpc, u_char *name,
+    size_t len);
+void ngx_http_hermes_rpc_scan(ngx_http_hermes_rpc_t *rpc, ngx_uint_t sweep);
+ngx_uint_t ngx_http_hermes_rpc_calls(ngx_http_hermes_rpc_t *rpc);
+void ngx_http_hermes_rpc_detach(ngx_http_hermes_rpc_t *rpc);
+void ngx_http_hermes_rpc_end(ngx_http_hermes_rpc_t *rpc);
+ngx_int_t ngx_http_hermes_rpc_filter_init(ngx_conf_t *cf);
 
 
 /* per request: what the error filter and the log variables need */

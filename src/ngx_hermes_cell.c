@@ -69,6 +69,9 @@ typedef struct {
     size_t                          keep_total;
     ngx_connection_t               *pidfd;
 
+    ngx_http_hermes_rpc_t          *rpc;        /* local: its tool calls */
+    ngx_uint_t                      tool_calls; /* made, of ended rpcs */
+
     ngx_connection_t               *relay;      /* ssh: the relay's output */
     ngx_buf_t                      *rbuf;
 
@@ -152,6 +155,9 @@ static void ngx_http_hermes_cell_resume_handler(ngx_event_t *ev);
 static void ngx_http_hermes_cell_end_line(ngx_http_hermes_cell_t *cell);
 static void ngx_http_hermes_cell_name(ngx_http_hermes_cell_t *cell,
     u_char *buf, const char *what);
+static void ngx_http_hermes_cell_rpc_event(void *data, u_char *line,
+    size_t len);
+static void ngx_http_hermes_cell_rpc_end(ngx_http_hermes_cell_t *cell);
 
 
 /* per worker: one inotify fd for every cell this worker streams */
@@ -604,12 +610,24 @@ ngx_http_hermes_cell_run(ngx_http_hermes_cell_t *cell)
         goto ship_failed;
     }
 
+    /* rpc/ too: the cell's tool calls (ngx_hermes_rpc.c) */
+
+    cell->rpc = ngx_http_hermes_rpc_create(cell->pool, cell->r, cell->hlcf,
+                                           &cell->ref, cell->dir_fd,
+                                           ngx_http_hermes_inotify->fd,
+                                           ngx_http_hermes_cell_rpc_event,
+                                           cell, cell->log);
+    if (cell->rpc == NULL) {
+        goto ship_failed;
+    }
+
     /* 3. ship the cell, then wake the runner */
 
     b = ngx_http_hermes_json_cell_request(cell->pool, cell->ref.cell_id,
                                           &cell->req,
                                           cell->hlcf->max_output,
-                                          cell->hlcf->max_stream);
+                                          cell->hlcf->max_stream,
+                                          cell->hlcf->tools);
     if (b == NULL) {
         goto ship_failed;
     }
@@ -795,6 +813,8 @@ ngx_http_hermes_cell_private_dir(ngx_file_info_t *fi, uint32_t uid)
 static void
 ngx_http_hermes_cell_close_kernel(ngx_http_hermes_cell_t *cell)
 {
+    ngx_http_hermes_cell_rpc_end(cell);
+
     if (cell->wd != -1) {
         (void) inotify_rm_watch(ngx_http_hermes_inotify->fd, cell->wd);
         cell->wd = -1;
@@ -998,7 +1018,8 @@ ngx_http_hermes_cell_run_relay(ngx_http_hermes_cell_t *cell)
     b = ngx_http_hermes_json_cell_request(cell->pool, cell->ref.cell_id,
                                           &cell->req,
                                           cell->hlcf->max_output,
-                                          cell->hlcf->max_stream);
+                                          cell->hlcf->max_stream,
+                                          cell->hlcf->tools);
     if (b == NULL) {
         goto failed;
     }
@@ -1409,6 +1430,12 @@ ngx_http_hermes_inotify_handler(ngx_event_t *ev)
             {
                 cell = ngx_queue_data(q, ngx_http_hermes_cell_t, queue);
 
+                if (cell->rpc && ngx_http_hermes_rpc_wd(cell->rpc) == e->wd) {
+                    ngx_http_hermes_rpc_notify(cell->rpc, (u_char *) e->name,
+                                               e->len);
+                    break;
+                }
+
                 if (cell->wd != e->wd || !cell->shipped) {
                     continue;
                 }
@@ -1451,6 +1478,10 @@ ngx_http_hermes_inotify_overflow(ngx_log_t *log)
         /* a pump may end its own cell, no other */
         next = ngx_queue_next(q);
         cell = ngx_queue_data(q, ngx_http_hermes_cell_t, queue);
+
+        if (cell->rpc) {
+            ngx_http_hermes_rpc_scan(cell->rpc, 0);
+        }
 
         if (cell->shipped && cell->wd != -1 && !cell->draining) {
             cell->res_ready = 1;
@@ -1764,6 +1795,8 @@ ngx_http_hermes_cell_result(ngx_http_hermes_cell_t *cell, u_char *data,
         cell->wd = -1;
     }
 
+    ngx_http_hermes_cell_rpc_end(cell);
+
     cell->draining = 1;
 
     ngx_http_hermes_cell_drain(cell);
@@ -1826,6 +1859,7 @@ static void
 ngx_http_hermes_cell_fail(ngx_http_hermes_cell_t *cell, ngx_uint_t status,
     char *message)
 {
+    ngx_http_hermes_cell_rpc_end(cell);
     ngx_http_hermes_cell_kill(cell);
     ngx_http_hermes_registry_release(cell->zone, &cell->ref,
                                      NGX_HTTP_HERMES_RELEASE_LOST, 0);
@@ -2105,8 +2139,11 @@ ngx_http_hermes_cell_answer(ngx_http_hermes_cell_t *cell)
     ngx_buf_t           *b;
     ngx_http_request_t  *r;
 
+    ngx_http_hermes_cell_rpc_end(cell);
+
     cell->res.duration = ngx_current_msec - cell->turn;
     cell->res.queue = cell->turn - cell->started;
+    cell->res.tool_calls_made = cell->tool_calls;
 
     ngx_http_hermes_count(cell->zone, cells_total[cell->res.status]);
     ngx_http_hermes_registry_observe(cell->zone, NGX_HTTP_HERMES_HIST_CELL,
@@ -2553,7 +2590,11 @@ ngx_http_hermes_cell_detach(void *data)
 {
     ngx_http_hermes_cell_t *cell = data;
 
-    /* the buffers and the context were the request's */
+    /* the buffers and the context were the request's, its tool calls too */
+
+    if (cell->rpc) {
+        ngx_http_hermes_rpc_detach(cell->rpc);
+    }
 
     cell->r = NULL;
     cell->cln = NULL;
@@ -2629,4 +2670,46 @@ ngx_http_hermes_cell_name(ngx_http_hermes_cell_t *cell, u_char *buf,
 {
     ngx_sprintf(buf, "%s_%06uD%s%Z", what, cell->ref.cell_id,
                 what[5] == 'o' ? "" : ".json");
+}
+
+
+/* a tool call's event, between whole lines of the cell's output */
+
+static void
+ngx_http_hermes_cell_rpc_event(void *data, u_char *line, size_t len)
+{
+    ngx_http_hermes_cell_t *cell = data;
+
+    ngx_buf_t  *b;
+
+    if (cell->r == NULL || cell->req.json_answer || !cell->header_sent
+        || cell->mid_line)
+    {
+        return;
+    }
+
+    b = ngx_create_temp_buf(cell->r->pool, len);
+    if (b == NULL) {
+        return;
+    }
+
+    b->last = ngx_cpymem(b->last, line, len);
+    b->flush = 1;
+
+    (void) ngx_http_hermes_cell_send(cell, b);
+}
+
+
+/* the cell's authority to call tools ends with its turn on the kernel */
+
+static void
+ngx_http_hermes_cell_rpc_end(ngx_http_hermes_cell_t *cell)
+{
+    if (cell->rpc == NULL) {
+        return;
+    }
+
+    ngx_http_hermes_rpc_end(cell->rpc);
+    cell->tool_calls += ngx_http_hermes_rpc_calls(cell->rpc);
+    cell->rpc = NULL;
 }
