@@ -226,6 +226,7 @@ my $bad = '0' x 64;
 my %forged = (
     101 => [token => qq({"tool":"echo","args":{"f":101},"seq":101,"token":"$bad"})],
     102 => [token => qq({"tool":"echo","args":{"f":102},"seq":102})],
+    111 => [token => qq({"tool":"echo","args":{"f":111},"seq":111,"token":"${token}00"})],
     103 => [seq => qq({"tool":"echo","args":{"f":103},"seq":"103","token":"$token"})],
     104 => [seq => qq({"tool":"echo","args":{"f":104},"seq":1.5,"token":"$token"})],
     105 => [seq => qq({"tool":"echo","args":{"f":105},"seq":true,"token":"$token"})],
@@ -251,7 +252,7 @@ my @fh = grep { ref $_->{args} eq 'HASH' && defined $_->{args}{f} } @{ hits() };
 is_deeply([map { $_->{args}{f} } @fh], [201], 'only the good request reached the endpoint, once');
 
 my $st1 = status()->{rpc_rejected_total};
-my %want = (malformed => 3, token => 2, seq => 4, replay => 1);
+my %want = (malformed => 3, token => 3, seq => 4, replay => 1);
 is($st1->{$_} - ($st0->{$_} // 0), $want{$_}, "rpc_rejected_total{reason=\"$_\"}")
     for sort keys %want;
 
