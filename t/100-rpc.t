@@ -179,6 +179,31 @@ PY
 is($r->{result}{output}, "tool \"echo\": the tool endpoint is unavailable (HTTP 502)\n",
    'an endpoint that is down: a ToolError');
 
+# -- the client leaves while a tool runs: the cell goes on without tools -
+
+$r = $t->execute('/x', {session => 'gone', code => <<'PY'},
+import time
+out = []
+try:
+    hermes_tools.slow(s=0.8)
+except hermes_tools.ToolError as e:
+    out.append(str(e))
+try:
+    hermes_tools.echo()
+except hermes_tools.ToolError as e:
+    out.append(str(e))
+open("gone.txt", "w").write("\n".join(out))
+PY
+    on_event => sub { $_[0]{type} eq 'tool_call' ? ABORT_STREAM : undef });
+ok($r->{aborted}, 'the client hangs up once the tool call started');
+sleep 1.5;
+$r = $t->execute('/x', {session => 'gone', code => 'print(open("gone.txt").read())'});
+is($r->{result}{output},
+   "tool \"slow\": the client that started this cell disconnected while the tool ran; "
+   . "its answer is lost\nthe client that started this cell has disconnected; tool "
+   . "calls run on its behalf, so there are no more in this cell\n",
+   'the call in flight and the next one get a ToolError saying why');
+
 # -- an answer over hermes_max_output is archived --------------------------
 
 $r = $t->execute('/small', {session => 'big', code => <<'PY'});
