@@ -31,6 +31,10 @@ static char *ngx_http_hermes_tools(ngx_conf_t *cf, ngx_command_t *cmd,
     void *conf);
 static char *ngx_http_hermes_tools_pass(ngx_conf_t *cf, ngx_command_t *cmd,
     void *conf);
+static char *ngx_http_hermes_schema(ngx_conf_t *cf, ngx_command_t *cmd,
+    void *conf);
+static char *ngx_http_hermes_max_tool_calls(ngx_conf_t *cf, void *post,
+    void *data);
 static ngx_int_t ngx_http_hermes_postconfiguration(ngx_conf_t *cf);
 static ngx_http_hermes_backend_conf_t *ngx_http_hermes_backend_create(
     ngx_conf_t *cf, ngx_uint_t type, ngx_str_t *root);
@@ -49,7 +53,7 @@ static ngx_conf_num_bounds_t  ngx_http_hermes_queue_bounds = {
 
 
 static ngx_conf_num_bounds_t  ngx_http_hermes_tool_calls_bounds = {
-    ngx_conf_check_num_bounds, 0, 100000
+    ngx_http_hermes_max_tool_calls, 0, 100000
 };
 
 
@@ -149,6 +153,13 @@ static ngx_command_t  ngx_http_hermes_commands[] = {
     { ngx_string("hermes_tools_pass"),
       NGX_HTTP_MAIN_CONF|NGX_HTTP_SRV_CONF|NGX_HTTP_LOC_CONF|NGX_CONF_TAKE12,
       ngx_http_hermes_tools_pass,
+      NGX_HTTP_LOC_CONF_OFFSET,
+      0,
+      NULL },
+
+    { ngx_string("hermes_schema"),
+      NGX_HTTP_LOC_CONF|NGX_CONF_NOARGS,
+      ngx_http_hermes_schema,
       NGX_HTTP_LOC_CONF_OFFSET,
       0,
       NULL },
@@ -627,6 +638,44 @@ invalid:
                        "\"hermes_tools\": invalid tool name \"%V\" "
                        "(1-128 of A-Z a-z 0-9 _ - .)", &value[i]);
     return NGX_CONF_ERROR;
+}
+
+
+/* nginx's own bounds check, with the directive's name in its message */
+
+static char *
+ngx_http_hermes_max_tool_calls(ngx_conf_t *cf, void *post, void *data)
+{
+    ngx_conf_num_bounds_t *bounds = post;
+    ngx_int_t             *np = data;
+
+    if (*np < bounds->low || *np > bounds->high) {
+        ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                           "\"hermes_max_tool_calls\" must be between %i "
+                           "and %i", bounds->low, bounds->high);
+        return NGX_CONF_ERROR;
+    }
+
+    return NGX_CONF_OK;
+}
+
+
+/* hermes_schema: the execute_code tool's schema (ngx_hermes_rpc.c) */
+
+static char *
+ngx_http_hermes_schema(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
+{
+    ngx_http_core_loc_conf_t  *clcf;
+
+    clcf = ngx_http_conf_get_module_loc_conf(cf, ngx_http_core_module);
+
+    if (clcf->handler) {
+        return "is duplicate, or the location has a handler already";
+    }
+
+    clcf->handler = ngx_http_hermes_rpc_schema_handler;
+
+    return NGX_CONF_OK;
 }
 
 

@@ -702,6 +702,7 @@ ngx_uint_t ngx_http_hermes_rpc_calls(ngx_http_hermes_rpc_t *rpc);
 void ngx_http_hermes_rpc_detach(ngx_http_hermes_rpc_t *rpc);
 void ngx_http_hermes_rpc_end(ngx_http_hermes_rpc_t *rpc);
 ngx_int_t ngx_http_hermes_rpc_filter_init(ngx_conf_t *cf);
+ngx_int_t ngx_http_hermes_rpc_schema_handler(ngx_http_request_t *r);
 
 
 /* per request: what the error filter and the log variables need */

@@ -60,6 +60,8 @@ $t->write_conf(<<'CONF');
         }
 
         location = /status { hermes_status; }
+        location = /schema { hermes_schema; }
+        location = /schema-none { hermes_schema; hermes_tools off; }
     }
 CONF
 $t->run;
@@ -297,5 +299,50 @@ is($r->{result}{output}, "[]\n", 'leftovers are swept before a cell');
 ok(!grep({ ref $_->{args} eq 'HASH' && ($_->{args}{f} // 0) == 301 } @{ hits() }),
    'and never dispatched');
 
+# -- the execute_code schema ----------------------------------------------
+
+$r = $t->http(GET => '/schema');
+is($r->{status}, 200, 'hermes_schema');
+my $sc = $r->{json};
+is($sc->{openai}{type}, 'function', 'OpenAI format');
+is($sc->{openai}{function}{name}, 'execute_code', 'its name');
+is_deeply($sc->{openai}{function}{parameters}{required}, ['code'], 'code is required');
+is($sc->{anthropic}{name}, 'execute_code', 'Anthropic format');
+is($sc->{anthropic}{input_schema}{properties}{session}{type}, 'string', 'its input_schema');
+like($sc->{anthropic}{description},
+     qr/hermes_tools\.echo\(\.\.\.\), hermes_tools\.fail\(\.\.\.\), hermes_tools\.slow\(\.\.\.\), hermes_tools\.notjson\(\.\.\.\), hermes_tools\.big\(\.\.\.\)\.  At most 5 tool calls/,
+     'the description lists the enabled tools and the budget');
+is($sc->{openai}{function}{description}, $sc->{anthropic}{description}, 'one description');
+is_deeply($t->http(GET => '/schema?format=anthropic')->{json}, $sc->{anthropic}, '?format=anthropic');
+is_deeply($t->http(GET => '/schema?format=openai')->{json}, $sc->{openai}, '?format=openai');
+is($t->http(GET => '/schema?format=x')->{status}, 400, 'an unknown format: 400');
+like($t->http(GET => '/schema-none')->{json}{openai}{function}{description},
+     qr/No tools can be called/, 'no tools: said so');
+
 $t->stop;
+
+# -- nginx -t names the directive and the reason ---------------------------
+
+for my $case (
+    ['hermes_tools "a b";', qr/"hermes_tools": invalid tool name "a b"/],
+    ['hermes_tools echo echo;', qr/"hermes_tools": "echo" is listed twice/],
+    ['hermes_tools_pass tools;', qr/"hermes_tools_pass": "tools" is not a location's URI/],
+    ['hermes_tools_pass /tools protocol=soap;', qr/"hermes_tools_pass": invalid parameter "protocol=soap"/],
+    ['hermes_max_tool_calls -1;', qr/"hermes_max_tool_calls" directive invalid number/],
+    ['hermes_max_tool_calls 1000000;', qr/"hermes_max_tool_calls" must be between 0 and 100000/],
+)
+{
+    my $c = Hermes::Test->new(workers => 1);
+    $c->write_conf(<<"CONF");
+    hermes_zone kernels:1m;
+    server {
+        listen 127.0.0.1:%%PORT_0%%;
+        location = /x { hermes_execute; $case->[0] }
+    }
+CONF
+    my ($rc, $out) = $c->test_config;
+    isnt($rc, 0, "nginx -t fails: $case->[0]");
+    like($out, $case->[1], "and says why: $case->[0]");
+}
+
 done_testing;
