@@ -414,6 +414,7 @@ ngx_http_hermes_create_loc_conf(ngx_conf_t *cf)
     conf->max_code = NGX_CONF_UNSET_SIZE;
     conf->queue = NGX_CONF_UNSET_UINT;
     conf->tools = NGX_CONF_UNSET_PTR;
+    conf->tools_auto = NGX_CONF_UNSET_UINT;
     conf->tools_protocol = NGX_CONF_UNSET_UINT;
     conf->max_tool_calls = NGX_CONF_UNSET_UINT;
 
@@ -441,7 +442,16 @@ ngx_http_hermes_merge_loc_conf(ngx_conf_t *cf, void *parent, void *child)
     ngx_conf_merge_uint_value(conf->queue, prev->queue, 8);
     ngx_conf_merge_str_value(conf->thread_pool_name, prev->thread_pool_name,
                              "default");
-    ngx_conf_merge_ptr_value(conf->tools, prev->tools, NULL);
+    if (conf->tools == NGX_CONF_UNSET_PTR) {
+        conf->tools = prev->tools;
+        conf->tools_auto = prev->tools_auto;
+    }
+
+    if (conf->tools == NGX_CONF_UNSET_PTR) {
+        conf->tools = NULL;
+    }
+
+    ngx_conf_merge_uint_value(conf->tools_auto, prev->tools_auto, 0);
     ngx_conf_merge_str_value(conf->tools_pass, prev->tools_pass, "");
     ngx_conf_merge_uint_value(conf->tools_protocol, prev->tools_protocol,
                               NGX_HTTP_HERMES_TOOLS_HERMES);
@@ -484,6 +494,16 @@ ngx_http_hermes_merge_loc_conf(ngx_conf_t *cf, void *parent, void *child)
     if (conf->max_output < 100) {
         ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
                            "\"hermes_max_output\" must be at least 100");
+        return NGX_CONF_ERROR;
+    }
+
+    if (conf->tools_auto
+        && conf->tools_protocol != NGX_HTTP_HERMES_TOOLS_MCP
+        && conf->handler == NGX_HTTP_HERMES_HANDLER_EXECUTE)
+    {
+        ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                           "\"hermes_tools auto\" needs "
+                           "\"hermes_tools_pass URI protocol=mcp\"");
         return NGX_CONF_ERROR;
     }
 
@@ -580,6 +600,20 @@ ngx_http_hermes_tools(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
 
     if (cf->args->nelts == 2 && ngx_strcmp(value[1].data, "off") == 0) {
         hlcf->tools = NULL;
+        hlcf->tools_auto = 0;
+        return NGX_CONF_OK;
+    }
+
+    hlcf->tools_auto = 0;
+
+    if (cf->args->nelts == 2 && ngx_strcmp(value[1].data, "auto") == 0) {
+        /* the MCP server's tools/list: known at the first call */
+        hlcf->tools = ngx_array_create(cf->pool, 1, sizeof(ngx_str_t));
+        if (hlcf->tools == NULL) {
+            return NGX_CONF_ERROR;
+        }
+
+        hlcf->tools_auto = 1;
         return NGX_CONF_OK;
     }
 
@@ -709,10 +743,14 @@ ngx_http_hermes_tools_pass(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
         if (ngx_strcmp(value[2].data, "protocol=hermes") == 0) {
             hlcf->tools_protocol = NGX_HTTP_HERMES_TOOLS_HERMES;
 
+        } else if (ngx_strcmp(value[2].data, "protocol=mcp") == 0) {
+            hlcf->tools_protocol = NGX_HTTP_HERMES_TOOLS_MCP;
+
         } else {
             ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
                                "\"hermes_tools_pass\": invalid parameter "
-                               "\"%V\" (protocol=hermes)", &value[2]);
+                               "\"%V\" (protocol=hermes or protocol=mcp)",
+                               &value[2]);
             return NGX_CONF_ERROR;
         }
     }

@@ -161,6 +161,7 @@ typedef struct {
     ngx_array_t                  *tools;        /* ngx_str_t; NULL: none */
     ngx_str_t                     tools_pass;   /* a location's URI */
     ngx_uint_t                    tools_protocol;
+    ngx_uint_t                    tools_auto;   /* the MCP server's list */
     ngx_uint_t                    max_tool_calls;
 } ngx_http_hermes_loc_conf_t;
 
@@ -642,7 +643,7 @@ ngx_buf_t *ngx_http_hermes_prometheus_stats(ngx_pool_t *pool,
     ngx_http_hermes_stats_t *st, ngx_uint_t max_kernels, ngx_str_t *zone);
 ngx_buf_t *ngx_http_hermes_json_cell_request(ngx_pool_t *pool, uint32_t id,
     ngx_http_hermes_request_t *req, size_t max_output, size_t max_stream,
-    ngx_array_t *tools);
+    ngx_array_t *tools, ngx_uint_t tools_any);
 
 extern ngx_str_t  ngx_http_hermes_cell_status_names[];
 

@@ -627,7 +627,8 @@ ngx_http_hermes_cell_run(ngx_http_hermes_cell_t *cell)
                                           &cell->req,
                                           cell->hlcf->max_output,
                                           cell->hlcf->max_stream,
-                                          cell->hlcf->tools);
+                                          cell->hlcf->tools,
+                                          cell->hlcf->tools_auto);
     if (b == NULL) {
         goto ship_failed;
     }
@@ -1019,7 +1020,8 @@ ngx_http_hermes_cell_run_relay(ngx_http_hermes_cell_t *cell)
                                           &cell->req,
                                           cell->hlcf->max_output,
                                           cell->hlcf->max_stream,
-                                          cell->hlcf->tools);
+                                          cell->hlcf->tools,
+                                          cell->hlcf->tools_auto);
     if (b == NULL) {
         goto failed;
     }

@@ -1096,7 +1096,7 @@ ngx_http_hermes_json_error(ngx_pool_t *pool, ngx_str_t *code,
 ngx_buf_t *
 ngx_http_hermes_json_cell_request(ngx_pool_t *pool, uint32_t id,
     ngx_http_hermes_request_t *req, size_t max_output, size_t max_stream,
-    ngx_array_t *tools)
+    ngx_array_t *tools, ngx_uint_t tools_any)
 {
     yajl_gen     g;
     ngx_buf_t   *b;
@@ -1120,19 +1120,30 @@ ngx_http_hermes_json_cell_request(ngx_pool_t *pool, uint32_t id,
     ngx_http_hermes_gen_key(g, "max_stream");
     yajl_gen_integer(g, max_stream);
 
-    /* the tools its code may call: hermes_tools.py offers these only */
+    /*
+     * the tools its code may call: hermes_tools.py offers these only;
+     * null: the module alone knows (an MCP server's list)
+     */
+
     ngx_http_hermes_gen_key(g, "tools");
-    yajl_gen_array_open(g);
 
-    if (tools) {
-        name = tools->elts;
+    if (tools_any) {
+        yajl_gen_null(g);
 
-        for (i = 0; i < tools->nelts; i++) {
-            ngx_http_hermes_gen_str(g, &name[i]);
+    } else {
+        yajl_gen_array_open(g);
+
+        if (tools) {
+            name = tools->elts;
+
+            for (i = 0; i < tools->nelts; i++) {
+                ngx_http_hermes_gen_str(g, &name[i]);
+            }
         }
+
+        yajl_gen_array_close(g);
     }
 
-    yajl_gen_array_close(g);
     yajl_gen_map_close(g);
 
     b = ngx_http_hermes_json_take(pool, g, 0);

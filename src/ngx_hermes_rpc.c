@@ -27,6 +27,7 @@
 #include <sys/inotify.h>
 #include <yajl/yajl_gen.h>
 #include <yajl/yajl_parse.h>
+#include <yajl/yajl_tree.h>
 
 
 #define NGX_HTTP_HERMES_RPC_DEPTH      64     /* nesting of a request */
@@ -34,6 +35,16 @@
 #define NGX_HTTP_HERMES_RPC_ERROR_MAX  1024   /* of a message passed on */
 #define NGX_HTTP_HERMES_RPC_SCAN_MAX   1024   /* names a scan looks at */
 #define NGX_HTTP_HERMES_RPC_SEEN_MORE  64     /* seqs kept past the budget */
+
+#define NGX_HTTP_HERMES_RPC_PEERS      16     /* MCP servers a worker knows */
+
+#define NGX_HTTP_HERMES_MCP_VERSION    "2025-06-18"
+
+/* a call's MCP steps; 0: the hermes protocol, one POST */
+#define NGX_HTTP_HERMES_MCP_INIT       1
+#define NGX_HTTP_HERMES_MCP_NOTIFY     2
+#define NGX_HTTP_HERMES_MCP_LIST       3
+#define NGX_HTTP_HERMES_MCP_CALL       4
 
 #define NGX_HTTP_HERMES_RPC_KEY_TOOL   0x01
 #define NGX_HTTP_HERMES_RPC_KEY_ARGS   0x02
@@ -68,22 +79,49 @@ struct ngx_http_hermes_rpc_s {
 };
 
 
-/* one call, in the request's pool: it lives as long as its subrequest */
+/*
+ * An MCP server as this worker knows it (by its hermes_tools_pass URI):
+ * its session, its protocol version, and its tools for "hermes_tools auto"
+ * (until the worker exits: a reload refreshes them).
+ */
+
+typedef struct {
+    ngx_str_t                       uri;
+    u_char                          session[256];
+    size_t                          session_len;
+    u_char                          version[32];
+    size_t                          version_len;
+    u_char                         *tools;      /* names, NUL-separated */
+    size_t                          tools_len;
+    unsigned                        ready:1;
+    unsigned                        listed:1;
+} ngx_http_hermes_rpc_peer_t;
+
+
+/* one call, in the request's pool: it lives as long as its subrequests */
 
 typedef struct {
     ngx_queue_t                     queue;
     ngx_http_hermes_rpc_t          *rpc;        /* NULL: nobody waits */
-    ngx_http_request_t             *sr;
+    ngx_http_request_t             *sr;         /* the one running */
     uint64_t                        seq;
     ngx_str_t                       tool;
+    ngx_str_t                       args;
     ngx_msec_t                      start;
     ngx_uint_t                      status;     /* of the endpoint */
     u_char                         *body;
     size_t                          len;
     size_t                          size;
     size_t                          cap;
+    ngx_http_hermes_rpc_peer_t     *peer;       /* MCP */
+    ngx_uint_t                      step;
+    ngx_str_t                       session;    /* Mcp-Session-Id got */
+    ngx_str_t                       err;        /* an MCP step's word */
+    u_char                          err_buf[NGX_HTTP_HERMES_RPC_ERROR_MAX];
     unsigned                        too_big:1;
-    unsigned                        done:1;
+    unsigned                        sse:1;
+    unsigned                        used_session:1;
+    unsigned                        retried:1;
 } ngx_http_hermes_rpc_call_t;
 
 
@@ -120,8 +158,28 @@ static void ngx_http_hermes_rpc_take(ngx_http_hermes_rpc_t *rpc,
     ngx_http_hermes_rpc_req_t *req);
 static ngx_int_t ngx_http_hermes_rpc_dispatch(ngx_http_hermes_rpc_t *rpc,
     ngx_http_hermes_rpc_req_t *req);
+static ngx_int_t ngx_http_hermes_rpc_subrequest(ngx_http_hermes_rpc_t *rpc,
+    ngx_http_hermes_rpc_call_t *call);
+static ngx_buf_t *ngx_http_hermes_rpc_body(ngx_http_hermes_rpc_t *rpc,
+    ngx_http_hermes_rpc_call_t *call);
 static ngx_int_t ngx_http_hermes_rpc_header(ngx_http_request_t *sr,
     char *key, u_char *value, size_t len);
+static ngx_uint_t ngx_http_hermes_rpc_status(ngx_http_hermes_rpc_call_t *call,
+    ngx_int_t rc);
+static ngx_http_hermes_rpc_peer_t *ngx_http_hermes_rpc_peer(ngx_str_t *uri);
+static ngx_int_t ngx_http_hermes_rpc_peer_has(ngx_http_hermes_rpc_peer_t *peer,
+    ngx_str_t *name);
+static ngx_int_t ngx_http_hermes_rpc_mcp_next(ngx_http_hermes_rpc_t *rpc,
+    ngx_http_hermes_rpc_call_t *call, ngx_int_t rc);
+static ngx_int_t ngx_http_hermes_rpc_mcp_answer(ngx_http_hermes_rpc_t *rpc,
+    ngx_http_hermes_rpc_call_t *call);
+static yajl_val ngx_http_hermes_rpc_mcp_parse(ngx_http_hermes_rpc_t *rpc,
+    ngx_http_hermes_rpc_call_t *call);
+static yajl_val ngx_http_hermes_rpc_json(ngx_pool_t *pool, u_char *data,
+    size_t len);
+static void ngx_http_hermes_rpc_gen(yajl_gen g, yajl_val v);
+static void ngx_http_hermes_rpc_call_error(ngx_http_hermes_rpc_call_t *call,
+    const char *fmt, ...);
 static ngx_int_t ngx_http_hermes_rpc_done(ngx_http_request_t *sr, void *data,
     ngx_int_t rc);
 static void ngx_http_hermes_rpc_outcome(ngx_http_hermes_rpc_t *rpc,
@@ -817,8 +875,9 @@ static void
 ngx_http_hermes_rpc_take(ngx_http_hermes_rpc_t *rpc,
     ngx_http_hermes_rpc_req_t *req)
 {
-    ngx_str_t   *name;
-    ngx_uint_t   i, allowed;
+    ngx_str_t                   *name;
+    ngx_uint_t                   i, allowed;
+    ngx_http_hermes_rpc_peer_t  *peer;
 
     if (rpc->nseen == rpc->seen_max) {
         ngx_http_hermes_rpc_answer_error(rpc, req->seq,
@@ -847,7 +906,13 @@ ngx_http_hermes_rpc_take(ngx_http_hermes_rpc_t *rpc,
 
     allowed = 0;
 
-    if (rpc->hlcf->tools) {
+    if (rpc->hlcf->tools_auto) {
+        /* the MCP server's tools/list says, now (cached) or before the call */
+        peer = ngx_http_hermes_rpc_peer(&rpc->hlcf->tools_pass);
+        allowed = (peer == NULL || !peer->listed
+                   || ngx_http_hermes_rpc_peer_has(peer, &req->tool) == NGX_OK);
+
+    } else if (rpc->hlcf->tools) {
         name = rpc->hlcf->tools->elts;
 
         for (i = 0; i < rpc->hlcf->tools->nelts; i++) {
@@ -863,7 +928,10 @@ ngx_http_hermes_rpc_take(ngx_http_hermes_rpc_t *rpc,
 
     if (!allowed) {
         ngx_http_hermes_rpc_answer_error(rpc, req->seq,
-                     (u_char *) "tool \"%V\" is not enabled here",
+                     rpc->hlcf->tools_auto
+                     ? (u_char *) "tool \"%V\": not one of the MCP server's "
+                                  "tools (tools/list)"
+                     : (u_char *) "tool \"%V\" is not enabled here",
                      &req->tool);
         return;
     }
@@ -890,25 +958,109 @@ ngx_http_hermes_rpc_take(ngx_http_hermes_rpc_t *rpc,
 }
 
 
-/* the call: a background subrequest, so the cell's stream goes on */
+/* the call: background subrequests, so the cell's stream goes on */
 
 static ngx_int_t
 ngx_http_hermes_rpc_dispatch(ngx_http_hermes_rpc_t *rpc,
     ngx_http_hermes_rpc_req_t *req)
 {
+    ngx_str_t                    args;
+    ngx_http_request_t          *r;
+    ngx_http_hermes_rpc_call_t  *call;
+
+    r = rpc->r;
+
+    if (rpc->hlcf->tools_pass.len == 0) {
+        return NGX_ERROR;
+    }
+
+    call = ngx_pcalloc(r->pool, sizeof(ngx_http_hermes_rpc_call_t));
+    if (call == NULL) {
+        return NGX_ERROR;
+    }
+
+    if (req->args_type == NGX_HTTP_HERMES_RPC_OBJECT) {
+        args = req->args;
+
+    } else {
+        ngx_str_set(&args, "{}");
+    }
+
+    /* the request's buffer goes when this returns; the call stays */
+
+    call->tool.data = ngx_pstrdup(r->pool, &req->tool);
+    call->args.data = ngx_pstrdup(r->pool, &args);
+
+    if (call->tool.data == NULL || call->args.data == NULL) {
+        return NGX_ERROR;
+    }
+
+    call->tool.len = req->tool.len;
+    call->args.len = args.len;
+    call->rpc = rpc;
+    call->seq = req->seq;
+    call->start = ngx_current_msec;
+    call->cap = ngx_max(rpc->hlcf->max_stream, rpc->hlcf->max_output);
+
+    if (rpc->hlcf->tools_protocol == NGX_HTTP_HERMES_TOOLS_MCP) {
+        call->peer = ngx_http_hermes_rpc_peer(&rpc->hlcf->tools_pass);
+        if (call->peer == NULL) {
+            return NGX_ERROR;
+        }
+
+        if (!call->peer->ready) {
+            call->step = NGX_HTTP_HERMES_MCP_INIT;
+
+        } else if (rpc->hlcf->tools_auto && !call->peer->listed) {
+            call->step = NGX_HTTP_HERMES_MCP_LIST;
+
+        } else {
+            call->step = NGX_HTTP_HERMES_MCP_CALL;
+        }
+    }
+
+    if (ngx_http_hermes_rpc_subrequest(rpc, call) != NGX_OK) {
+        return NGX_ERROR;
+    }
+
+    ngx_queue_insert_tail(&rpc->inflight, &call->queue);
+
+    rpc->calls++;
+    ngx_http_hermes_count(rpc->zone, tool_calls_total);
+
+    ngx_http_hermes_rpc_emit(rpc, "tool_call", &call->tool, call->seq, -1, 0);
+
+    /* it may be over by the time this returns (a refused connection) */
+
+    if (rpc->r) {
+        ngx_http_run_posted_requests(r->connection);
+    }
+
+    return NGX_OK;
+}
+
+
+/* one subrequest of a call: the hermes POST, or an MCP step */
+
+static ngx_int_t
+ngx_http_hermes_rpc_subrequest(ngx_http_hermes_rpc_t *rpc,
+    ngx_http_hermes_rpc_call_t *call)
+{
     u_char                       *p;
     size_t                        len;
     ngx_buf_t                    *b;
-    ngx_str_t                     args, owner;
+    ngx_str_t                     owner, accept;
     ngx_chain_t                  *cl;
-    ngx_connection_t             *c;
     ngx_http_request_t           *r, *sr;
     ngx_http_request_body_t      *rb;
     ngx_http_post_subrequest_t   *ps;
-    ngx_http_hermes_rpc_call_t   *call;
+    ngx_http_hermes_rpc_peer_t   *peer;
 
     r = rpc->r;
-    c = r->connection;
+
+    if (r == NULL) {
+        return NGX_ERROR;
+    }
 
     /* the owner of no hermes_owner is "\001anonymous": no header has that */
 
@@ -919,62 +1071,15 @@ ngx_http_hermes_rpc_dispatch(ngx_http_hermes_rpc_t *rpc,
         owner.len--;
     }
 
-    if (rpc->hlcf->tools_pass.len == 0) {
-        return NGX_ERROR;
-    }
-
-    call = ngx_pcalloc(r->pool, sizeof(ngx_http_hermes_rpc_call_t));
-    ps = ngx_palloc(r->pool, sizeof(ngx_http_post_subrequest_t));
-
-    if (call == NULL || ps == NULL) {
-        return NGX_ERROR;
-    }
-
-    call->tool.data = ngx_pstrdup(r->pool, &req->tool);
-    if (call->tool.data == NULL) {
-        return NGX_ERROR;
-    }
-
-    call->tool.len = req->tool.len;
-    call->rpc = rpc;
-    call->seq = req->seq;
-    call->start = ngx_current_msec;
-    call->cap = ngx_max(rpc->hlcf->max_stream, rpc->hlcf->max_output);
-
-    /* {"tool","args","session","kernel_id"}: args as the code wrote them */
-
-    if (req->args_type == NGX_HTTP_HERMES_RPC_OBJECT) {
-        args = req->args;
-
-    } else {
-        ngx_str_set(&args, "{}");
-    }
-
-    len = sizeof("{\"tool\":,\"args\":,\"session\":,\"kernel_id\":\"\"}") - 1
-          + ngx_escape_json(NULL, req->tool.data, req->tool.len)
-          + req->tool.len + 2 + args.len
-          + ngx_escape_json(NULL, rpc->ref->session.data,
-                            rpc->ref->session.len)
-          + rpc->ref->session.len + 2 + NGX_HTTP_HERMES_ID_LEN;
-
-    b = ngx_create_temp_buf(r->pool, len);
+    b = ngx_http_hermes_rpc_body(rpc, call);
     if (b == NULL) {
         return NGX_ERROR;
     }
 
-    p = ngx_cpymem(b->last, "{\"tool\":\"", sizeof("{\"tool\":\"") - 1);
-    p = (u_char *) ngx_escape_json(p, req->tool.data, req->tool.len);
-    p = ngx_cpymem(p, "\",\"args\":", sizeof("\",\"args\":") - 1);
-    p = ngx_cpymem(p, args.data, args.len);
-    p = ngx_cpymem(p, ",\"session\":\"", sizeof(",\"session\":\"") - 1);
-    p = (u_char *) ngx_escape_json(p, rpc->ref->session.data,
-                                   rpc->ref->session.len);
-    p = ngx_cpymem(p, "\",\"kernel_id\":\"", sizeof("\",\"kernel_id\":\"") - 1);
-    p = ngx_cpymem(p, rpc->ref->kernel_id, NGX_HTTP_HERMES_ID_LEN);
-    p = ngx_cpymem(p, "\"}", 2);
-
-    b->last = p;
-    b->last_buf = 1;
+    ps = ngx_palloc(r->pool, sizeof(ngx_http_post_subrequest_t));
+    if (ps == NULL) {
+        return NGX_ERROR;
+    }
 
     ps->handler = ngx_http_hermes_rpc_done;
     ps->data = call;
@@ -987,6 +1092,11 @@ ngx_http_hermes_rpc_dispatch(ngx_http_hermes_rpc_t *rpc,
     }
 
     call->sr = sr;
+    call->status = 0;
+    call->len = 0;
+    call->too_big = 0;
+    call->sse = 0;
+    call->session.len = 0;
 
     /* POST, our body and our headers only: not the client's */
 
@@ -997,7 +1107,7 @@ ngx_http_hermes_rpc_dispatch(ngx_http_hermes_rpc_t *rpc,
     sr->headers_in.content_length_n = b->last - b->pos;
     sr->headers_in.keep_alive_n = -1;
 
-    if (ngx_list_init(&sr->headers_in.headers, r->pool, 8,
+    if (ngx_list_init(&sr->headers_in.headers, r->pool, 10,
                       sizeof(ngx_table_elt_t))
         != NGX_OK)
     {
@@ -1011,14 +1121,19 @@ ngx_http_hermes_rpc_dispatch(ngx_http_hermes_rpc_t *rpc,
 
     len = ngx_sprintf(p, "%O", sr->headers_in.content_length_n) - p;
 
+    if (call->step) {
+        ngx_str_set(&accept, "application/json, text/event-stream");
+
+    } else {
+        ngx_str_set(&accept, "application/json");
+    }
+
     if (ngx_http_hermes_rpc_header(sr, "Content-Type",
                                    (u_char *) "application/json",
                                    sizeof("application/json") - 1)
         != NGX_OK
         || ngx_http_hermes_rpc_header(sr, "Content-Length", p, len) != NGX_OK
-        || ngx_http_hermes_rpc_header(sr, "Accept",
-                                   (u_char *) "application/json",
-                                   sizeof("application/json") - 1)
+        || ngx_http_hermes_rpc_header(sr, "Accept", accept.data, accept.len)
            != NGX_OK
         || ngx_http_hermes_rpc_header(sr, "X-Hermes-Owner", owner.data,
                                       owner.len)
@@ -1038,6 +1153,42 @@ ngx_http_hermes_rpc_dispatch(ngx_http_hermes_rpc_t *rpc,
         return NGX_ERROR;
     }
 
+    peer = call->peer;
+
+    if (peer && peer->session_len) {
+        /* the peer's is this worker's, the header must live with sr */
+        p = ngx_pnalloc(r->pool, peer->session_len);
+        if (p == NULL) {
+            return NGX_ERROR;
+        }
+
+        ngx_memcpy(p, peer->session, peer->session_len);
+        call->used_session = 1;
+
+        if (ngx_http_hermes_rpc_header(sr, "Mcp-Session-Id", p,
+                                       peer->session_len)
+            != NGX_OK)
+        {
+            return NGX_ERROR;
+        }
+    }
+
+    if (peer && peer->version_len && call->step != NGX_HTTP_HERMES_MCP_INIT) {
+        p = ngx_pnalloc(r->pool, peer->version_len);
+        if (p == NULL) {
+            return NGX_ERROR;
+        }
+
+        ngx_memcpy(p, peer->version, peer->version_len);
+
+        if (ngx_http_hermes_rpc_header(sr, "MCP-Protocol-Version", p,
+                                       peer->version_len)
+            != NGX_OK)
+        {
+            return NGX_ERROR;
+        }
+    }
+
     rb = ngx_pcalloc(r->pool, sizeof(ngx_http_request_body_t));
     cl = ngx_alloc_chain_link(r->pool);
 
@@ -1054,20 +1205,120 @@ ngx_http_hermes_rpc_dispatch(ngx_http_hermes_rpc_t *rpc,
     sr->request_body = rb;
     sr->request_body_in_single_buf = 1;
 
-    ngx_queue_insert_tail(&rpc->inflight, &call->queue);
+    return NGX_OK;
+}
 
-    rpc->calls++;
-    ngx_http_hermes_count(rpc->zone, tool_calls_total);
 
-    ngx_http_hermes_rpc_emit(rpc, "tool_call", &call->tool, call->seq, -1, 0);
+/* the body of a call's subrequest, by protocol and MCP step */
 
-    /* it may be over by the time this returns (a refused connection) */
+static ngx_buf_t *
+ngx_http_hermes_rpc_body(ngx_http_hermes_rpc_t *rpc,
+    ngx_http_hermes_rpc_call_t *call)
+{
+    u_char              *p;
+    size_t               len;
+    ngx_buf_t           *b;
+    ngx_http_request_t  *r;
 
-    if (rpc->r) {
-        ngx_http_run_posted_requests(c);
+    static u_char  init[] =
+        "{\"jsonrpc\":\"2.0\",\"id\":\"hermes-init\",\"method\":\"initialize\","
+        "\"params\":{\"protocolVersion\":\"" NGX_HTTP_HERMES_MCP_VERSION "\","
+        "\"capabilities\":{},\"clientInfo\":{\"name\":\"ngx_hermes\","
+        "\"version\":\"0.1\"}}}";
+    static u_char  notify[] =
+        "{\"jsonrpc\":\"2.0\",\"method\":\"notifications/initialized\"}";
+    static u_char  list[] =
+        "{\"jsonrpc\":\"2.0\",\"id\":\"hermes-list\",\"method\":\"tools/list\"}";
+
+    r = rpc->r;
+
+    switch (call->step) {
+
+    case NGX_HTTP_HERMES_MCP_INIT:
+        p = init;
+        len = sizeof(init) - 1;
+        goto fixed;
+
+    case NGX_HTTP_HERMES_MCP_NOTIFY:
+        p = notify;
+        len = sizeof(notify) - 1;
+        goto fixed;
+
+    case NGX_HTTP_HERMES_MCP_LIST:
+        p = list;
+        len = sizeof(list) - 1;
+        goto fixed;
+
+    case NGX_HTTP_HERMES_MCP_CALL:
+        len = sizeof("{\"jsonrpc\":\"2.0\",\"id\":,\"method\":\"tools/call\","
+                     "\"params\":{\"name\":\"\",\"arguments\":}}") - 1
+              + NGX_INT64_LEN + call->tool.len
+              + ngx_escape_json(NULL, call->tool.data, call->tool.len)
+              + call->args.len;
+
+        b = ngx_create_temp_buf(r->pool, len);
+        if (b == NULL) {
+            return NULL;
+        }
+
+        p = ngx_sprintf(b->last, "{\"jsonrpc\":\"2.0\",\"id\":%uL,"
+                        "\"method\":\"tools/call\",\"params\":{\"name\":\"",
+                        call->seq);
+        p = (u_char *) ngx_escape_json(p, call->tool.data, call->tool.len);
+        p = ngx_cpymem(p, "\",\"arguments\":", sizeof("\",\"arguments\":") - 1);
+        p = ngx_cpymem(p, call->args.data, call->args.len);
+        p = ngx_cpymem(p, "}}", 2);
+
+        b->last = p;
+        b->last_buf = 1;
+
+        return b;
+
+    default: /* the hermes protocol: {"tool","args","session","kernel_id"} */
+        break;
     }
 
-    return NGX_OK;
+    len = sizeof("{\"tool\":,\"args\":,\"session\":,\"kernel_id\":\"\"}") - 1
+          + ngx_escape_json(NULL, call->tool.data, call->tool.len)
+          + call->tool.len + 2 + call->args.len
+          + ngx_escape_json(NULL, rpc->ref->session.data,
+                            rpc->ref->session.len)
+          + rpc->ref->session.len + 2 + NGX_HTTP_HERMES_ID_LEN;
+
+    b = ngx_create_temp_buf(r->pool, len);
+    if (b == NULL) {
+        return NULL;
+    }
+
+    p = ngx_cpymem(b->last, "{\"tool\":\"", sizeof("{\"tool\":\"") - 1);
+    p = (u_char *) ngx_escape_json(p, call->tool.data, call->tool.len);
+    p = ngx_cpymem(p, "\",\"args\":", sizeof("\",\"args\":") - 1);
+    p = ngx_cpymem(p, call->args.data, call->args.len);
+    p = ngx_cpymem(p, ",\"session\":\"", sizeof(",\"session\":\"") - 1);
+    p = (u_char *) ngx_escape_json(p, rpc->ref->session.data,
+                                   rpc->ref->session.len);
+    p = ngx_cpymem(p, "\",\"kernel_id\":\"", sizeof("\",\"kernel_id\":\"") - 1);
+    p = ngx_cpymem(p, rpc->ref->kernel_id, NGX_HTTP_HERMES_ID_LEN);
+    p = ngx_cpymem(p, "\"}", 2);
+
+    b->last = p;
+    b->last_buf = 1;
+
+    return b;
+
+fixed:
+
+    b = ngx_calloc_buf(r->pool);
+    if (b == NULL) {
+        return NULL;
+    }
+
+    b->pos = p;
+    b->last = p + len;
+    b->memory = 1;
+    b->last_buf = 1;
+
+    return b;
 }
 
 
@@ -1112,7 +1363,7 @@ ngx_http_hermes_rpc_header(ngx_http_request_t *sr, char *key, u_char *value,
 }
 
 
-/* the subrequest is over: its captured answer becomes res_N */
+/* a subrequest is over: the next MCP step, or the answer in res_N */
 
 static ngx_int_t
 ngx_http_hermes_rpc_done(ngx_http_request_t *sr, void *data, ngx_int_t rc)
@@ -1121,18 +1372,29 @@ ngx_http_hermes_rpc_done(ngx_http_request_t *sr, void *data, ngx_int_t rc)
 
     ngx_http_hermes_rpc_t  *rpc;
 
-    if (call->done || rc == NGX_AGAIN) {
+    if (sr != call->sr || rc == NGX_AGAIN) {
         return NGX_OK;
     }
 
-    call->done = 1;
+    call->sr = NULL;
     rpc = call->rpc;
 
-    if (rpc) {
-        ngx_queue_remove(&call->queue);
-        call->rpc = NULL;
-        ngx_http_hermes_rpc_outcome(rpc, call, rc);
+    if (rpc == NULL) {
+        return NGX_OK;
     }
+
+    if (call->step) {
+        rc = ngx_http_hermes_rpc_mcp_next(rpc, call, rc);
+
+        if (rc == NGX_AGAIN) {
+            return NGX_OK;
+        }
+    }
+
+    ngx_queue_remove(&call->queue);
+    call->rpc = NULL;
+
+    ngx_http_hermes_rpc_outcome(rpc, call, rc);
 
     /*
      * Whatever the endpoint did, it is the code's ToolError, never the
@@ -1140,6 +1402,24 @@ ngx_http_hermes_rpc_done(ngx_http_request_t *sr, void *data, ngx_int_t rc)
      */
 
     return NGX_OK;
+}
+
+
+/* the endpoint's status, as nginx or the endpoint gave it */
+
+static ngx_uint_t
+ngx_http_hermes_rpc_status(ngx_http_hermes_rpc_call_t *call, ngx_int_t rc)
+{
+    if (rc >= NGX_HTTP_SPECIAL_RESPONSE) {
+        /* nginx's own answer: the upstream failed or timed out */
+        return rc;
+    }
+
+    if (rc == NGX_ERROR || call->status == 0) {
+        return NGX_HTTP_BAD_GATEWAY;
+    }
+
+    return call->status;
 }
 
 
@@ -1151,17 +1431,16 @@ ngx_http_hermes_rpc_outcome(ngx_http_hermes_rpc_t *rpc,
     ngx_str_t   msg;
     ngx_uint_t  status;
 
-    status = call->status;
+    ok = 0;
 
-    if (rc >= NGX_HTTP_SPECIAL_RESPONSE) {
-        /* nginx's own answer: the upstream failed or timed out */
-        status = rc;
-
-    } else if (rc == NGX_ERROR || status == 0) {
-        status = NGX_HTTP_BAD_GATEWAY;
+    if (rc == NGX_DONE) {
+        /* an MCP step said why */
+        ngx_http_hermes_rpc_answer_error(rpc, call->seq,
+                     (u_char *) "tool \"%V\": %V", &call->tool, &call->err);
+        goto done;
     }
 
-    ok = 0;
+    status = ngx_http_hermes_rpc_status(call, rc);
 
     if (call->too_big) {
         ngx_http_hermes_rpc_answer_error(rpc, call->seq,
@@ -1194,6 +1473,9 @@ ngx_http_hermes_rpc_outcome(ngx_http_hermes_rpc_t *rpc,
                      "HTTP %ui", &call->tool, status);
         }
 
+    } else if (call->step) {
+        ok = ngx_http_hermes_rpc_mcp_answer(rpc, call);
+
     } else if (ngx_http_hermes_rpc_answer_ok(rpc, call->seq, call->body,
                                              call->len)
                == NGX_DECLINED)
@@ -1205,6 +1487,8 @@ ngx_http_hermes_rpc_outcome(ngx_http_hermes_rpc_t *rpc,
     } else {
         ok = 1;
     }
+
+done:
 
     ngx_http_hermes_rpc_emit(rpc, "tool_done", &call->tool, call->seq, ok,
                              ngx_current_msec - call->start);
@@ -1689,6 +1973,9 @@ ngx_http_hermes_rpc_call(ngx_http_request_t *r)
 static ngx_int_t
 ngx_http_hermes_rpc_header_filter(ngx_http_request_t *r)
 {
+    ngx_uint_t                   i;
+    ngx_list_part_t             *part;
+    ngx_table_elt_t             *h;
     ngx_http_hermes_rpc_call_t  *call;
 
     call = ngx_http_hermes_rpc_call(r);
@@ -1701,6 +1988,50 @@ ngx_http_hermes_rpc_header_filter(ngx_http_request_t *r)
 
     if (r->headers_out.content_length_n > (off_t) call->cap) {
         call->too_big = 1;
+    }
+
+    if (call->step) {
+        /* MCP: an SSE answer, and the session the server gives */
+
+        if (r->headers_out.content_type.len >= sizeof("text/event-stream") - 1
+            && ngx_strncasecmp(r->headers_out.content_type.data,
+                               (u_char *) "text/event-stream",
+                               sizeof("text/event-stream") - 1) == 0)
+        {
+            call->sse = 1;
+        }
+
+        part = &r->headers_out.headers.part;
+        h = part->elts;
+
+        for (i = 0; /* void */ ; i++) {
+
+            if (i >= part->nelts) {
+                if (part->next == NULL) {
+                    break;
+                }
+
+                part = part->next;
+                h = part->elts;
+                i = 0;
+            }
+
+            if (h[i].hash == 0
+                || h[i].key.len != sizeof("Mcp-Session-Id") - 1
+                || ngx_strncasecmp(h[i].key.data, (u_char *) "Mcp-Session-Id",
+                                   sizeof("Mcp-Session-Id") - 1) != 0)
+            {
+                continue;
+            }
+
+            call->session.data = ngx_pnalloc(r->pool, h[i].value.len);
+            if (call->session.data == NULL) {
+                return NGX_ERROR;
+            }
+
+            ngx_memcpy(call->session.data, h[i].value.data, h[i].value.len);
+            call->session.len = h[i].value.len;
+        }
     }
 
     r->filter_need_in_memory = 1;
@@ -1802,8 +2133,8 @@ ngx_http_hermes_rpc_filter_init(ngx_conf_t *cf)
 ngx_int_t
 ngx_http_hermes_rpc_schema_handler(ngx_http_request_t *r)
 {
-    u_char                      *p, *last, *desc;
-    size_t                       len;
+    u_char                      *p, *last, *desc, *t;
+    size_t                       len, n;
     ngx_int_t                    rc;
     ngx_buf_t                   *b;
     ngx_str_t                    fmt, *name;
@@ -1811,6 +2142,7 @@ ngx_http_hermes_rpc_schema_handler(ngx_http_request_t *r)
     ngx_uint_t                   i, which;
     ngx_chain_t                  out;
     ngx_http_hermes_loc_conf_t  *hlcf;
+    ngx_http_hermes_rpc_peer_t  *peer;
 
     if (!(r->method & (NGX_HTTP_GET|NGX_HTTP_HEAD))) {
         return NGX_HTTP_NOT_ALLOWED;
@@ -1852,6 +2184,18 @@ ngx_http_hermes_rpc_schema_handler(ngx_http_request_t *r)
         }
     }
 
+    /* auto: the MCP server's tools as this worker last listed them */
+
+    peer = NULL;
+
+    if (hlcf->tools_auto && hlcf->tools_pass.len) {
+        peer = ngx_http_hermes_rpc_peer(&hlcf->tools_pass);
+
+        if (peer && peer->listed) {
+            len += 2 * peer->tools_len + 32 * (peer->tools_len / 2 + 1);
+        }
+    }
+
     desc = ngx_pnalloc(r->pool, len);
     if (desc == NULL) {
         return NGX_HTTP_INTERNAL_SERVER_ERROR;
@@ -1865,8 +2209,33 @@ ngx_http_hermes_rpc_schema_handler(ngx_http_request_t *r)
             "output (stdout, then stderr and the traceback), the status "
             "and the error.");
 
-    if (hlcf->tools == NULL || hlcf->tools->nelts == 0
-        || hlcf->tools_pass.len == 0)
+    if (peer && !peer->listed) {
+        p = ngx_slprintf(p, last,
+                "  The code can call the tools of the gateway's MCP server "
+                "(module hermes_tools, imported already; dir(hermes_tools) "
+                "in the code lists them), each with keyword arguments, "
+                "returning the tool's answer as Python data and raising "
+                "hermes_tools.ToolError when it fails.");
+
+    } else if (peer) {
+        p = ngx_slprintf(p, last,
+                "  The code can call these tools (module hermes_tools, "
+                "imported already), each with keyword arguments, returning "
+                "the tool's answer as Python data and raising "
+                "hermes_tools.ToolError when it fails: ");
+
+        for (t = peer->tools, i = 0; t < peer->tools + peer->tools_len; i++) {
+            n = ngx_strlen(t);
+            p = ngx_slprintf(p, last, "%shermes_tools.%*s(...)",
+                             i ? ", " : "", n, t);
+            t += n + 1;
+        }
+
+        p = ngx_slprintf(p, last, ".  At most %ui tool calls per run.",
+                         hlcf->max_tool_calls);
+
+    } else if (hlcf->tools == NULL || hlcf->tools->nelts == 0
+               || hlcf->tools_pass.len == 0)
     {
         p = ngx_slprintf(p, last, "  No tools can be called from the code.");
 
@@ -2012,4 +2381,615 @@ ngx_http_hermes_rpc_schema_property(yajl_gen g, const char *name,
     yajl_gen_string(g, (u_char *) "description", 11);
     yajl_gen_string(g, (u_char *) desc, ngx_strlen(desc));
     yajl_gen_map_close(g);
+}
+
+
+/* MCP over the streamable HTTP transport, through the same subrequests */
+
+static ngx_http_hermes_rpc_peer_t  ngx_http_hermes_rpc_peers[
+                                       NGX_HTTP_HERMES_RPC_PEERS];
+static ngx_uint_t                  ngx_http_hermes_rpc_npeers;
+
+
+static ngx_http_hermes_rpc_peer_t *
+ngx_http_hermes_rpc_peer(ngx_str_t *uri)
+{
+    ngx_uint_t                   i;
+    ngx_http_hermes_rpc_peer_t  *peer;
+
+    for (i = 0; i < ngx_http_hermes_rpc_npeers; i++) {
+        peer = &ngx_http_hermes_rpc_peers[i];
+
+        if (peer->uri.len == uri->len
+            && ngx_strncmp(peer->uri.data, uri->data, uri->len) == 0)
+        {
+            return peer;
+        }
+    }
+
+    if (ngx_http_hermes_rpc_npeers == NGX_HTTP_HERMES_RPC_PEERS) {
+        return NULL;
+    }
+
+    /* the URI is the configuration's: it lives as long as this worker */
+
+    peer = &ngx_http_hermes_rpc_peers[ngx_http_hermes_rpc_npeers++];
+    peer->uri = *uri;
+
+    return peer;
+}
+
+
+static ngx_int_t
+ngx_http_hermes_rpc_peer_has(ngx_http_hermes_rpc_peer_t *peer,
+    ngx_str_t *name)
+{
+    u_char  *p, *last;
+    size_t   len;
+
+    p = peer->tools;
+    last = p + peer->tools_len;
+
+    while (p && p < last) {
+        len = ngx_strlen(p);
+
+        if (len == name->len && ngx_strncmp(p, name->data, len) == 0) {
+            return NGX_OK;
+        }
+
+        p += len + 1;
+    }
+
+    return NGX_DECLINED;
+}
+
+
+/*
+ * The step after a subrequest: initialize, notifications/initialized,
+ * tools/list (auto), tools/call.  NGX_AGAIN: the next one is on its way;
+ * NGX_DONE: call->err says why the call failed; else rc, for the outcome.
+ */
+
+static ngx_int_t
+ngx_http_hermes_rpc_mcp_next(ngx_http_hermes_rpc_t *rpc,
+    ngx_http_hermes_rpc_call_t *call, ngx_int_t rc)
+{
+    u_char                      *p;
+    size_t                       len, n;
+    yajl_val                     root, v, tools, name;
+    ngx_uint_t                   i, status;
+    ngx_http_hermes_rpc_peer_t  *peer;
+
+    static const char  *presult[] = { "result", NULL };
+    static const char  *pversion[] = { "result", "protocolVersion", NULL };
+    static const char  *ptools[] = { "result", "tools", NULL };
+    static const char  *pname[] = { "name", NULL };
+    static const char  *perror[] = { "error", "message", NULL };
+
+    peer = call->peer;
+    status = ngx_http_hermes_rpc_status(call, rc);
+
+    if (call->step == NGX_HTTP_HERMES_MCP_CALL) {
+
+        if (status == NGX_HTTP_NOT_FOUND && call->used_session
+            && !call->retried)
+        {
+            /* the server forgot the session: a new one, once */
+            peer->ready = 0;
+            peer->session_len = 0;
+            call->retried = 1;
+            call->used_session = 0;
+            call->step = NGX_HTTP_HERMES_MCP_INIT;
+            goto next;
+        }
+
+        return rc;
+    }
+
+    if (call->too_big || status < 200 || status > 299) {
+        return rc;
+    }
+
+    switch (call->step) {
+
+    case NGX_HTTP_HERMES_MCP_INIT:
+        root = ngx_http_hermes_rpc_mcp_parse(rpc, call);
+        if (root == NULL) {
+            ngx_http_hermes_rpc_call_error(call, "the MCP server's answer to "
+                                           "initialize is not JSON-RPC");
+            return NGX_DONE;
+        }
+
+        v = yajl_tree_get(root, perror, yajl_t_string);
+
+        if (v || yajl_tree_get(root, presult, yajl_t_object) == NULL) {
+            ngx_http_hermes_rpc_call_error(call, "the MCP server refused "
+                                           "initialize: %s",
+                                           v ? v->u.string : "");
+            yajl_tree_free(root);
+            return NGX_DONE;
+        }
+
+        v = yajl_tree_get(root, pversion, yajl_t_string);
+
+        if (v && (len = ngx_strlen(v->u.string)) > 0
+            && len <= sizeof(peer->version))
+        {
+            ngx_memcpy(peer->version, v->u.string, len);
+            peer->version_len = len;
+
+        } else {
+            ngx_memcpy(peer->version, NGX_HTTP_HERMES_MCP_VERSION,
+                       sizeof(NGX_HTTP_HERMES_MCP_VERSION) - 1);
+            peer->version_len = sizeof(NGX_HTTP_HERMES_MCP_VERSION) - 1;
+        }
+
+        yajl_tree_free(root);
+
+        peer->session_len = 0;
+
+        if (call->session.len && call->session.len <= sizeof(peer->session)) {
+            ngx_memcpy(peer->session, call->session.data, call->session.len);
+            peer->session_len = call->session.len;
+        }
+
+        peer->ready = 1;
+        call->step = NGX_HTTP_HERMES_MCP_NOTIFY;
+        break;
+
+    case NGX_HTTP_HERMES_MCP_NOTIFY:
+        call->step = (rpc->hlcf->tools_auto && !peer->listed)
+                     ? NGX_HTTP_HERMES_MCP_LIST : NGX_HTTP_HERMES_MCP_CALL;
+        break;
+
+    default: /* NGX_HTTP_HERMES_MCP_LIST */
+        root = ngx_http_hermes_rpc_mcp_parse(rpc, call);
+        tools = root ? yajl_tree_get(root, ptools, yajl_t_array) : NULL;
+
+        if (tools == NULL) {
+            ngx_http_hermes_rpc_call_error(call, "the MCP server's answer to "
+                                           "tools/list has no tools");
+            if (root) {
+                yajl_tree_free(root);
+            }
+
+            return NGX_DONE;
+        }
+
+        len = 0;
+
+        for (i = 0; i < tools->u.array.len; i++) {
+            name = yajl_tree_get(tools->u.array.values[i], pname,
+                                 yajl_t_string);
+            if (name) {
+                len += ngx_strlen(name->u.string) + 1;
+            }
+        }
+
+        p = ngx_alloc(len + 1, rpc->log);
+        if (p == NULL) {
+            yajl_tree_free(root);
+            return NGX_ERROR;
+        }
+
+        if (peer->tools) {
+            ngx_free(peer->tools);
+        }
+
+        peer->tools = p;
+        peer->tools_len = len;
+
+        for (i = 0; i < tools->u.array.len; i++) {
+            name = yajl_tree_get(tools->u.array.values[i], pname,
+                                 yajl_t_string);
+            if (name) {
+                n = ngx_strlen(name->u.string);
+                p = ngx_cpymem(p, name->u.string, n);
+                *p++ = '\0';
+            }
+        }
+
+        yajl_tree_free(root);
+
+        peer->listed = 1;
+
+        if (ngx_http_hermes_rpc_peer_has(peer, &call->tool) != NGX_OK) {
+            ngx_http_hermes_rpc_call_error(call, "not one of the MCP "
+                                           "server's tools (tools/list)");
+            return NGX_DONE;
+        }
+
+        call->step = NGX_HTTP_HERMES_MCP_CALL;
+        break;
+    }
+
+next:
+
+    if (ngx_http_hermes_rpc_subrequest(rpc, call) != NGX_OK) {
+        ngx_http_hermes_rpc_call_error(call, "the gateway could not make the "
+                                       "tool call");
+        return NGX_DONE;
+    }
+
+    return NGX_AGAIN;
+}
+
+
+/*
+ * tools/call answered 2xx: its result to the code.  structuredContent as
+ * data, else the text content as a str (texts joined by "\n"), else the
+ * content list as it came; isError and JSON-RPC errors raise ToolError.
+ */
+
+static ngx_int_t
+ngx_http_hermes_rpc_mcp_answer(ngx_http_hermes_rpc_t *rpc,
+    ngx_http_hermes_rpc_call_t *call)
+{
+    u_char      *p, *text;
+    size_t       len, n;
+    yajl_gen     g;
+    yajl_val     root, result, v, content, item, t;
+    ngx_int_t    rc;
+    ngx_uint_t   i, texts;
+
+    static const char  *presult[] = { "result", NULL };
+    static const char  *perror[] = { "error", "message", NULL };
+    static const char  *pcode[] = { "error", "code", NULL };
+    static const char  *pstruct[] = { "structuredContent", NULL };
+    static const char  *pcontent[] = { "content", NULL };
+    static const char  *piserror[] = { "isError", NULL };
+    static const char  *ptype[] = { "type", NULL };
+    static const char  *ptext[] = { "text", NULL };
+
+    root = ngx_http_hermes_rpc_mcp_parse(rpc, call);
+
+    if (root == NULL) {
+        ngx_http_hermes_rpc_answer_error(rpc, call->seq,
+                     (u_char *) "tool \"%V\": the MCP server's answer is not "
+                     "JSON-RPC", &call->tool);
+        return 0;
+    }
+
+    result = yajl_tree_get(root, presult, yajl_t_object);
+
+    if (result == NULL) {
+        v = yajl_tree_get(root, perror, yajl_t_string);
+        t = yajl_tree_get(root, pcode, yajl_t_number);
+
+        ngx_http_hermes_rpc_answer_error(rpc, call->seq,
+                     (u_char *) "tool \"%V\" failed (MCP error %s): %s",
+                     &call->tool, t ? t->u.number.r : "?",
+                     v ? v->u.string : "no message");
+        yajl_tree_free(root);
+        return 0;
+    }
+
+    /* the text of the text items, for a str or an error's message */
+
+    content = yajl_tree_get(result, pcontent, yajl_t_array);
+    len = 0;
+    texts = 1;
+
+    for (i = 0; content && i < content->u.array.len; i++) {
+        item = content->u.array.values[i];
+        v = yajl_tree_get(item, ptype, yajl_t_string);
+        t = yajl_tree_get(item, ptext, yajl_t_string);
+
+        if (v == NULL || t == NULL || ngx_strcmp(v->u.string, "text")) {
+            texts = 0;
+            continue;
+        }
+
+        len += ngx_strlen(t->u.string) + 1;
+    }
+
+    text = ngx_pnalloc(rpc->pool, len + 1);
+    if (text == NULL) {
+        yajl_tree_free(root);
+        return 0;
+    }
+
+    p = text;
+
+    for (i = 0; content && i < content->u.array.len; i++) {
+        item = content->u.array.values[i];
+        v = yajl_tree_get(item, ptype, yajl_t_string);
+        t = yajl_tree_get(item, ptext, yajl_t_string);
+
+        if (v && t && ngx_strcmp(v->u.string, "text") == 0) {
+            if (p > text) {
+                *p++ = '\n';
+            }
+
+            n = ngx_strlen(t->u.string);
+            p = ngx_cpymem(p, t->u.string, n);
+        }
+    }
+
+    if (YAJL_IS_TRUE(yajl_tree_get(result, piserror, yajl_t_true))) {
+        ngx_http_hermes_rpc_answer_error(rpc, call->seq,
+                     (u_char *) "tool \"%V\" failed: %*s", &call->tool,
+                     ngx_min((size_t) (p - text),
+                             (size_t) NGX_HTTP_HERMES_RPC_ERROR_MAX),
+                     text);
+        yajl_tree_free(root);
+        return 0;
+    }
+
+    g = yajl_gen_alloc(NULL);
+    if (g == NULL) {
+        yajl_tree_free(root);
+        return 0;
+    }
+
+    v = yajl_tree_get(result, pstruct, yajl_t_any);
+
+    if (v) {
+        ngx_http_hermes_rpc_gen(g, v);
+
+    } else if (content && texts) {
+        yajl_gen_string(g, text, p - text);
+
+    } else if (content) {
+        ngx_http_hermes_rpc_gen(g, content);
+
+    } else {
+        yajl_gen_null(g);
+    }
+
+    yajl_tree_free(root);
+
+    if (yajl_gen_get_buf(g, (const unsigned char **) &p, &len)
+        != yajl_gen_status_ok)
+    {
+        yajl_gen_free(g);
+        return 0;
+    }
+
+    rc = ngx_http_hermes_rpc_answer_ok(rpc, call->seq, p, len);
+
+    yajl_gen_free(g);
+
+    if (rc != NGX_OK) {
+        ngx_http_hermes_rpc_answer_error(rpc, call->seq,
+                     (u_char *) "tool \"%V\": its answer could not be "
+                     "passed on", &call->tool);
+        return 0;
+    }
+
+    return 1;
+}
+
+
+/* the JSON-RPC response in a subrequest's answer: a JSON body, or the
+ * last response (an "id" and a result or an error) of an SSE stream */
+
+static yajl_val
+ngx_http_hermes_rpc_mcp_parse(ngx_http_hermes_rpc_t *rpc,
+    ngx_http_hermes_rpc_call_t *call)
+{
+    u_char    *p, *last, *nl, *data, *d;
+    yajl_val   v, found;
+
+    static const char  *pid[] = { "id", NULL };
+    static const char  *presult[] = { "result", NULL };
+    static const char  *perror[] = { "error", NULL };
+
+    if (call->body == NULL || call->len == 0) {
+        return NULL;
+    }
+
+    if (!call->sse) {
+        return ngx_http_hermes_rpc_json(rpc->pool, call->body, call->len);
+    }
+
+    /* events: "data:" lines joined by "\n", a blank line ends one */
+
+    data = ngx_pnalloc(rpc->pool, call->len + 1);
+    if (data == NULL) {
+        return NULL;
+    }
+
+    d = data;
+    found = NULL;
+    p = call->body;
+    last = p + call->len;
+
+    while (p <= last) {
+        nl = ngx_strlchr(p, last, '\n');
+        if (nl == NULL) {
+            nl = last;
+        }
+
+        if (nl > p && nl[-1] == '\r') {
+            nl--;
+        }
+
+        if (nl - p >= 5 && ngx_strncmp(p, "data:", 5) == 0) {
+            p += 5;
+
+            if (p < nl && *p == ' ') {
+                p++;
+            }
+
+            if (d > data) {
+                *d++ = '\n';
+            }
+
+            d = ngx_cpymem(d, p, nl - p);
+
+        } else if (nl == p && d > data) {
+            v = ngx_http_hermes_rpc_json(rpc->pool, data, d - data);
+
+            if (v && yajl_tree_get(v, pid, yajl_t_any)
+                && (yajl_tree_get(v, presult, yajl_t_any)
+                    || yajl_tree_get(v, perror, yajl_t_any)))
+            {
+                if (found) {
+                    yajl_tree_free(found);
+                }
+
+                found = v;
+
+            } else if (v) {
+                yajl_tree_free(v);
+            }
+
+            d = data;
+        }
+
+        p = (nl < last && *nl == '\r') ? nl + 2 : nl + 1;
+
+        if (nl == last && d > data) {
+            /* the last event, without its blank line */
+            p = last;
+            nl = last;
+            v = ngx_http_hermes_rpc_json(rpc->pool, data, d - data);
+
+            if (v && yajl_tree_get(v, pid, yajl_t_any)) {
+                if (found) {
+                    yajl_tree_free(found);
+                }
+
+                found = v;
+
+            } else if (v) {
+                yajl_tree_free(v);
+            }
+
+            break;
+        }
+    }
+
+    return found;
+}
+
+
+/* a JSON text as a yajl tree, its nesting bounded first (yajl's tree
+ * code recurses) */
+
+static yajl_val
+ngx_http_hermes_rpc_json(ngx_pool_t *pool, u_char *data, size_t len)
+{
+    u_char      *copy, *p, *last;
+    yajl_val     v;
+    ngx_uint_t   depth, str, esc;
+
+    depth = 0;
+    str = 0;
+    esc = 0;
+
+    for (p = data, last = data + len; p < last; p++) {
+        if (str) {
+            if (esc) {
+                esc = 0;
+
+            } else if (*p == '\\') {
+                esc = 1;
+
+            } else if (*p == '"') {
+                str = 0;
+            }
+
+            continue;
+        }
+
+        if (*p == '"') {
+            str = 1;
+
+        } else if (*p == '[' || *p == '{') {
+            if (++depth > NGX_HTTP_HERMES_RPC_DEPTH) {
+                return NULL;
+            }
+
+        } else if ((*p == ']' || *p == '}') && depth) {
+            depth--;
+
+        } else if (*p == '\0') {
+            return NULL;
+        }
+    }
+
+    copy = ngx_pnalloc(pool, len + 1);
+    if (copy == NULL) {
+        return NULL;
+    }
+
+    *ngx_cpymem(copy, data, len) = '\0';
+
+    v = yajl_tree_parse((const char *) copy, NULL, 0);
+
+    ngx_pfree(pool, copy);
+
+    return v;
+}
+
+
+static void
+ngx_http_hermes_rpc_gen(yajl_gen g, yajl_val v)
+{
+    size_t  i;
+
+    switch (v->type) {
+
+    case yajl_t_string:
+        yajl_gen_string(g, (u_char *) v->u.string, ngx_strlen(v->u.string));
+        break;
+
+    case yajl_t_number:
+        yajl_gen_number(g, v->u.number.r, ngx_strlen(v->u.number.r));
+        break;
+
+    case yajl_t_object:
+        yajl_gen_map_open(g);
+
+        for (i = 0; i < v->u.object.len; i++) {
+            yajl_gen_string(g, (u_char *) v->u.object.keys[i],
+                            ngx_strlen(v->u.object.keys[i]));
+            ngx_http_hermes_rpc_gen(g, v->u.object.values[i]);
+        }
+
+        yajl_gen_map_close(g);
+        break;
+
+    case yajl_t_array:
+        yajl_gen_array_open(g);
+
+        for (i = 0; i < v->u.array.len; i++) {
+            ngx_http_hermes_rpc_gen(g, v->u.array.values[i]);
+        }
+
+        yajl_gen_array_close(g);
+        break;
+
+    case yajl_t_true:
+        yajl_gen_bool(g, 1);
+        break;
+
+    case yajl_t_false:
+        yajl_gen_bool(g, 0);
+        break;
+
+    default:
+        yajl_gen_null(g);
+        break;
+    }
+}
+
+
+static void
+ngx_http_hermes_rpc_call_error(ngx_http_hermes_rpc_call_t *call,
+    const char *fmt, ...)
+{
+    u_char   *p;
+    va_list   args;
+
+    va_start(args, fmt);
+    p = ngx_vslprintf(call->err_buf, call->err_buf + sizeof(call->err_buf),
+                      fmt, args);
+    va_end(args);
+
+    call->err.data = call->err_buf;
+    call->err.len = ngx_http_hermes_rpc_utf8_cut(call->err_buf,
+                                                 p - call->err_buf, 1);
 }
