@@ -37,7 +37,7 @@ static char *ngx_http_hermes_max_tool_calls(ngx_conf_t *cf, void *post,
     void *data);
 static ngx_int_t ngx_http_hermes_postconfiguration(ngx_conf_t *cf);
 static ngx_http_hermes_backend_conf_t *ngx_http_hermes_backend_create(
-    ngx_conf_t *cf, ngx_uint_t type, ngx_str_t *root);
+    ngx_conf_t *cf, ngx_http_hermes_backend_ops_t *ops, ngx_str_t *root);
 static void ngx_http_hermes_backend_tag(ngx_http_hermes_backend_conf_t *bcf,
     ngx_str_t *spec);
 
@@ -101,6 +101,13 @@ static ngx_command_t  ngx_http_hermes_commands[] = {
       offsetof(ngx_http_hermes_loc_conf_t, owner),
       NULL },
 
+    { ngx_string("hermes_session"),
+      NGX_HTTP_MAIN_CONF|NGX_HTTP_SRV_CONF|NGX_HTTP_LOC_CONF|NGX_CONF_TAKE1,
+      ngx_http_set_complex_value_slot,
+      NGX_HTTP_LOC_CONF_OFFSET,
+      offsetof(ngx_http_hermes_loc_conf_t, session),
+      NULL },
+
     { ngx_string("hermes_cell_timeout"),
       NGX_HTTP_MAIN_CONF|NGX_HTTP_SRV_CONF|NGX_HTTP_LOC_CONF|NGX_CONF_TAKE12,
       ngx_http_hermes_cell_timeout,
@@ -127,6 +134,13 @@ static ngx_command_t  ngx_http_hermes_commands[] = {
       ngx_conf_set_size_slot,
       NGX_HTTP_LOC_CONF_OFFSET,
       offsetof(ngx_http_hermes_loc_conf_t, max_code),
+      NULL },
+
+    { ngx_string("hermes_heartbeat"),
+      NGX_HTTP_MAIN_CONF|NGX_HTTP_SRV_CONF|NGX_HTTP_LOC_CONF|NGX_CONF_TAKE1,
+      ngx_conf_set_msec_slot,
+      NGX_HTTP_LOC_CONF_OFFSET,
+      offsetof(ngx_http_hermes_loc_conf_t, heartbeat),
       NULL },
 
     { ngx_string("hermes_queue"),
@@ -247,14 +261,14 @@ ngx_http_hermes_init_process(ngx_cycle_t *cycle)
         return NGX_ERROR;
     }
 
-    return ngx_http_hermes_cell_init_process(cycle);
+    return ngx_http_hermes_transport_local_init_process(cycle);
 }
 
 
 static void
 ngx_http_hermes_exit_process(ngx_cycle_t *cycle)
 {
-    ngx_http_hermes_cell_exit_process(cycle);
+    ngx_http_hermes_transport_local_exit_process(cycle);
     ngx_http_hermes_kernel_exit_process(cycle);
 }
 
@@ -402,6 +416,7 @@ ngx_http_hermes_create_loc_conf(ngx_conf_t *cf)
      *     conf->shm_zone = NULL;
      *     conf->backend = NULL;
      *     conf->owner = NULL;
+     *     conf->session = NULL;
      *     conf->thread_pool_name = { 0, NULL };
      *     conf->thread_pool = NULL;
      */
@@ -413,6 +428,7 @@ ngx_http_hermes_create_loc_conf(ngx_conf_t *cf)
     conf->max_stream = NGX_CONF_UNSET_SIZE;
     conf->max_code = NGX_CONF_UNSET_SIZE;
     conf->queue = NGX_CONF_UNSET_UINT;
+    conf->heartbeat = NGX_CONF_UNSET_MSEC;
     conf->tools = NGX_CONF_UNSET_PTR;
     conf->tools_auto = NGX_CONF_UNSET_UINT;
     conf->tools_protocol = NGX_CONF_UNSET_UINT;
@@ -440,6 +456,7 @@ ngx_http_hermes_merge_loc_conf(ngx_conf_t *cf, void *parent, void *child)
                               5 * 1024 * 1024);
     ngx_conf_merge_size_value(conf->max_code, prev->max_code, 1024 * 1024);
     ngx_conf_merge_uint_value(conf->queue, prev->queue, 8);
+    ngx_conf_merge_msec_value(conf->heartbeat, prev->heartbeat, 15000);
     ngx_conf_merge_str_value(conf->thread_pool_name, prev->thread_pool_name,
                              "default");
     if (conf->tools == NGX_CONF_UNSET_PTR) {
@@ -456,6 +473,10 @@ ngx_http_hermes_merge_loc_conf(ngx_conf_t *cf, void *parent, void *child)
     ngx_conf_merge_uint_value(conf->tools_protocol, prev->tools_protocol,
                               NGX_HTTP_HERMES_TOOLS_HERMES);
     ngx_conf_merge_uint_value(conf->max_tool_calls, prev->max_tool_calls, 50);
+
+    if (conf->session == NULL) {
+        conf->session = prev->session;
+    }
 
     if (conf->owner == NULL) {
         conf->owner = prev->owner;
@@ -478,8 +499,8 @@ ngx_http_hermes_merge_loc_conf(ngx_conf_t *cf, void *parent, void *child)
         ngx_str_set(&root, "/tmp");
 
         conf->backend = ngx_http_hermes_backend_create(cf,
-                                               NGX_HTTP_HERMES_BACKEND_LOCAL,
-                                               &root);
+                                           &ngx_http_hermes_backend_local_ops,
+                                           &root);
         if (conf->backend == NULL) {
             return NGX_CONF_ERROR;
         }
@@ -513,7 +534,7 @@ ngx_http_hermes_merge_loc_conf(ngx_conf_t *cf, void *parent, void *child)
 
     if (conf->handler == NGX_HTTP_HERMES_HANDLER_EXECUTE
         && conf->sandbox->implicit
-        && conf->backend->type == NGX_HTTP_HERMES_BACKEND_LOCAL
+        && conf->backend->ops == &ngx_http_hermes_backend_local_ops
         && ngx_http_hermes_sandbox_check(cf, conf->sandbox) != NGX_OK)
     {
         /* the default sandboxes where it can; say where it cannot */
@@ -573,7 +594,7 @@ ngx_http_hermes_merge_loc_conf(ngx_conf_t *cf, void *parent, void *child)
 static ngx_int_t
 ngx_http_hermes_postconfiguration(ngx_conf_t *cf)
 {
-    if (ngx_http_hermes_filter_init(cf) != NGX_OK) {
+    if (ngx_http_hermes_response_filter_init(cf) != NGX_OK) {
         return NGX_ERROR;
     }
 
@@ -949,9 +970,10 @@ ngx_http_hermes_backend(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
     u_char                           *p, *host;
     ngx_int_t                         port;
     ngx_str_t                        *value, root, name, v;
-    ngx_uint_t                        i, type;
+    ngx_uint_t                        i;
     ngx_file_info_t                   fi;
     ngx_http_hermes_ssh_host_t      **h;
+    ngx_http_hermes_backend_ops_t    *ops;
     ngx_http_hermes_backend_conf_t    ssh;
 
     if (hlcf->backend) {
@@ -961,10 +983,10 @@ ngx_http_hermes_backend(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
     value = cf->args->elts;
 
     if (ngx_strcmp(value[1].data, "local") == 0) {
-        type = NGX_HTTP_HERMES_BACKEND_LOCAL;
+        ops = &ngx_http_hermes_backend_local_ops;
 
     } else if (ngx_strcmp(value[1].data, "ssh") == 0) {
-        type = NGX_HTTP_HERMES_BACKEND_SSH;
+        ops = &ngx_http_hermes_backend_ssh_ops;
 
     } else {
         ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
@@ -977,7 +999,7 @@ ngx_http_hermes_backend(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
     ngx_memzero(&ssh, sizeof(ngx_http_hermes_backend_conf_t));
     ssh.connect_timeout = 10000;
 
-    if (type == NGX_HTTP_HERMES_BACKEND_SSH) {
+    if (ops == &ngx_http_hermes_backend_ssh_ops) {
         ssh.hosts = ngx_array_create(cf->pool, 2,
                                      sizeof(ngx_http_hermes_ssh_host_t *));
         if (ssh.hosts == NULL) {
@@ -993,7 +1015,7 @@ ngx_http_hermes_backend(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
             continue;
         }
 
-        if (type != NGX_HTTP_HERMES_BACKEND_SSH) {
+        if (ops != &ngx_http_hermes_backend_ssh_ops) {
             goto invalid;
         }
 
@@ -1090,12 +1112,12 @@ ngx_http_hermes_backend(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
         return NGX_CONF_ERROR;
     }
 
-    hlcf->backend = ngx_http_hermes_backend_create(cf, type, &root);
+    hlcf->backend = ngx_http_hermes_backend_create(cf, ops, &root);
     if (hlcf->backend == NULL) {
         return NGX_CONF_ERROR;
     }
 
-    if (type == NGX_HTTP_HERMES_BACKEND_LOCAL) {
+    if (ops == &ngx_http_hermes_backend_local_ops) {
         return ngx_http_hermes_local_check(cf, &root);
     }
 
@@ -1132,6 +1154,7 @@ ngx_http_hermes_backend(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
     }
 
     hlcf->backend->hosts = ssh.hosts;
+    hlcf->backend->nhosts = ssh.hosts->nelts;
     hlcf->backend->user = ssh.user;
     hlcf->backend->identity = ssh.identity;
     hlcf->backend->known_hosts = ssh.known_hosts;
@@ -1147,10 +1170,9 @@ ngx_http_hermes_backend(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
     v.data = p;
     p = ngx_slprintf(p, v.data + 1024, "ssh %V@%V", &ssh.user, &root);
 
-    h = ssh.hosts->elts;
     for (i = 0; i < ssh.hosts->nelts; i++) {
         p = ngx_slprintf(p, v.data + 1024, " %V",
-                         ngx_http_hermes_ssh_host_name(h[i]));
+                         ngx_http_hermes_backend_host_name(hlcf->backend, i));
     }
 
     v.len = p - v.data;
@@ -1173,8 +1195,8 @@ ngx_http_hermes_backend_tag(ngx_http_hermes_backend_conf_t *bcf,
 
 
 static ngx_http_hermes_backend_conf_t *
-ngx_http_hermes_backend_create(ngx_conf_t *cf, ngx_uint_t type,
-    ngx_str_t *root)
+ngx_http_hermes_backend_create(ngx_conf_t *cf,
+    ngx_http_hermes_backend_ops_t *ops, ngx_str_t *root)
 {
     u_char                           *p;
     ngx_str_t                         spec;
@@ -1214,7 +1236,8 @@ ngx_http_hermes_backend_create(ngx_conf_t *cf, ngx_uint_t type,
         return NULL;
     }
 
-    bcf->type = type;
+    bcf->ops = ops;
+    bcf->nhosts = 1;
     bcf->root = *root;
 
     spec.data = ngx_pnalloc(cf->pool, root->len + sizeof("local "));

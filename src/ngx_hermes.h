@@ -42,16 +42,14 @@ extern ngx_http_hermes_remote_file_t  ngx_http_hermes_remote_files[];
 
 /* configuration */
 
-typedef enum {
-    NGX_HTTP_HERMES_BACKEND_LOCAL = 1,
-    NGX_HTTP_HERMES_BACKEND_SSH
-} ngx_http_hermes_backend_type_e;
-
-
 typedef struct ngx_http_hermes_ssh_host_s  ngx_http_hermes_ssh_host_t;
+typedef struct ngx_http_hermes_backend_ops_s  ngx_http_hermes_backend_ops_t;
+typedef struct ngx_http_hermes_transport_s  ngx_http_hermes_transport_t;
+typedef struct ngx_http_hermes_rpc_s  ngx_http_hermes_rpc_t;
 
 typedef struct {
-    ngx_uint_t                    type;
+    ngx_http_hermes_backend_ops_t *ops;
+    ngx_uint_t                    nhosts;
     ngx_str_t                     root;
     /* identifies the backend in registry keys: a hash of its arguments */
     u_char                        tag[NGX_HTTP_HERMES_BACKEND_TAG_LEN];
@@ -145,10 +143,12 @@ typedef struct {
 
     ngx_http_hermes_backend_conf_t *backend;
     ngx_http_complex_value_t     *owner;
+    ngx_http_complex_value_t     *session;
     ngx_http_hermes_sandbox_t    *sandbox;
 
     ngx_msec_t                    cell_timeout;
     ngx_msec_t                    cell_grace;   /* interrupt, then kill */
+    ngx_msec_t                    heartbeat;    /* 0: none */
     size_t                        max_output;
     size_t                        max_stream;
     size_t                        max_code;
@@ -478,8 +478,10 @@ void ngx_http_hermes_registry_answered(ngx_http_hermes_zone_t *zone,
     ngx_uint_t status, ngx_str_t *error);
 void ngx_http_hermes_registry_spawn_failed(ngx_http_hermes_zone_t *zone,
     ngx_http_hermes_kernel_ref_t *ref);
-void ngx_http_hermes_registry_place(ngx_http_hermes_zone_t *zone,
-    ngx_http_hermes_kernel_ref_t *ref, ngx_http_hermes_backend_conf_t *bcf);
+void ngx_http_hermes_registry_host_counts(ngx_http_hermes_zone_t *zone,
+    u_char *tag, ngx_uint_t *counts, ngx_uint_t n);
+void ngx_http_hermes_registry_set_host(ngx_http_hermes_zone_t *zone,
+    ngx_http_hermes_kernel_ref_t *ref);
 ngx_int_t ngx_http_hermes_registry_poll(ngx_http_hermes_zone_t *zone,
     ngx_http_hermes_kernel_ref_t *ref, ngx_str_t *root);
 ngx_int_t ngx_http_hermes_registry_renew(ngx_http_hermes_zone_t *zone,
@@ -533,21 +535,63 @@ ngx_int_t ngx_http_hermes_local_proc_start(ngx_pid_t pid, uint64_t *start);
 ngx_int_t ngx_http_hermes_ssh_init(void);
 ngx_http_hermes_ssh_host_t *ngx_http_hermes_ssh_host_create(ngx_pool_t *pool,
     ngx_str_t *name, u_char *host, ngx_uint_t port);
-ngx_str_t *ngx_http_hermes_ssh_host_name(ngx_http_hermes_ssh_host_t *h);
-ngx_uint_t ngx_http_hermes_ssh_pick_host(ngx_http_hermes_backend_conf_t *bcf,
-    ngx_uint_t *count);
-void ngx_http_hermes_conn_take(ngx_http_hermes_conn_t *conn,
-    ngx_http_hermes_backend_conf_t *bcf, ngx_uint_t host);
-void ngx_http_hermes_conn_give(ngx_http_hermes_conn_t *conn);
-ngx_int_t ngx_http_hermes_ssh_exec(ngx_http_hermes_conn_t *conn,
-    ngx_http_hermes_cmd_t *cmd);
 ngx_int_t ngx_http_hermes_ssh_relay(ngx_thread_pool_t *tp,
     ngx_http_hermes_conn_t *conn, ngx_http_hermes_kernel_ref_t *ref,
     off_t out_limit, off_t res_limit, ngx_msec_t timeout, u_char *req,
     size_t req_len, ngx_socket_t fd, ngx_log_t *log);
-void ngx_http_hermes_ssh_exit_process(ngx_http_hermes_backend_conf_t *bcf);
 char *ngx_http_hermes_ssh_check_files(ngx_str_t *identity,
     ngx_str_t *known_hosts);
+
+
+/*
+ * A backend: where kernels run, as the rest of the module sees it
+ * (ngx_hermes_backend_local.c, ngx_hermes_backend_ssh.c).  Commands run in
+ * thread pool tasks on a connection taken for the task; a cell's stream
+ * goes through the backend's transport.
+ */
+
+struct ngx_http_hermes_backend_ops_s {
+    ngx_str_t                     name;         /* "local", "ssh" */
+    ngx_http_hermes_transport_t  *transport;
+
+    /* thread pool tasks */
+    void                        (*take)(ngx_http_hermes_conn_t *conn);
+    void                        (*give)(ngx_http_hermes_conn_t *conn);
+    ngx_int_t                   (*exec)(ngx_http_hermes_conn_t *conn,
+                                        ngx_http_hermes_cmd_t *cmd);
+    /* a new runner said it is ready, with its pid: its start time */
+    ngx_int_t                   (*ready)(ngx_http_hermes_conn_t *conn,
+                                         u_char *dir, ngx_pid_t pid,
+                                         ngx_pid_t expect, uint64_t *start);
+
+    /* the event loop */
+    ngx_uint_t                  (*root)(ngx_http_hermes_backend_conf_t *bcf);
+    ngx_uint_t                  (*pick_host)(
+                                    ngx_http_hermes_backend_conf_t *bcf,
+                                    ngx_uint_t *kernels);
+    ngx_str_t                  *(*host_name)(
+                                    ngx_http_hermes_backend_conf_t *bcf,
+                                    ngx_uint_t host);
+    /* NULL: an interrupt is a command, in the thread pool */
+    ngx_int_t                   (*interrupt)(ngx_http_hermes_victim_t *v,
+                                             uint32_t cell, ngx_log_t *log);
+    void                        (*exit_process)(
+                                    ngx_http_hermes_backend_conf_t *bcf);
+};
+
+
+extern ngx_http_hermes_backend_ops_t  ngx_http_hermes_backend_local_ops;
+extern ngx_http_hermes_backend_ops_t  ngx_http_hermes_backend_ssh_ops;
+
+void ngx_http_hermes_backend_take(ngx_http_hermes_conn_t *conn,
+    ngx_http_hermes_backend_conf_t *bcf, ngx_uint_t host);
+void ngx_http_hermes_backend_give(ngx_http_hermes_conn_t *conn);
+ngx_int_t ngx_http_hermes_backend_exec(ngx_http_hermes_conn_t *conn,
+    ngx_http_hermes_cmd_t *cmd);
+void ngx_http_hermes_backend_place(ngx_http_hermes_zone_t *zone,
+    ngx_http_hermes_kernel_ref_t *ref, ngx_http_hermes_backend_conf_t *bcf);
+ngx_str_t *ngx_http_hermes_backend_host_name(
+    ngx_http_hermes_backend_conf_t *bcf, ngx_uint_t host);
 
 
 /* kernel lifecycle: spawn and kill, in the thread pool */
@@ -561,6 +605,8 @@ ngx_int_t ngx_http_hermes_kernel_spawn(ngx_http_hermes_loc_conf_t *hlcf,
     ngx_http_hermes_zone_t *zone, ngx_http_hermes_kernel_ref_t *ref,
     ngx_pool_t *pool, ngx_http_hermes_spawn_done_pt done, void *data,
     ngx_log_t *log);
+void ngx_http_hermes_kernel_victim(ngx_http_hermes_victim_t *v,
+    ngx_http_hermes_kernel_ref_t *ref, ngx_http_hermes_backend_conf_t *bcf);
 ngx_int_t ngx_http_hermes_kernel_kill(ngx_thread_pool_t *tp,
     ngx_http_hermes_backend_conf_t *bcf, ngx_http_hermes_victim_t *v,
     ngx_log_t *log);
@@ -571,8 +617,6 @@ void ngx_http_hermes_kernel_kill_victims(ngx_thread_pool_t *tp,
 ngx_int_t ngx_http_hermes_kernel_init_process(ngx_cycle_t *cycle,
     ngx_http_hermes_main_conf_t *hmcf);
 void ngx_http_hermes_kernel_exit_process(ngx_cycle_t *cycle);
-ngx_int_t ngx_http_hermes_backend_exec(ngx_http_hermes_conn_t *conn,
-    ngx_http_hermes_cmd_t *cmd);
 u_char *ngx_http_hermes_log_escape(u_char *dst, u_char *last, u_char *src,
     size_t len, ngx_uint_t quoted);
 
@@ -593,13 +637,23 @@ u_char *ngx_http_hermes_sandbox_kill(u_char *p, u_char *last, u_char *kid);
 
 /* JSON: requests in, results and errors out (yajl) */
 
+/* an agent's envelope around the request: answered in the same kind */
+
+typedef enum {
+    NGX_HTTP_HERMES_ENVELOPE_NONE = 0,
+    NGX_HTTP_HERMES_ENVELOPE_OPENAI,    /* a tool call: a "tool" message */
+    NGX_HTTP_HERMES_ENVELOPE_ANTHROPIC  /* tool_use: a tool_result block */
+} ngx_http_hermes_envelope_e;
+
+
 typedef struct {
     ngx_str_t                     session;
     ngx_str_t                     code;
     ngx_msec_t                    timeout;      /* 0: the location's cap */
-    ngx_str_t                     tool_call_id; /* OpenAI-style call */
+    ngx_str_t                     tool_call_id; /* the envelope's id */
+    ngx_uint_t                    envelope;
     unsigned                      reset:1;
-    unsigned                      tool_call:1;
+    unsigned                      ephemeral:1;  /* a one-shot kernel */
     unsigned                      json_answer:1; /* Accept: application/json */
 } ngx_http_hermes_request_t;
 
@@ -634,6 +688,9 @@ void ngx_http_hermes_json_event_text(u_char *line, size_t len,
     ngx_buf_t *out, ngx_buf_t *err);
 ngx_buf_t *ngx_http_hermes_json_error(ngx_pool_t *pool, ngx_str_t *code,
     ngx_str_t *message);
+ngx_buf_t *ngx_http_hermes_json_tool_message(ngx_pool_t *pool,
+    ngx_uint_t envelope, ngx_str_t *id, u_char *content, size_t len,
+    ngx_uint_t is_error);
 ngx_buf_t *ngx_http_hermes_json_listing(ngx_pool_t *pool, ngx_array_t *list);
 ngx_buf_t *ngx_http_hermes_json_kernel(ngx_pool_t *pool,
     ngx_http_hermes_listing_t *l);
@@ -648,12 +705,102 @@ ngx_buf_t *ngx_http_hermes_json_cell_request(ngx_pool_t *pool, uint32_t id,
 extern ngx_str_t  ngx_http_hermes_cell_status_names[];
 
 
-/* a cell's run: ship, stream, finish; outlives its request */
+/* a cell's run: its turn on a kernel; outlives its request */
 
 ngx_int_t ngx_http_hermes_cell_start(ngx_http_request_t *r,
     ngx_http_hermes_request_t *req, ngx_str_t *owner);
-ngx_int_t ngx_http_hermes_cell_init_process(ngx_cycle_t *cycle);
-void ngx_http_hermes_cell_exit_process(ngx_cycle_t *cycle);
+
+
+/*
+ * A cell's stream on its kernel, as the cell and a backend's transport
+ * share it: the cell fills in what to run and its callbacks, the transport
+ * ships the request and calls back, in this order: shipped, output (event
+ * lines, any number of times), result, done (the output after the result
+ * went out too); or failed, at any point.
+ */
+
+typedef enum {
+    NGX_HTTP_HERMES_STREAM_DEAD = 0,    /* not shipped: the kernel is gone */
+    NGX_HTTP_HERMES_STREAM_FULL,        /* not shipped: its disk is full */
+    NGX_HTTP_HERMES_STREAM_BUSY,        /* not shipped: no thread now */
+    NGX_HTTP_HERMES_STREAM_SHIP_FAILED, /* not shipped, for another reason */
+    NGX_HTTP_HERMES_STREAM_LOST         /* shipped, then lost mid-cell */
+} ngx_http_hermes_stream_fail_e;
+
+
+typedef struct ngx_http_hermes_stream_s  ngx_http_hermes_stream_t;
+
+typedef ngx_int_t (*ngx_http_hermes_stream_pt)(ngx_http_hermes_stream_t *st);
+typedef ngx_int_t (*ngx_http_hermes_stream_output_pt)(
+    ngx_http_hermes_stream_t *st, u_char *p, size_t n);
+typedef ngx_int_t (*ngx_http_hermes_stream_result_pt)(
+    ngx_http_hermes_stream_t *st, u_char *p, size_t n);
+typedef void (*ngx_http_hermes_stream_failed_pt)(
+    ngx_http_hermes_stream_t *st, ngx_uint_t why, char *message);
+
+
+/*
+ * The head and the tail of a lost cell's event lines: escaping makes at
+ * most 6 bytes of a text byte, the output keeps 40% head and 60% tail.
+ */
+
+#define NGX_HTTP_HERMES_KEEP_HEAD(max)  (3 * (max) + 4096)
+#define NGX_HTTP_HERMES_KEEP_TAIL(max)  (4 * (max) + 4096)
+
+typedef struct {
+    u_char                       *data;         /* head, then tail */
+    size_t                        head;
+    size_t                        tail;
+    unsigned                      gap:1;        /* bytes between them */
+} ngx_http_hermes_windows_t;
+
+
+struct ngx_http_hermes_transport_s {
+    ngx_int_t                   (*run)(ngx_http_hermes_stream_t *st);
+    /* the client took what was sent, or left: read on */
+    void                        (*resume)(ngx_http_hermes_stream_t *st);
+    ngx_int_t                   (*interrupt)(ngx_http_hermes_stream_t *st);
+    void                        (*salvage)(ngx_http_hermes_stream_t *st,
+                                           ngx_http_hermes_windows_t *w);
+    void                        (*close)(ngx_http_hermes_stream_t *st);
+};
+
+
+struct ngx_http_hermes_stream_s {
+    /* the cell's */
+    ngx_pool_t                   *pool;
+    ngx_log_t                    *log;
+    ngx_http_hermes_loc_conf_t   *hlcf;
+    ngx_http_hermes_kernel_ref_t *ref;
+    ngx_buf_t                    *request;      /* cell_req_N.json */
+    off_t                         out_limit;    /* of cell_out, read */
+    size_t                        res_limit;
+    ngx_msec_t                    timeout;
+    ngx_connection_t             *client;       /* NULL: gone */
+    ngx_http_hermes_rpc_t        *rpc;          /* its tool calls */
+    void                         *data;
+
+    ngx_http_hermes_stream_pt         shipped;
+    ngx_http_hermes_stream_output_pt  output;   /* NGX_AGAIN: wait resume */
+    ngx_http_hermes_stream_result_pt  result;
+    ngx_http_hermes_stream_pt         done;
+    ngx_http_hermes_stream_failed_pt  failed;
+
+    /* the transport's */
+    void                         *ctx;
+    unsigned                      quiet:1;      /* no client for output */
+    unsigned                      is_shipped:1;
+    unsigned                      waits_client:1; /* the result is behind
+                                                     output not yet taken */
+    unsigned                      truncated:1;  /* out_limit was reached */
+};
+
+
+ngx_int_t ngx_http_hermes_transport_local_init_process(ngx_cycle_t *cycle);
+void ngx_http_hermes_transport_local_exit_process(ngx_cycle_t *cycle);
+
+extern ngx_http_hermes_transport_t  ngx_http_hermes_transport_local;
+extern ngx_http_hermes_transport_t  ngx_http_hermes_transport_ssh;
 
 
 /* tool calls: a cell's RPC channel (ngx_hermes_rpc.c) */
@@ -681,8 +828,6 @@ typedef struct {
     u_char                        seq_buf[16];
 } ngx_http_hermes_rpc_req_t;
 
-typedef struct ngx_http_hermes_rpc_s  ngx_http_hermes_rpc_t;
-
 /* a stream event line ("...\n") for the cell's client */
 typedef void (*ngx_http_hermes_rpc_event_pt)(void *data, u_char *line,
     size_t len);
@@ -693,8 +838,10 @@ ngx_int_t ngx_http_hermes_rpc_check(u_char *data, size_t len,
 uint64_t ngx_http_hermes_rpc_name_seq(u_char *name, size_t len);
 ngx_http_hermes_rpc_t *ngx_http_hermes_rpc_create(ngx_pool_t *pool,
     ngx_http_request_t *r, ngx_http_hermes_loc_conf_t *hlcf,
-    ngx_http_hermes_kernel_ref_t *ref, ngx_fd_t dir_fd, int ifd,
-    ngx_http_hermes_rpc_event_pt event, void *data, ngx_log_t *log);
+    ngx_http_hermes_kernel_ref_t *ref, ngx_http_hermes_rpc_event_pt event,
+    void *data, ngx_log_t *log);
+ngx_int_t ngx_http_hermes_rpc_open(ngx_http_hermes_rpc_t *rpc,
+    ngx_fd_t dir_fd, int ifd);
 int ngx_http_hermes_rpc_wd(ngx_http_hermes_rpc_t *rpc);
 void ngx_http_hermes_rpc_notify(ngx_http_hermes_rpc_t *rpc, u_char *name,
     size_t len);
@@ -708,6 +855,8 @@ ngx_int_t ngx_http_hermes_rpc_schema_handler(ngx_http_request_t *r);
 
 /* per request: what the error filter and the log variables need */
 
+typedef struct ngx_http_hermes_response_s  ngx_http_hermes_response_t;
+
 typedef struct {
     ngx_buf_t                    *error_body;
     ngx_http_event_handler_pt     read_body;    /* nginx's, while reading */
@@ -718,7 +867,10 @@ typedef struct {
     ngx_int_t                     cell_status;  /* -1: none */
     ngx_msec_t                    cell_ms;
     ngx_msec_t                    queue_ms;
-    void                         *cell;         /* its cell, while it runs */
+    ngx_http_hermes_response_t   *response;     /* a cell's, while it runs */
+    ngx_str_t                     tool_call_id;
+    ngx_uint_t                    envelope;     /* errors as tool messages
+                                                   (a JSON answer wanted) */
     unsigned                      error_sent:1;
     unsigned                      has_kernel:1;
     unsigned                      has_queue:1;  /* the cell got its turn */
@@ -726,16 +878,59 @@ typedef struct {
 } ngx_http_hermes_ctx_t;
 
 
+/*
+ * Everything written to a client (ngx_hermes_response.c): a cell's NDJSON
+ * stream or JSON answer, JSON errors, and nginx's own errors on our
+ * locations as JSON.  A cell's response outlives its request: r is NULL
+ * once the client is gone, and the cell hears it through "gone".
+ */
+
+struct ngx_http_hermes_response_s {
+    ngx_http_request_t           *r;
+    ngx_http_cleanup_t           *cln;
+    ngx_http_hermes_ctx_t        *ctx;          /* the request's */
+    ngx_chain_t                  *free;
+    ngx_chain_t                  *busy;
+    void                        (*drained)(void *data);
+    void                        (*gone)(void *data);
+    void                         *data;
+    unsigned                      json:1;       /* one JSON answer */
+    unsigned                      tool_message:1;
+    unsigned                      header_sent:1;
+    unsigned                      mid_line:1;   /* sent no "\n" last */
+};
+
+
+ngx_int_t ngx_http_hermes_response_attach(ngx_http_hermes_response_t *rs,
+    ngx_http_request_t *r);
+void ngx_http_hermes_response_release(ngx_http_hermes_response_t *rs);
+ngx_int_t ngx_http_hermes_response_kernel(ngx_http_hermes_response_t *rs,
+    ngx_http_hermes_kernel_ref_t *ref, ngx_http_hermes_request_t *req);
+ngx_int_t ngx_http_hermes_response_output(ngx_http_hermes_response_t *rs,
+    u_char *p, size_t n);
+void ngx_http_hermes_response_end_line(ngx_http_hermes_response_t *rs);
+void ngx_http_hermes_response_heartbeat(ngx_http_hermes_response_t *rs);
+void ngx_http_hermes_response_result(ngx_http_hermes_response_t *rs,
+    ngx_http_hermes_result_t *res, ngx_http_hermes_kernel_ref_t *ref,
+    ngx_http_hermes_request_t *req);
+void ngx_http_hermes_response_error(ngx_http_hermes_response_t *rs,
+    ngx_uint_t status, char *code, char *message);
+ngx_int_t ngx_http_hermes_response_send_error(ngx_http_request_t *r,
+    ngx_uint_t status, char *code, char *message);
+ngx_int_t ngx_http_hermes_response_send_buf(ngx_http_request_t *r,
+    ngx_uint_t status, const char *type, ngx_buf_t *b);
+ngx_int_t ngx_http_hermes_response_add_header(ngx_http_request_t *r,
+    char *key, char *value);
+ngx_http_hermes_ctx_t *ngx_http_hermes_response_ctx(ngx_http_request_t *r);
+ngx_int_t ngx_http_hermes_response_filter_init(ngx_conf_t *cf);
+
+
 /* HTTP handlers */
 
-ngx_http_hermes_ctx_t *ngx_http_hermes_get_ctx(ngx_http_request_t *r);
 ngx_int_t ngx_http_hermes_execute_handler(ngx_http_request_t *r);
 ngx_int_t ngx_http_hermes_kernels_handler(ngx_http_request_t *r);
 ngx_int_t ngx_http_hermes_status_handler(ngx_http_request_t *r);
 ngx_int_t ngx_http_hermes_add_variables(ngx_conf_t *cf);
-ngx_int_t ngx_http_hermes_send_error(ngx_http_request_t *r,
-    ngx_uint_t status, char *code, char *message);
-ngx_int_t ngx_http_hermes_filter_init(ngx_conf_t *cf);
 
 
 extern ngx_module_t  ngx_http_hermes_module;

@@ -16,6 +16,9 @@
 #include <sys/wait.h>
 
 
+#define NGX_HTTP_HERMES_LOCAL_READY_TIMEOUT  10000
+
+
 /* a clean environment: nothing of the worker's reaches the kernel host */
 
 static char *ngx_http_hermes_local_env[] = {
@@ -29,6 +32,121 @@ static int  ngx_http_hermes_local_default_signals[] = {
     SIGPIPE, SIGCHLD, SIGHUP, SIGINT, SIGQUIT, SIGTERM, SIGUSR1, SIGUSR2,
     SIGWINCH, SIGALRM, SIGIO, SIGSYS, 0
 };
+
+
+static void ngx_http_hermes_local_take(ngx_http_hermes_conn_t *conn);
+static ngx_int_t ngx_http_hermes_local_conn_exec(ngx_http_hermes_conn_t *conn,
+    ngx_http_hermes_cmd_t *cmd);
+static ngx_int_t ngx_http_hermes_local_ready(ngx_http_hermes_conn_t *conn,
+    u_char *dir, ngx_pid_t pid, ngx_pid_t expect, uint64_t *start);
+static ngx_uint_t ngx_http_hermes_local_root(
+    ngx_http_hermes_backend_conf_t *bcf);
+static ngx_uint_t ngx_http_hermes_local_pick_host(
+    ngx_http_hermes_backend_conf_t *bcf, ngx_uint_t *kernels);
+static ngx_str_t *ngx_http_hermes_local_host_name(
+    ngx_http_hermes_backend_conf_t *bcf, ngx_uint_t host);
+static ngx_int_t ngx_http_hermes_local_interrupt_kernel(
+    ngx_http_hermes_victim_t *v, uint32_t cell, ngx_log_t *log);
+
+
+ngx_http_hermes_backend_ops_t  ngx_http_hermes_backend_local_ops = {
+    ngx_string("local"),
+    &ngx_http_hermes_transport_local,
+    ngx_http_hermes_local_take,
+    ngx_http_hermes_local_take,             /* give: nothing was taken */
+    ngx_http_hermes_local_conn_exec,
+    ngx_http_hermes_local_ready,
+    ngx_http_hermes_local_root,
+    ngx_http_hermes_local_pick_host,
+    ngx_http_hermes_local_host_name,
+    ngx_http_hermes_local_interrupt_kernel,
+    NULL                                    /* exit_process */
+};
+
+
+static void
+ngx_http_hermes_local_take(ngx_http_hermes_conn_t *conn)
+{
+    /* commands on this host need no connection */
+}
+
+
+static ngx_int_t
+ngx_http_hermes_local_conn_exec(ngx_http_hermes_conn_t *conn,
+    ngx_http_hermes_cmd_t *cmd)
+{
+    return ngx_http_hermes_local_exec(cmd);
+}
+
+
+static ngx_int_t
+ngx_http_hermes_local_ready(ngx_http_hermes_conn_t *conn, u_char *dir,
+    ngx_pid_t pid, ngx_pid_t expect, uint64_t *start)
+{
+    if (ngx_http_hermes_local_wait_ready(dir, pid, expect,
+                                         NGX_HTTP_HERMES_LOCAL_READY_TIMEOUT)
+        != NGX_OK)
+    {
+        return NGX_ERROR;
+    }
+
+    return ngx_http_hermes_local_proc_start(pid, start);
+}
+
+
+/* kernels never run as root: a root worker drops to the sandbox's user */
+
+static ngx_uint_t
+ngx_http_hermes_local_root(ngx_http_hermes_backend_conf_t *bcf)
+{
+    return geteuid() == 0;
+}
+
+
+static ngx_uint_t
+ngx_http_hermes_local_pick_host(ngx_http_hermes_backend_conf_t *bcf,
+    ngx_uint_t *kernels)
+{
+    return 0;
+}
+
+
+static ngx_str_t *
+ngx_http_hermes_local_host_name(ngx_http_hermes_backend_conf_t *bcf,
+    ngx_uint_t host)
+{
+    static ngx_str_t  localhost = ngx_string("localhost");
+
+    return &localhost;
+}
+
+
+/* event loop: "N\n" into the intr FIFO of the kernel, if it is still it */
+
+static ngx_int_t
+ngx_http_hermes_local_interrupt_kernel(ngx_http_hermes_victim_t *v,
+    uint32_t cell, ngx_log_t *log)
+{
+    ngx_fd_t         fd;
+    ngx_int_t        rc;
+    ngx_file_info_t  fi;
+
+    fd = open((char *) v->dir,
+              O_RDONLY|O_DIRECTORY|O_NOFOLLOW|O_NONBLOCK|O_CLOEXEC);
+    if (fd == NGX_INVALID_FILE) {
+        return NGX_DECLINED;
+    }
+
+    rc = NGX_DECLINED;
+
+    if (ngx_fd_info(fd, &fi) == 0 && (uint64_t) fi.st_ino == v->ino) {
+        rc = ngx_http_hermes_local_interrupt(fd, cell, log);
+    }
+
+    close(fd);
+
+    return rc;
+}
 
 
 ngx_int_t
@@ -51,7 +169,7 @@ ngx_http_hermes_local_exec(ngx_http_hermes_cmd_t *cmd)
     cmd->err = 0;
 
     /*
-     * SIGCHLD is SIG_DFL in workers (see ngx_hermes_cell.c), yet a signal
+     * SIGCHLD is SIG_DFL in workers (see ngx_hermes_kernel.c), yet a signal
      * blocked by its target thread is queued, not discarded, and then
      * interrupts the event loop: let this thread take it, and drop it.
      */

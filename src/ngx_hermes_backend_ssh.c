@@ -78,6 +78,20 @@ typedef struct {
 } ngx_http_hermes_relay_t;
 
 
+static void ngx_http_hermes_ssh_take(ngx_http_hermes_conn_t *conn);
+static void ngx_http_hermes_ssh_give(ngx_http_hermes_conn_t *conn);
+static ngx_int_t ngx_http_hermes_ssh_exec(ngx_http_hermes_conn_t *conn,
+    ngx_http_hermes_cmd_t *cmd);
+static ngx_int_t ngx_http_hermes_ssh_ready(ngx_http_hermes_conn_t *conn,
+    u_char *dir, ngx_pid_t pid, ngx_pid_t expect, uint64_t *start);
+static ngx_uint_t ngx_http_hermes_ssh_root(
+    ngx_http_hermes_backend_conf_t *bcf);
+static ngx_uint_t ngx_http_hermes_ssh_pick_host(
+    ngx_http_hermes_backend_conf_t *bcf, ngx_uint_t *count);
+static ngx_str_t *ngx_http_hermes_ssh_host_name(
+    ngx_http_hermes_backend_conf_t *bcf, ngx_uint_t host);
+static void ngx_http_hermes_ssh_exit_process(
+    ngx_http_hermes_backend_conf_t *bcf);
 static ngx_int_t ngx_http_hermes_ssh_connect(ngx_http_hermes_conn_t *conn,
     ngx_msec_t timeout);
 static ngx_int_t ngx_http_hermes_ssh_run(ngx_http_hermes_conn_t *conn,
@@ -91,6 +105,21 @@ static void ngx_http_hermes_ssh_relay_give_up(ngx_http_hermes_relay_t *rl,
     ngx_msec_t down, ngx_log_t *log);
 static ngx_msec_t ngx_http_hermes_ssh_now(void);
 static void ngx_http_hermes_ssh_relay_done(ngx_event_t *ev);
+
+
+ngx_http_hermes_backend_ops_t  ngx_http_hermes_backend_ssh_ops = {
+    ngx_string("ssh"),
+    &ngx_http_hermes_transport_ssh,
+    ngx_http_hermes_ssh_take,
+    ngx_http_hermes_ssh_give,
+    ngx_http_hermes_ssh_exec,
+    ngx_http_hermes_ssh_ready,
+    ngx_http_hermes_ssh_root,
+    ngx_http_hermes_ssh_pick_host,
+    ngx_http_hermes_ssh_host_name,
+    NULL,                                   /* interrupt: a command */
+    ngx_http_hermes_ssh_exit_process
+};
 
 
 ngx_int_t
@@ -119,10 +148,15 @@ ngx_http_hermes_ssh_host_create(ngx_pool_t *pool, ngx_str_t *name,
 }
 
 
-ngx_str_t *
-ngx_http_hermes_ssh_host_name(ngx_http_hermes_ssh_host_t *h)
+static ngx_str_t *
+ngx_http_hermes_ssh_host_name(ngx_http_hermes_backend_conf_t *bcf,
+    ngx_uint_t host)
 {
-    return &h->name;
+    ngx_http_hermes_ssh_host_t  **hosts;
+
+    hosts = bcf->hosts->elts;
+
+    return &hosts[host]->name;
 }
 
 
@@ -131,7 +165,7 @@ ngx_http_hermes_ssh_host_name(ngx_http_hermes_ssh_host_t *h)
  * ("count" from the registry) among those that have not failed lately.
  */
 
-ngx_uint_t
+static ngx_uint_t
 ngx_http_hermes_ssh_pick_host(ngx_http_hermes_backend_conf_t *bcf,
     ngx_uint_t *count)
 {
@@ -172,23 +206,13 @@ ngx_http_hermes_ssh_pick_host(ngx_http_hermes_backend_conf_t *bcf,
 
 /* event loop: a connected session for a task, if this worker has one */
 
-void
-ngx_http_hermes_conn_take(ngx_http_hermes_conn_t *conn,
-    ngx_http_hermes_backend_conf_t *bcf, ngx_uint_t host)
+static void
+ngx_http_hermes_ssh_take(ngx_http_hermes_conn_t *conn)
 {
     ngx_http_hermes_ssh_host_t  **hosts, *h;
 
-    ngx_memzero(conn, sizeof(ngx_http_hermes_conn_t));
-
-    conn->bcf = bcf;
-    conn->host = host;
-
-    if (bcf->type != NGX_HTTP_HERMES_BACKEND_SSH) {
-        return;
-    }
-
-    hosts = bcf->hosts->elts;
-    h = hosts[host < bcf->hosts->nelts ? host : 0];
+    hosts = conn->bcf->hosts->elts;
+    h = hosts[conn->host];
 
     if (h->nidle) {
         conn->session = h->idle[--h->nidle];
@@ -198,18 +222,14 @@ ngx_http_hermes_conn_take(ngx_http_hermes_conn_t *conn,
 
 /* event loop: the task is done; keep its session for the next one */
 
-void
-ngx_http_hermes_conn_give(ngx_http_hermes_conn_t *conn)
+static void
+ngx_http_hermes_ssh_give(ngx_http_hermes_conn_t *conn)
 {
     ssh_session                   s;
     ngx_http_hermes_ssh_host_t  **hosts, *h;
 
-    if (conn->bcf == NULL || conn->bcf->type != NGX_HTTP_HERMES_BACKEND_SSH) {
-        return;
-    }
-
     hosts = conn->bcf->hosts->elts;
-    h = hosts[conn->host < conn->bcf->hosts->nelts ? conn->host : 0];
+    h = hosts[conn->host];
 
     if (conn->unavailable) {
         h->failed = 1;
@@ -235,7 +255,7 @@ ngx_http_hermes_conn_give(ngx_http_hermes_conn_t *conn)
 }
 
 
-void
+static void
 ngx_http_hermes_ssh_exit_process(ngx_http_hermes_backend_conf_t *bcf)
 {
     ngx_uint_t                    i;
@@ -387,7 +407,7 @@ ngx_http_hermes_ssh_connect(ngx_http_hermes_conn_t *conn, ngx_msec_t timeout)
  * the command was not started.
  */
 
-ngx_int_t
+static ngx_int_t
 ngx_http_hermes_ssh_exec(ngx_http_hermes_conn_t *conn,
     ngx_http_hermes_cmd_t *cmd)
 {
@@ -435,6 +455,65 @@ ngx_http_hermes_ssh_exec(ngx_http_hermes_conn_t *conn,
 
 
 /* NGX_AGAIN: the channel could not be opened, nothing ran */
+
+/*
+ * Thread pool: the runner says "ready" with its pid, and /proc tells the
+ * pid's start time, in one command: the host may be far.
+ */
+
+static ngx_int_t
+ngx_http_hermes_ssh_ready(ngx_http_hermes_conn_t *conn, u_char *dir,
+    ngx_pid_t pid, ngx_pid_t expect, uint64_t *start)
+{
+    u_char                 *p;
+    u_char                  out[1024];
+    u_char                  cmd[2 * NGX_HTTP_HERMES_DIR_MAX + 512];
+    ngx_int_t               rc;
+    ngx_http_hermes_cmd_t   c;
+
+    *ngx_slprintf(cmd, cmd + sizeof(cmd) - 1,
+                  "i=0; while [ $i -lt 1000 ] && [ ! -s '%s/ready' ]"
+                  " && kill -0 %P 2>/dev/null;"
+                  " do sleep 0.01; i=$((i+1)); done;"
+                  " cat '%s/ready' && kill -0 %P"
+                  " && echo && cat /proc/%P/stat",
+                  dir, pid, dir, pid, pid) = '\0';
+
+    ngx_memzero(&c, sizeof(ngx_http_hermes_cmd_t));
+
+    c.cmd = (char *) cmd;
+    c.out = out;
+    c.out_size = sizeof(out) - 1;
+    c.timeout = 10000;              /* the loop above: 10 s at most */
+
+    rc = ngx_http_hermes_ssh_exec(conn, &c);
+
+    if (rc != NGX_OK) {
+        return rc;
+    }
+
+    out[c.out_len] = '\0';
+
+    if (c.status != 0 || ngx_http_hermes_ready_pid(out, expect) != NGX_OK) {
+        return NGX_ERROR;
+    }
+
+    /* "ready" has no newline of its own: the stat line follows */
+    p = (u_char *) ngx_strchr(out, '\n');
+    p = p ? p + 1 : out;
+
+    return ngx_http_hermes_proc_start(p, ngx_strlen(p), start);
+}
+
+
+/* kernels never run as root: a root login drops to the sandbox's user */
+
+static ngx_uint_t
+ngx_http_hermes_ssh_root(ngx_http_hermes_backend_conf_t *bcf)
+{
+    return bcf->user.len == 4 && ngx_strncmp(bcf->user.data, "root", 4) == 0;
+}
+
 
 static ngx_int_t
 ngx_http_hermes_ssh_run(ngx_http_hermes_conn_t *conn,
@@ -1013,7 +1092,7 @@ ngx_http_hermes_ssh_relay_done(ngx_event_t *ev)
     /* EOF for the cell's end of the socketpair */
     (void) close(rl->fd);
 
-    ngx_http_hermes_conn_give(&rl->conn);
+    ngx_http_hermes_ssh_give(&rl->conn);
 
     ngx_free(rl);
 }

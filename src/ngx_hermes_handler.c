@@ -1,13 +1,15 @@
 
 /*
  * ngx_hermes: HTTP handlers.  The execute endpoint reads and checks the
- * request, then hands it to a cell (ngx_hermes_cell.c).  A filter turns
- * the errors nginx itself answers on our locations (413 of
- * client_max_body_size, 408, 500, ...) into our JSON error body.
+ * request, then hands it to a cell (ngx_hermes_cell.c); the kernels and
+ * status endpoints answer from the registry.  What is written back is
+ * ngx_hermes_response.c's.
  */
 
 
 #include "ngx_hermes.h"
+
+#include <sodium.h>
 
 
 /*
@@ -27,16 +29,12 @@ typedef struct {
 } ngx_http_hermes_media_t;
 
 
-static ngx_http_output_header_filter_pt  ngx_http_next_header_filter;
-static ngx_http_output_body_filter_pt    ngx_http_next_body_filter;
-
-
 static ngx_int_t ngx_http_hermes_owner(ngx_http_request_t *r,
     ngx_str_t *owner, ngx_int_t *rc);
+static ngx_int_t ngx_http_hermes_session(ngx_http_request_t *r,
+    ngx_http_hermes_request_t *req, ngx_int_t *rc);
 static void ngx_http_hermes_execute_body(ngx_http_request_t *r);
 static void ngx_http_hermes_read_body_handler(ngx_http_request_t *r);
-static ngx_int_t ngx_http_hermes_send_buf(ngx_http_request_t *r,
-    ngx_uint_t status, const char *type, ngx_buf_t *b);
 static void ngx_http_hermes_name_backends(ngx_http_request_t *r,
     ngx_array_t *list);
 static ngx_int_t ngx_http_hermes_variable(ngx_http_request_t *r,
@@ -47,16 +45,12 @@ static u_char *ngx_http_hermes_media_type(u_char *p, u_char *last,
     ngx_http_hermes_media_t *m);
 static ngx_uint_t ngx_http_hermes_content_is_json(ngx_http_request_t *r);
 static ngx_uint_t ngx_http_hermes_accepts_json(ngx_http_request_t *r);
-static ngx_int_t ngx_http_hermes_add_header(ngx_http_request_t *r,
-    char *key, char *value);
 static ngx_int_t ngx_http_hermes_kernels_path(ngx_http_request_t *r,
     ngx_str_t *session, ngx_uint_t *interrupt, ngx_int_t *rc);
 static ngx_int_t ngx_http_hermes_kernel_interrupt_cell(ngx_http_request_t *r,
     ngx_str_t *owner, ngx_str_t *session);
 static ngx_int_t ngx_http_hermes_kernel_get(ngx_http_request_t *r,
     ngx_str_t *owner, ngx_str_t *session);
-static ngx_http_hermes_loc_conf_t *ngx_http_hermes_location_is_ours(
-    ngx_http_request_t *r);
 static void ngx_http_hermes_name_hosts(ngx_http_request_t *r,
     ngx_http_hermes_stats_t *st);
 
@@ -73,13 +67,13 @@ ngx_http_hermes_execute_handler(ngx_http_request_t *r)
             return rc;
         }
 
-        if (ngx_http_hermes_add_header(r, "Allow", "POST") != NGX_OK) {
+        if (ngx_http_hermes_response_add_header(r, "Allow", "POST") != NGX_OK) {
             return NGX_HTTP_INTERNAL_SERVER_ERROR;
         }
 
-        return ngx_http_hermes_send_error(r, NGX_HTTP_NOT_ALLOWED,
-                                          "method_not_allowed",
-                                          "use POST with a JSON body");
+        return ngx_http_hermes_response_send_error(r, NGX_HTTP_NOT_ALLOWED,
+                                                   "method_not_allowed",
+                                                   "use POST with a JSON body");
     }
 
     if (!ngx_http_hermes_content_is_json(r)) {
@@ -88,13 +82,13 @@ ngx_http_hermes_execute_handler(ngx_http_request_t *r)
             return rc;
         }
 
-        return ngx_http_hermes_send_error(r,
+        return ngx_http_hermes_response_send_error(r,
                                     NGX_HTTP_UNSUPPORTED_MEDIA_TYPE,
                                     "unsupported_media_type",
                                     "the body must be application/json");
     }
 
-    ctx = ngx_http_hermes_get_ctx(r);
+    ctx = ngx_http_hermes_response_ctx(r);
     if (ctx == NULL) {
         return NGX_HTTP_INTERNAL_SERVER_ERROR;
     }
@@ -143,10 +137,12 @@ ngx_http_hermes_read_body_handler(ngx_http_request_t *r)
     r->lingering_close = 0;
 
     ngx_http_finalize_request(r,
-                  ngx_http_hermes_send_error(r, NGX_HTTP_REQUEST_TIME_OUT,
-                                             "request_timeout",
-                                             "the body was not received "
-                                             "within client_body_timeout"));
+                  ngx_http_hermes_response_send_error(r,
+                                                      NGX_HTTP_REQUEST_TIME_OUT,
+                                                      "request_timeout",
+                                                      "the body was not "
+                                                      "received within "
+                                                      "client_body_timeout"));
 }
 
 
@@ -158,6 +154,7 @@ ngx_http_hermes_execute_body(ngx_http_request_t *r)
     ngx_int_t                    rc;
     ngx_str_t                    owner, code, message;
     ngx_uint_t                   status;
+    ngx_http_hermes_ctx_t       *ctx;
     ngx_http_hermes_request_t    req;
     ngx_http_hermes_loc_conf_t  *hlcf;
 
@@ -182,20 +179,40 @@ ngx_http_hermes_execute_body(ngx_http_request_t *r)
         return;
     }
 
+    req.json_answer = ngx_http_hermes_accepts_json(r);
+
+    if (req.envelope != NGX_HTTP_HERMES_ENVELOPE_NONE && req.json_answer) {
+        /* from here on, errors are answers the model reads */
+        ctx = ngx_http_hermes_response_ctx(r);
+        if (ctx == NULL) {
+            ngx_http_finalize_request(r, NGX_HTTP_INTERNAL_SERVER_ERROR);
+            return;
+        }
+
+        ctx->envelope = req.envelope;
+        ctx->tool_call_id = req.tool_call_id;
+    }
+
     if (rc == NGX_DECLINED) {
         ngx_http_finalize_request(r,
-                        ngx_http_hermes_send_error(r, status,
+                        ngx_http_hermes_response_send_error(r, status,
                                                    (char *) code.data,
                                                    (char *) message.data));
         return;
     }
 
+    if (ngx_http_hermes_session(r, &req, &rc) != NGX_OK) {
+        ngx_http_finalize_request(r, rc);
+        return;
+    }
+
     if (req.timeout > hlcf->cell_timeout) {
         ngx_http_finalize_request(r,
-                ngx_http_hermes_send_error(r, NGX_HTTP_BAD_REQUEST,
-                                           "invalid_request",
-                                           "\"timeout\" is over this "
-                                           "location's hermes_cell_timeout"));
+                ngx_http_hermes_response_send_error(r, NGX_HTTP_BAD_REQUEST,
+                                                    "invalid_request",
+                                                    "\"timeout\" is over this "
+                                                    "location's "
+                                                    "hermes_cell_timeout"));
         return;
     }
 
@@ -234,14 +251,14 @@ ngx_http_hermes_owner(ngx_http_request_t *r, ngx_str_t *owner, ngx_int_t *rc)
     }
 
     if (owner->len == 0) {
-        *rc = ngx_http_hermes_send_error(r, NGX_HTTP_UNAUTHORIZED,
+        *rc = ngx_http_hermes_response_send_error(r, NGX_HTTP_UNAUTHORIZED,
                                          "unauthorized",
                                          "no owner for this request");
         return NGX_DECLINED;
     }
 
     if (owner->len > NGX_HTTP_HERMES_OWNER_MAX) {
-        *rc = ngx_http_hermes_send_error(r, NGX_HTTP_BAD_REQUEST,
+        *rc = ngx_http_hermes_response_send_error(r, NGX_HTTP_BAD_REQUEST,
                                          "invalid_owner",
                                          "the owner is over 128 bytes");
         return NGX_DECLINED;
@@ -249,7 +266,7 @@ ngx_http_hermes_owner(ngx_http_request_t *r, ngx_str_t *owner, ngx_int_t *rc)
 
     for (i = 0; i < owner->len; i++) {
         if (owner->data[i] < 0x20 || owner->data[i] == 0x7f) {
-            *rc = ngx_http_hermes_send_error(r, NGX_HTTP_BAD_REQUEST,
+            *rc = ngx_http_hermes_response_send_error(r, NGX_HTTP_BAD_REQUEST,
                                              "invalid_owner",
                                              "the owner has a control "
                                              "character");
@@ -259,13 +276,95 @@ ngx_http_hermes_owner(ngx_http_request_t *r, ngx_str_t *owner, ngx_int_t *rc)
 
     /* $hermes_owner */
 
-    ctx = ngx_http_hermes_get_ctx(r);
+    ctx = ngx_http_hermes_response_ctx(r);
     if (ctx == NULL) {
         *rc = NGX_HTTP_INTERNAL_SERVER_ERROR;
         return NGX_DECLINED;
     }
 
     ctx->owner = *owner;
+
+    return NGX_OK;
+}
+
+
+/*
+ * The session: the body's, or hermes_session's (a header, a URL capture)
+ * so that a router can see it; when both name one, they must agree.  A
+ * request that names none, or says "ephemeral", runs in a one-shot
+ * kernel of a session made up for it.  NGX_DECLINED: the answer is under
+ * way, *rc is what to return.
+ */
+
+static ngx_int_t
+ngx_http_hermes_session(ngx_http_request_t *r,
+    ngx_http_hermes_request_t *req, ngx_int_t *rc)
+{
+    u_char                       id[NGX_HTTP_HERMES_ID_LEN / 2];
+    ngx_str_t                    s;
+    ngx_http_hermes_loc_conf_t  *hlcf;
+
+    hlcf = ngx_http_get_module_loc_conf(r, ngx_http_hermes_module);
+
+    ngx_str_null(&s);
+
+    if (hlcf->session) {
+        if (ngx_http_complex_value(r, hlcf->session, &s) != NGX_OK) {
+            *rc = NGX_HTTP_INTERNAL_SERVER_ERROR;
+            return NGX_DECLINED;
+        }
+
+        if (!ngx_http_hermes_json_session_valid(&s)) {
+            *rc = ngx_http_hermes_response_send_error(r, NGX_HTTP_BAD_REQUEST,
+                                                      "invalid_session",
+                                                      "hermes_session must be "
+                                                      "1-128 characters of "
+                                                      "[A-Za-z0-9._:-]");
+            return NGX_DECLINED;
+        }
+
+        if (req->session.len
+            && (req->session.len != s.len
+                || ngx_strncmp(req->session.data, s.data, s.len) != 0))
+        {
+            *rc = ngx_http_hermes_response_send_error(r, NGX_HTTP_BAD_REQUEST,
+                                                      "session_mismatch",
+                                                      "the body names another "
+                                                      "session than "
+                                                      "hermes_session");
+            return NGX_DECLINED;
+        }
+
+        req->session = s;
+    }
+
+    if (req->ephemeral && req->session.len) {
+        *rc = ngx_http_hermes_response_send_error(r, NGX_HTTP_BAD_REQUEST,
+                                                  "invalid_request",
+                                                  "an ephemeral cell has no "
+                                                  "session");
+        return NGX_DECLINED;
+    }
+
+    if (req->session.len) {
+        return NGX_OK;
+    }
+
+    /* one-shot: a session no one can name twice */
+
+    req->session.data = ngx_pnalloc(r->pool, sizeof("oneshot-") - 1
+                                             + NGX_HTTP_HERMES_ID_LEN + 1);
+    if (req->session.data == NULL) {
+        *rc = NGX_HTTP_INTERNAL_SERVER_ERROR;
+        return NGX_DECLINED;
+    }
+
+    randombytes_buf(id, sizeof(id));
+
+    req->session.len = ngx_sprintf(req->session.data, "oneshot-%*xs",
+                                   sizeof(id), id)
+                       - req->session.data;
+    req->ephemeral = 1;
 
     return NGX_OK;
 }
@@ -645,342 +744,6 @@ ngx_http_hermes_accepts_json(ngx_http_request_t *r)
 }
 
 
-static ngx_int_t
-ngx_http_hermes_add_header(ngx_http_request_t *r, char *key, char *value)
-{
-    ngx_table_elt_t  *h;
-
-    h = ngx_list_push(&r->headers_out.headers);
-    if (h == NULL) {
-        return NGX_ERROR;
-    }
-
-    h->hash = 1;
-    h->key.data = (u_char *) key;
-    h->key.len = ngx_strlen(key);
-    h->value.data = (u_char *) value;
-    h->value.len = ngx_strlen(value);
-
-    return NGX_OK;
-}
-
-
-ngx_int_t
-ngx_http_hermes_send_error(ngx_http_request_t *r, ngx_uint_t status,
-    char *code, char *message)
-{
-    ngx_str_t               c, m;
-    ngx_buf_t              *b;
-    ngx_http_hermes_ctx_t  *ctx;
-
-    c.data = (u_char *) code;
-    c.len = ngx_strlen(code);
-    m.data = (u_char *) message;
-    m.len = ngx_strlen(message);
-
-    b = ngx_http_hermes_json_error(r->pool, &c, &m);
-    if (b == NULL) {
-        return NGX_HTTP_INTERNAL_SERVER_ERROR;
-    }
-
-    /* for responses_total: code strings are static or the request's */
-
-    ctx = ngx_http_hermes_get_ctx(r);
-    if (ctx == NULL) {
-        return NGX_HTTP_INTERNAL_SERVER_ERROR;
-    }
-
-    ctx->error_code = c;
-
-    if (status == NGX_HTTP_TOO_MANY_REQUESTS
-        || status == NGX_HTTP_SERVICE_UNAVAILABLE)
-    {
-        if (ngx_http_hermes_add_header(r, "Retry-After", "1") != NGX_OK) {
-            return NGX_HTTP_INTERNAL_SERVER_ERROR;
-        }
-    }
-
-    return ngx_http_hermes_send_buf(r, status, "application/json", b);
-}
-
-
-static ngx_int_t
-ngx_http_hermes_send_buf(ngx_http_request_t *r, ngx_uint_t status,
-    const char *type, ngx_buf_t *b)
-{
-    ngx_int_t    rc;
-    ngx_chain_t  out;
-
-    r->headers_out.status = status;
-    r->headers_out.content_length_n = b ? b->last - b->pos : 0;
-    r->headers_out.content_type.data = (u_char *) type;
-    r->headers_out.content_type.len = ngx_strlen(type);
-    r->headers_out.content_type_len = r->headers_out.content_type.len;
-
-    if (b == NULL) {
-        r->header_only = 1;
-    }
-
-    rc = ngx_http_send_header(r);
-
-    if (rc == NGX_ERROR || rc > NGX_OK || r->header_only) {
-        return rc;
-    }
-
-    b->last_buf = (r == r->main) ? 1 : 0;
-    b->last_in_chain = 1;
-
-    out.buf = b;
-    out.next = NULL;
-
-    return ngx_http_output_filter(r, &out);
-}
-
-
-/*
- * An error nginx answers before it looked up a location (a malformed
- * header, TRACE) has the server's configuration: does the URI name one
- * of our locations?  Each is tried on its own, the others not at all: a
- * URI that nginx would give to a longer prefix or a regex location of
- * another module, but that also falls under one of ours, is ours here.
- */
-
-static ngx_http_hermes_loc_conf_t *
-ngx_http_hermes_location_is_ours(ngx_http_request_t *r)
-{
-    ngx_uint_t                    i;
-    ngx_http_core_loc_conf_t     *clcf;
-    ngx_http_core_srv_conf_t     *cscf;
-    ngx_http_hermes_location_t   *loc;
-    ngx_http_hermes_main_conf_t  *hmcf;
-
-    cscf = ngx_http_get_module_srv_conf(r, ngx_http_core_module);
-
-    if (r->uri.len == 0 || r->loc_conf != cscf->ctx->loc_conf) {
-        return NULL;
-    }
-
-    hmcf = ngx_http_get_module_main_conf(r, ngx_http_hermes_module);
-    loc = hmcf->locations.elts;
-
-    for (i = 0; i < hmcf->locations.nelts; i++) {
-
-        if (loc[i].cscf != cscf) {
-            continue;
-        }
-
-        clcf = loc[i].clcf;
-
-#if (NGX_PCRE)
-        if (clcf->regex) {
-            if (ngx_regex_exec(clcf->regex->regex, &r->uri, NULL, 0) >= 0) {
-                return clcf->loc_conf[ngx_http_hermes_module.ctx_index];
-            }
-
-            continue;
-        }
-#endif
-
-        /* "location = /a" is /a alone, "location /a" anything it starts */
-
-        if (r->uri.len < clcf->name.len
-            || (clcf->exact_match && r->uri.len != clcf->name.len))
-        {
-            continue;
-        }
-
-        if (ngx_filename_cmp(r->uri.data, clcf->name.data, clcf->name.len)
-            == 0)
-        {
-            return clcf->loc_conf[ngx_http_hermes_module.ctx_index];
-        }
-    }
-
-    return NULL;
-}
-
-
-/*
- * Every answer of a hermes location is counted by status and error code;
- * errors nginx answers there get the JSON error body too.
- */
-
-static ngx_int_t
-ngx_http_hermes_error_header_filter(ngx_http_request_t *r)
-{
-    u_char                      *p;
-    ngx_str_t                    code, message;
-    ngx_http_hermes_ctx_t       *ctx;
-    ngx_http_hermes_loc_conf_t  *hlcf;
-
-    if (r != r->main) {
-        return ngx_http_next_header_filter(r);
-    }
-
-    hlcf = ngx_http_get_module_loc_conf(r, ngx_http_hermes_module);
-
-    if (hlcf->handler == NGX_HTTP_HERMES_HANDLER_NONE) {
-        hlcf = ngx_http_hermes_location_is_ours(r);
-
-        if (hlcf == NULL || hlcf->shm_zone == NULL) {
-            return ngx_http_next_header_filter(r);
-        }
-    }
-
-    ctx = ngx_http_get_module_ctx(r, ngx_http_hermes_module);
-
-    if (r->headers_out.status < NGX_HTTP_BAD_REQUEST
-        || (r->headers_out.content_type.len >= sizeof("application/json") - 1
-            && ngx_strncmp(r->headers_out.content_type.data,
-                           "application/json",
-                           sizeof("application/json") - 1) == 0))
-    {
-        if (ctx && r->headers_out.status >= NGX_HTTP_BAD_REQUEST) {
-            code = ctx->error_code;
-
-        } else {
-            ngx_str_null(&code);
-        }
-
-        ngx_http_hermes_registry_answered(hlcf->shm_zone->data,
-                                          r->headers_out.status, &code);
-
-        return ngx_http_next_header_filter(r);
-    }
-
-    switch (r->headers_out.status) {
-
-    case NGX_HTTP_NOT_ALLOWED:
-        ngx_str_set(&code, "method_not_allowed");
-        ngx_str_set(&message, "this method is not allowed here");
-        break;
-
-    case NGX_HTTP_REQUEST_ENTITY_TOO_LARGE:
-        ngx_str_set(&code, "body_too_large");
-        ngx_str_set(&message, "the body is over client_max_body_size");
-        break;
-
-    case NGX_HTTP_REQUEST_TIME_OUT:
-        ngx_str_set(&code, "request_timeout");
-        ngx_str_set(&message, "the request was not received in time");
-        break;
-
-    case NGX_HTTP_BAD_REQUEST:
-        ngx_str_set(&code, "bad_request");
-        ngx_str_set(&message, "the HTTP request is malformed");
-        break;
-
-    default:
-        p = ngx_pnalloc(r->pool, sizeof("http_") - 1 + NGX_INT_T_LEN);
-        if (p == NULL) {
-            return NGX_ERROR;
-        }
-
-        code.data = p;
-        code.len = ngx_sprintf(p, "http_%ui", r->headers_out.status) - p;
-
-        ngx_str_set(&message, "the server could not answer this request");
-        break;
-    }
-
-    ctx = ngx_http_hermes_get_ctx(r);
-    if (ctx == NULL) {
-        return NGX_ERROR;
-    }
-
-    ctx->error_code = code;
-
-    ctx->error_body = ngx_http_hermes_json_error(r->pool, &code, &message);
-    if (ctx->error_body == NULL) {
-        return NGX_ERROR;
-    }
-
-    ngx_http_hermes_registry_answered(hlcf->shm_zone->data,
-                                      r->headers_out.status, &code);
-
-    ngx_str_set(&r->headers_out.content_type, "application/json");
-    r->headers_out.content_type_len = r->headers_out.content_type.len;
-    r->headers_out.content_type_lowcase = NULL;
-    r->headers_out.charset.len = 0;
-
-    ngx_http_clear_content_length(r);
-    r->headers_out.content_length_n = ctx->error_body->last
-                                      - ctx->error_body->pos;
-
-    return ngx_http_next_header_filter(r);
-}
-
-
-static ngx_int_t
-ngx_http_hermes_error_body_filter(ngx_http_request_t *r, ngx_chain_t *in)
-{
-    ngx_chain_t             out, *cl;
-    ngx_http_hermes_ctx_t  *ctx;
-
-    ctx = ngx_http_get_module_ctx(r, ngx_http_hermes_module);
-
-    if (ctx == NULL || ctx->error_body == NULL) {
-        return ngx_http_next_body_filter(r, in);
-    }
-
-    /* nginx's own page is dropped */
-
-    for (cl = in; cl; cl = cl->next) {
-        cl->buf->pos = cl->buf->last;
-        cl->buf->file_pos = cl->buf->file_last;
-    }
-
-    if (ctx->error_sent) {
-        return ngx_http_next_body_filter(r, NULL);
-    }
-
-    ctx->error_sent = 1;
-
-    ctx->error_body->last_buf = 1;
-    ctx->error_body->last_in_chain = 1;
-
-    out.buf = ctx->error_body;
-    out.next = NULL;
-
-    return ngx_http_next_body_filter(r, &out);
-}
-
-
-ngx_int_t
-ngx_http_hermes_filter_init(ngx_conf_t *cf)
-{
-    ngx_http_next_header_filter = ngx_http_top_header_filter;
-    ngx_http_top_header_filter = ngx_http_hermes_error_header_filter;
-
-    ngx_http_next_body_filter = ngx_http_top_body_filter;
-    ngx_http_top_body_filter = ngx_http_hermes_error_body_filter;
-
-    return NGX_OK;
-}
-
-
-ngx_http_hermes_ctx_t *
-ngx_http_hermes_get_ctx(ngx_http_request_t *r)
-{
-    ngx_http_hermes_ctx_t  *ctx;
-
-    ctx = ngx_http_get_module_ctx(r, ngx_http_hermes_module);
-
-    if (ctx == NULL) {
-        ctx = ngx_pcalloc(r->pool, sizeof(ngx_http_hermes_ctx_t));
-        if (ctx == NULL) {
-            return NULL;
-        }
-
-        ctx->cell_status = -1;
-
-        ngx_http_set_ctx(r, ctx, ngx_http_hermes_module);
-    }
-
-    return ctx;
-}
-
-
 /* "local"/"localhost", or "ssh" and the host, from the entry's backend tag */
 
 static void
@@ -988,7 +751,6 @@ ngx_http_hermes_name_backends(ngx_http_request_t *r, ngx_array_t *list)
 {
     ngx_uint_t                        i, j;
     ngx_http_hermes_listing_t        *l;
-    ngx_http_hermes_ssh_host_t      **hosts;
     ngx_http_hermes_main_conf_t      *hmcf;
     ngx_http_hermes_backend_conf_t  **bcfs, *bcf;
 
@@ -1003,17 +765,15 @@ ngx_http_hermes_name_backends(ngx_http_request_t *r, ngx_array_t *list)
         for (j = 0; j < hmcf->backends.nelts; j++) {
             bcf = bcfs[j];
 
-            if (bcf->type != NGX_HTTP_HERMES_BACKEND_SSH
-                || ngx_memcmp(bcf->tag, l[i].tag,
-                              NGX_HTTP_HERMES_BACKEND_TAG_LEN) != 0)
+            if (ngx_memcmp(bcf->tag, l[i].tag,
+                           NGX_HTTP_HERMES_BACKEND_TAG_LEN) != 0)
             {
                 continue;
             }
 
-            hosts = bcf->hosts->elts;
-            ngx_str_set(&l[i].backend_name, "ssh");
-            l[i].host_name = *ngx_http_hermes_ssh_host_name(
-                          hosts[l[i].host < bcf->hosts->nelts ? l[i].host : 0]);
+            l[i].backend_name = bcf->ops->name;
+            l[i].host_name = *ngx_http_hermes_backend_host_name(bcf,
+                                                                l[i].host);
             break;
         }
     }
@@ -1048,16 +808,16 @@ ngx_http_hermes_kernels_handler(ngx_http_request_t *r)
     if (!(r->method & (NGX_HTTP_GET|NGX_HTTP_HEAD|NGX_HTTP_DELETE
                        |NGX_HTTP_POST)))
     {
-        if (ngx_http_hermes_add_header(r, "Allow", "GET, DELETE, POST")
+        if (ngx_http_hermes_response_add_header(r, "Allow", "GET, DELETE, POST")
             != NGX_OK)
         {
             return NGX_HTTP_INTERNAL_SERVER_ERROR;
         }
 
-        return ngx_http_hermes_send_error(r, NGX_HTTP_NOT_ALLOWED,
-                                          "method_not_allowed",
-                                          "use GET, DELETE, or POST for "
-                                          "SESSION/interrupt");
+        return ngx_http_hermes_response_send_error(r, NGX_HTTP_NOT_ALLOWED,
+                                                   "method_not_allowed",
+                                                   "use GET, DELETE, or POST "
+                                                   "for SESSION/interrupt");
     }
 
     if (ngx_http_hermes_kernels_path(r, &session, &interrupt, &rc)
@@ -1067,14 +827,14 @@ ngx_http_hermes_kernels_handler(ngx_http_request_t *r)
     }
 
     if (interrupt != ((r->method & NGX_HTTP_POST) != 0)) {
-        if (ngx_http_hermes_add_header(r, "Allow",
+        if (ngx_http_hermes_response_add_header(r, "Allow",
                                        interrupt ? "POST" : "GET, DELETE")
             != NGX_OK)
         {
             return NGX_HTTP_INTERNAL_SERVER_ERROR;
         }
 
-        return ngx_http_hermes_send_error(r, NGX_HTTP_NOT_ALLOWED,
+        return ngx_http_hermes_response_send_error(r, NGX_HTTP_NOT_ALLOWED,
                                           "method_not_allowed",
                                           interrupt ? "use POST"
                                                     : "use GET or DELETE");
@@ -1111,13 +871,14 @@ ngx_http_hermes_kernels_handler(ngx_http_request_t *r)
             return NGX_HTTP_INTERNAL_SERVER_ERROR;
         }
 
-        return ngx_http_hermes_send_buf(r, NGX_HTTP_OK, "application/json", b);
+        return ngx_http_hermes_response_send_buf(r, NGX_HTTP_OK,
+                                                 "application/json", b);
     }
 
     if (session.len == 0) {
-        return ngx_http_hermes_send_error(r, NGX_HTTP_BAD_REQUEST,
-                                          "invalid_session",
-                                          "DELETE <location>/SESSION");
+        return ngx_http_hermes_response_send_error(r, NGX_HTTP_BAD_REQUEST,
+                                                   "invalid_session",
+                                                   "DELETE <location>/SESSION");
     }
 
     force = (ngx_http_arg(r, (u_char *) "force", 5, &value) == NGX_OK
@@ -1134,18 +895,21 @@ ngx_http_hermes_kernels_handler(ngx_http_request_t *r)
     switch (rc) {
 
     case NGX_OK:
-        return ngx_http_hermes_send_buf(r, NGX_HTTP_NO_CONTENT,
-                                        "application/json", NULL);
+        return ngx_http_hermes_response_send_buf(r, NGX_HTTP_NO_CONTENT,
+                                                 "application/json", NULL);
 
     case NGX_BUSY:
-        return ngx_http_hermes_send_error(r, NGX_HTTP_CONFLICT, "cell_running",
-                                          "a cell is running on this kernel; "
-                                          "?force=1 kills it anyway");
+        return ngx_http_hermes_response_send_error(r, NGX_HTTP_CONFLICT,
+                                                   "cell_running",
+                                                   "a cell is running on this "
+                                                   "kernel; ?force=1 kills it "
+                                                   "anyway");
 
     default:
-        return ngx_http_hermes_send_error(r, NGX_HTTP_NOT_FOUND, "not_found",
-                                          "no kernel of yours for this "
-                                          "session");
+        return ngx_http_hermes_response_send_error(r, NGX_HTTP_NOT_FOUND,
+                                                   "not_found",
+                                                   "no kernel of yours for "
+                                                   "this session");
     }
 }
 
@@ -1227,7 +991,7 @@ ngx_http_hermes_kernels_path(ngx_http_request_t *r, ngx_str_t *session,
     }
 
     if (session->len && !ngx_http_hermes_json_session_valid(session)) {
-        *rc = ngx_http_hermes_send_error(r, NGX_HTTP_BAD_REQUEST,
+        *rc = ngx_http_hermes_response_send_error(r, NGX_HTTP_BAD_REQUEST,
                     "invalid_session",
                     "the session must be 1-128 characters of [A-Za-z0-9._:-]");
         return NGX_DECLINED;
@@ -1237,8 +1001,8 @@ ngx_http_hermes_kernels_path(ngx_http_request_t *r, ngx_str_t *session,
 
 not_found:
 
-    *rc = ngx_http_hermes_send_error(r, NGX_HTTP_NOT_FOUND, "not_found",
-                                     "no such resource");
+    *rc = ngx_http_hermes_response_send_error(r, NGX_HTTP_NOT_FOUND,
+                                              "not_found", "no such resource");
     return NGX_DECLINED;
 }
 
@@ -1266,9 +1030,10 @@ ngx_http_hermes_kernel_interrupt_cell(ngx_http_request_t *r,
     rc = ngx_http_hermes_registry_running(zone, owner, session, &v, &cell);
 
     if (rc == NGX_DECLINED) {
-        return ngx_http_hermes_send_error(r, NGX_HTTP_NOT_FOUND, "not_found",
-                                          "no kernel of yours for this "
-                                          "session");
+        return ngx_http_hermes_response_send_error(r, NGX_HTTP_NOT_FOUND,
+                                                   "not_found",
+                                                   "no kernel of yours for "
+                                                   "this session");
     }
 
     if (rc == NGX_OK) {
@@ -1276,9 +1041,10 @@ ngx_http_hermes_kernel_interrupt_cell(ngx_http_request_t *r,
                                               r->connection->log);
 
         if (rc == NGX_BUSY) {
-            return ngx_http_hermes_send_error(r, NGX_HTTP_SERVICE_UNAVAILABLE,
-                                              "busy", "the gateway is busy; "
-                                              "retry shortly");
+            return ngx_http_hermes_response_send_error(r,
+                                                  NGX_HTTP_SERVICE_UNAVAILABLE,
+                                                  "busy", "the gateway is "
+                                                  "busy; retry shortly");
         }
 
         if (rc == NGX_ERROR) {
@@ -1287,9 +1053,10 @@ ngx_http_hermes_kernel_interrupt_cell(ngx_http_request_t *r,
     }
 
     if (rc != NGX_OK) {
-        return ngx_http_hermes_send_error(r, NGX_HTTP_CONFLICT, "no_cell",
-                                          "no cell is running on this "
-                                          "session's kernel");
+        return ngx_http_hermes_response_send_error(r, NGX_HTTP_CONFLICT,
+                                                   "no_cell",
+                                                   "no cell is running on this "
+                                                   "session's kernel");
     }
 
     b = ngx_create_temp_buf(r->pool, 64);
@@ -1300,8 +1067,8 @@ ngx_http_hermes_kernel_interrupt_cell(ngx_http_request_t *r,
     b->last = ngx_sprintf(b->last, "{\"interrupted\":true,\"cell\":%uD}\n",
                           cell);
 
-    return ngx_http_hermes_send_buf(r, NGX_HTTP_ACCEPTED, "application/json",
-                                    b);
+    return ngx_http_hermes_response_send_buf(r, NGX_HTTP_ACCEPTED,
+                                             "application/json", b);
 }
 
 
@@ -1353,9 +1120,10 @@ ngx_http_hermes_kernel_get(ngx_http_request_t *r, ngx_str_t *owner,
     }
 
     if (found == NULL) {
-        return ngx_http_hermes_send_error(r, NGX_HTTP_NOT_FOUND, "not_found",
-                                          "no kernel of yours for this "
-                                          "session");
+        return ngx_http_hermes_response_send_error(r, NGX_HTTP_NOT_FOUND,
+                                                   "not_found",
+                                                   "no kernel of yours for "
+                                                   "this session");
     }
 
     *l = *found;
@@ -1368,7 +1136,8 @@ ngx_http_hermes_kernel_get(ngx_http_request_t *r, ngx_str_t *owner,
         return NGX_HTTP_INTERNAL_SERVER_ERROR;
     }
 
-    return ngx_http_hermes_send_buf(r, NGX_HTTP_OK, "application/json", b);
+    return ngx_http_hermes_response_send_buf(r, NGX_HTTP_OK, "application/json",
+                                             b);
 }
 
 
@@ -1402,10 +1171,11 @@ ngx_http_hermes_status_handler(ngx_http_request_t *r)
 
         } else if (value.len != 4 || ngx_strncmp(value.data, "json", 4) != 0)
         {
-            return ngx_http_hermes_send_error(r, NGX_HTTP_BAD_REQUEST,
-                                              "invalid_format",
-                                              "format must be \"json\" or "
-                                              "\"prometheus\"");
+            return ngx_http_hermes_response_send_error(r, NGX_HTTP_BAD_REQUEST,
+                                                       "invalid_format",
+                                                       "format must be "
+                                                       "\"json\" or "
+                                                       "\"prometheus\"");
         }
     }
 
@@ -1423,8 +1193,9 @@ ngx_http_hermes_status_handler(ngx_http_request_t *r)
             return NGX_HTTP_INTERNAL_SERVER_ERROR;
         }
 
-        return ngx_http_hermes_send_buf(r, NGX_HTTP_OK,
-                                        "text/plain; version=0.0.4", b);
+        return ngx_http_hermes_response_send_buf(r, NGX_HTTP_OK,
+                                                 "text/plain; version=0.0.4",
+                                                 b);
     }
 
     b = ngx_http_hermes_json_stats(r->pool, &st, zone->max_kernels);
@@ -1432,7 +1203,8 @@ ngx_http_hermes_status_handler(ngx_http_request_t *r)
         return NGX_HTTP_INTERNAL_SERVER_ERROR;
     }
 
-    return ngx_http_hermes_send_buf(r, NGX_HTTP_OK, "application/json", b);
+    return ngx_http_hermes_response_send_buf(r, NGX_HTTP_OK, "application/json",
+                                             b);
 }
 
 
@@ -1448,8 +1220,7 @@ static void
 ngx_http_hermes_name_hosts(ngx_http_request_t *r, ngx_http_hermes_stats_t *st)
 {
     ngx_str_t                         name, *hn;
-    ngx_uint_t                        i, j, k, n;
-    ngx_http_hermes_ssh_host_t      **hosts;
+    ngx_uint_t                        i, j, k;
     ngx_http_hermes_host_stats_t     *h;
     ngx_http_hermes_main_conf_t      *hmcf;
     ngx_http_hermes_backend_conf_t  **bcfs, *bcf;
@@ -1476,12 +1247,8 @@ ngx_http_hermes_name_hosts(ngx_http_request_t *r, ngx_http_hermes_stats_t *st)
                 continue;
             }
 
-            if (bcf->type != NGX_HTTP_HERMES_BACKEND_SSH) {
-                ngx_str_set(&h->name, "localhost");
-
-            } else if (h->host < bcf->hosts->nelts) {
-                hosts = bcf->hosts->elts;
-                h->name = *ngx_http_hermes_ssh_host_name(hosts[h->host]);
+            if (h->host < bcf->nhosts) {
+                h->name = *ngx_http_hermes_backend_host_name(bcf, h->host);
             }
 
             break;
@@ -1492,17 +1259,11 @@ ngx_http_hermes_name_hosts(ngx_http_request_t *r, ngx_http_hermes_stats_t *st)
 
     for (i = 0; i < hmcf->backends.nelts; i++) {
         bcf = bcfs[i];
-        hosts = bcf->type == NGX_HTTP_HERMES_BACKEND_SSH
-                ? bcf->hosts->elts : NULL;
-        n = hosts ? bcf->hosts->nelts : 1;
 
-        for (j = 0; j < n && st->nhosts <= NGX_HTTP_HERMES_HOSTS; j++) {
-            if (hosts) {
-                name = *ngx_http_hermes_ssh_host_name(hosts[j]);
-
-            } else {
-                ngx_str_set(&name, "localhost");
-            }
+        for (j = 0; j < bcf->nhosts && st->nhosts <= NGX_HTTP_HERMES_HOSTS;
+             j++)
+        {
+            name = *ngx_http_hermes_backend_host_name(bcf, j);
 
             for (k = 0; k < st->nhosts; k++) {
                 hn = &st->hosts[k].name;

@@ -30,7 +30,7 @@
 #define NGX_HTTP_HERMES_JSON_MAP     5
 #define NGX_HTTP_HERMES_JSON_ARRAY   6
 
-#define NGX_HTTP_HERMES_JSON_DEPTH   2      /* paths kept: "a" and "a.b" */
+#define NGX_HTTP_HERMES_JSON_DEPTH   3      /* paths kept: "a" to "a.b.c" */
 
 
 typedef struct {
@@ -623,6 +623,33 @@ ngx_http_hermes_json_get(ngx_http_hermes_json_field_t *fields,
 }
 
 
+/* the field "prefix" + f->path of fields, copied into f */
+
+static ngx_int_t
+ngx_http_hermes_json_prefixed(ngx_http_hermes_json_field_t *fields,
+    const char *prefix, ngx_http_hermes_json_field_t *f)
+{
+    char                           path[64];
+    ngx_http_hermes_json_field_t  *from;
+
+    if (ngx_strlen(prefix) + ngx_strlen(f->path) >= sizeof(path)) {
+        return NGX_ERROR;
+    }
+
+    *ngx_sprintf((u_char *) path, "%s%s", prefix, f->path) = '\0';
+
+    from = ngx_http_hermes_json_get(fields, path);
+
+    if (from) {
+        f->type = from->type;
+        f->value = from->value;
+        f->boolean = from->boolean;
+    }
+
+    return NGX_OK;
+}
+
+
 ngx_int_t
 ngx_http_hermes_json_session_valid(ngx_str_t *s)
 {
@@ -676,18 +703,39 @@ ngx_http_hermes_json_parse_request(ngx_pool_t *pool, u_char *body,
 {
     double                         timeout;
     ngx_int_t                      rc;
-    const char                    *reason;
+    const char                    *reason, *prefix;
     ngx_http_hermes_json_field_t  *f, *args;
+
+    /*
+     * A plain request, an OpenAI tool call (its arguments a JSON string
+     * or an object) or an Anthropic tool_use block: the fields of the
+     * three are read in one pass; each envelope's arguments are then
+     * looked up under its own prefix.
+     */
 
     ngx_http_hermes_json_field_t   call[] = {
         { "session", 0, ngx_null_string, 0 },
         { "code", 0, ngx_null_string, 0 },
         { "timeout", 0, ngx_null_string, 0 },
         { "reset", 0, ngx_null_string, 0 },
+        { "ephemeral", 0, ngx_null_string, 0 },
         { "id", 0, ngx_null_string, 0 },
+        { "type", 0, ngx_null_string, 0 },
+        { "name", 0, ngx_null_string, 0 },
+        { "input", 0, ngx_null_string, 0 },
+        { "input.session", 0, ngx_null_string, 0 },
+        { "input.code", 0, ngx_null_string, 0 },
+        { "input.timeout", 0, ngx_null_string, 0 },
+        { "input.reset", 0, ngx_null_string, 0 },
+        { "input.ephemeral", 0, ngx_null_string, 0 },
         { "function", 0, ngx_null_string, 0 },
         { "function.name", 0, ngx_null_string, 0 },
         { "function.arguments", 0, ngx_null_string, 0 },
+        { "function.arguments.session", 0, ngx_null_string, 0 },
+        { "function.arguments.code", 0, ngx_null_string, 0 },
+        { "function.arguments.timeout", 0, ngx_null_string, 0 },
+        { "function.arguments.reset", 0, ngx_null_string, 0 },
+        { "function.arguments.ephemeral", 0, ngx_null_string, 0 },
         { NULL, 0, ngx_null_string, 0 }
     };
 
@@ -696,6 +744,7 @@ ngx_http_hermes_json_parse_request(ngx_pool_t *pool, u_char *body,
         { "code", 0, ngx_null_string, 0 },
         { "timeout", 0, ngx_null_string, 0 },
         { "reset", 0, ngx_null_string, 0 },
+        { "ephemeral", 0, ngx_null_string, 0 },
         { NULL, 0, ngx_null_string, 0 }
     };
 
@@ -711,12 +760,51 @@ ngx_http_hermes_json_parse_request(ngx_pool_t *pool, u_char *body,
     }
 
     args = call;
+    prefix = "";
 
-    f = ngx_http_hermes_json_get(call, "function");
+    f = ngx_http_hermes_json_get(call, "type");
 
-    if (f) {
-        /* an OpenAI-style tool call: the arguments are a JSON string */
+    if (f && f->type == NGX_HTTP_HERMES_JSON_STRING
+        && f->value.len == sizeof("tool_use") - 1
+        && ngx_strncmp(f->value.data, "tool_use", f->value.len) == 0)
+    {
+        /* an Anthropic tool_use block: the arguments are "input" */
 
+        req->envelope = NGX_HTTP_HERMES_ENVELOPE_ANTHROPIC;
+
+        f = ngx_http_hermes_json_get(call, "id");
+        if (f && f->type == NGX_HTTP_HERMES_JSON_STRING) {
+            req->tool_call_id = f->value;
+        }
+
+        f = ngx_http_hermes_json_get(call, "name");
+        if (f == NULL || f->type != NGX_HTTP_HERMES_JSON_STRING
+            || f->value.len != sizeof("execute_code") - 1
+            || ngx_strncmp(f->value.data, "execute_code", f->value.len) != 0)
+        {
+            ngx_http_hermes_json_fail(NGX_HTTP_BAD_REQUEST, "invalid_request",
+                                      "\"name\" must be \"execute_code\"");
+        }
+
+        f = ngx_http_hermes_json_get(call, "input");
+        if (f == NULL || f->type != NGX_HTTP_HERMES_JSON_MAP) {
+            ngx_http_hermes_json_fail(NGX_HTTP_BAD_REQUEST, "invalid_request",
+                                      "\"input\" must be an object");
+        }
+
+        prefix = "input.";
+
+    } else if (ngx_http_hermes_json_get(call, "function")) {
+        /* an OpenAI tool call: the arguments, a JSON string or an object */
+
+        req->envelope = NGX_HTTP_HERMES_ENVELOPE_OPENAI;
+
+        f = ngx_http_hermes_json_get(call, "id");
+        if (f && f->type == NGX_HTTP_HERMES_JSON_STRING) {
+            req->tool_call_id = f->value;
+        }
+
+        f = ngx_http_hermes_json_get(call, "function");
         if (f->type != NGX_HTTP_HERMES_JSON_MAP) {
             ngx_http_hermes_json_fail(NGX_HTTP_BAD_REQUEST, "invalid_request",
                                       "\"function\" must be an object");
@@ -733,30 +821,47 @@ ngx_http_hermes_json_parse_request(ngx_pool_t *pool, u_char *body,
         }
 
         f = ngx_http_hermes_json_get(call, "function.arguments");
-        if (f == NULL || f->type != NGX_HTTP_HERMES_JSON_STRING) {
+
+        if (f && f->type == NGX_HTTP_HERMES_JSON_MAP) {
+            prefix = "function.arguments.";
+
+        } else if (f == NULL || f->type != NGX_HTTP_HERMES_JSON_STRING) {
             ngx_http_hermes_json_fail(NGX_HTTP_BAD_REQUEST, "invalid_request",
-                            "\"function.arguments\" must be a JSON string");
+                  "\"function.arguments\" must be a JSON string or an object");
+
+        } else {
+            rc = ngx_http_hermes_json_parse(pool, f->value.data, f->value.len,
+                                            unwrapped, 1, &reason);
+            if (rc == NGX_ERROR) {
+                return NGX_ERROR;
+            }
+
+            if (rc == NGX_DECLINED) {
+                ngx_http_hermes_json_fail_reason(
+                                             "\"function.arguments\" is ");
+            }
+
+            args = unwrapped;
+        }
+    }
+
+    if (prefix[0]) {
+        /* the envelope's argument fields, under their plain names */
+
+        for (f = unwrapped; f->path; f++) {
+            if (ngx_http_hermes_json_prefixed(call, prefix, f) != NGX_OK) {
+                return NGX_ERROR;
+            }
         }
 
-        rc = ngx_http_hermes_json_parse(pool, f->value.data, f->value.len,
-                                        unwrapped, 1, &reason);
-        if (rc == NGX_ERROR) {
-            return NGX_ERROR;
-        }
-
-        if (rc == NGX_DECLINED) {
-            ngx_http_hermes_json_fail_reason("\"function.arguments\" is ");
-        }
-
-        f = ngx_http_hermes_json_get(call, "id");
-        if (f && f->type == NGX_HTTP_HERMES_JSON_STRING) {
-            req->tool_call_id = f->value;
-        }
-
-        req->tool_call = 1;
         args = unwrapped;
     }
 
+    f = ngx_http_hermes_json_get(args, "session");
+    if (f == NULL) {
+        /* hermes_session may name it; else it is required (the caller) */
+        goto code;
+    }
     f = ngx_http_hermes_json_get(args, "session");
     if (f == NULL) {
         ngx_http_hermes_json_fail(NGX_HTTP_BAD_REQUEST, "invalid_request",
@@ -771,6 +876,8 @@ ngx_http_hermes_json_parse_request(ngx_pool_t *pool, u_char *body,
     }
 
     req->session = f->value;
+
+code:
 
     f = ngx_http_hermes_json_get(args, "code");
     if (f == NULL) {
@@ -816,6 +923,16 @@ ngx_http_hermes_json_parse_request(ngx_pool_t *pool, u_char *body,
         }
 
         req->reset = f->boolean;
+    }
+
+    f = ngx_http_hermes_json_get(args, "ephemeral");
+    if (f && f->type != NGX_HTTP_HERMES_JSON_NULL) {
+        if (f->type != NGX_HTTP_HERMES_JSON_BOOL) {
+            ngx_http_hermes_json_fail(NGX_HTTP_BAD_REQUEST, "invalid_request",
+                                      "\"ephemeral\" must be true or false");
+        }
+
+        req->ephemeral = f->boolean;
     }
 
     return NGX_OK;
@@ -1018,7 +1135,7 @@ ngx_http_hermes_json_result(ngx_pool_t *pool, ngx_http_hermes_result_t *res,
     ngx_uint_t as_event, ngx_uint_t as_tool_message)
 {
     size_t                len;
-    yajl_gen              g, t;
+    yajl_gen              g;
     ngx_buf_t            *b;
     const unsigned char  *p;
 
@@ -1037,27 +1154,62 @@ ngx_http_hermes_json_result(ngx_pool_t *pool, ngx_http_hermes_result_t *res,
 
     /* the tool message carries the result object as a JSON string */
 
+    yajl_gen_get_buf(g, &p, &len);
+
+    b = ngx_http_hermes_json_tool_message(pool, req->envelope,
+                                          &req->tool_call_id, (u_char *) p,
+                                          len, res->status
+                                               != NGX_HTTP_HERMES_CELL_SUCCESS);
+    yajl_gen_free(g);
+
+    return b;
+}
+
+
+/*
+ * The answer an agent's envelope expects, "content" the result or the
+ * error as a JSON string: an OpenAI "tool" message, or an Anthropic
+ * tool_result block.
+ */
+
+ngx_buf_t *
+ngx_http_hermes_json_tool_message(ngx_pool_t *pool, ngx_uint_t envelope,
+    ngx_str_t *id, u_char *content, size_t len, ngx_uint_t is_error)
+{
+    yajl_gen    t;
+    ngx_buf_t  *b;
+
     t = yajl_gen_alloc(NULL);
     if (t == NULL) {
-        yajl_gen_free(g);
         return NULL;
     }
 
-    yajl_gen_get_buf(g, &p, &len);
-
     yajl_gen_map_open(t);
-    ngx_http_hermes_gen_key(t, "role");
-    ngx_http_hermes_gen_key(t, "tool");
-    ngx_http_hermes_gen_key(t, "tool_call_id");
-    ngx_http_hermes_gen_str(t, &req->tool_call_id);
-    ngx_http_hermes_gen_key(t, "content");
-    yajl_gen_string(t, p, len);
+
+    if (envelope == NGX_HTTP_HERMES_ENVELOPE_ANTHROPIC) {
+        ngx_http_hermes_gen_key(t, "type");
+        ngx_http_hermes_gen_key(t, "tool_result");
+        ngx_http_hermes_gen_key(t, "tool_use_id");
+        ngx_http_hermes_gen_str(t, id);
+        ngx_http_hermes_gen_key(t, "content");
+        yajl_gen_string(t, content, len);
+        ngx_http_hermes_gen_key(t, "is_error");
+        yajl_gen_bool(t, is_error);
+
+    } else {
+        ngx_http_hermes_gen_key(t, "role");
+        ngx_http_hermes_gen_key(t, "tool");
+        ngx_http_hermes_gen_key(t, "tool_call_id");
+        ngx_http_hermes_gen_str(t, id);
+        ngx_http_hermes_gen_key(t, "content");
+        yajl_gen_string(t, content, len);
+    }
+
     yajl_gen_map_close(t);
 
     b = ngx_http_hermes_json_take(pool, t, 0);
 
     yajl_gen_free(t);
-    yajl_gen_free(g);
 
     return b;
 }

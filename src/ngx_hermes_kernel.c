@@ -15,7 +15,6 @@
 
 
 #define NGX_HTTP_HERMES_CMD_TIMEOUT   10000
-#define NGX_HTTP_HERMES_READY_TIMEOUT 10000
 #define NGX_HTTP_HERMES_CMD_MAX       (16 * NGX_HTTP_HERMES_DIR_MAX + 2048)
 
 /* the runner outlives the registry's idle clock a little, then exits */
@@ -119,17 +118,14 @@ ngx_http_hermes_kernel_spawn(ngx_http_hermes_loc_conf_t *hlcf,
 
     s = task->ctx;
 
-    ngx_http_hermes_conn_take(&s->conn, hlcf->backend, ref->host);
+    ngx_http_hermes_backend_take(&s->conn, hlcf->backend, ref->host);
 
     ngx_memcpy(s->k.kernel_id, ref->kernel_id, NGX_HTTP_HERMES_ID_LEN);
     ngx_memcpy(s->k.dir, ref->dir, ref->dir_len + 1);
     s->k.dir_len = ref->dir_len;
     s->root_dir = hlcf->backend->root;
     s->sandbox = hlcf->sandbox;
-    s->root = (hlcf->backend->type == NGX_HTTP_HERMES_BACKEND_LOCAL)
-              ? (geteuid() == 0)
-              : (hlcf->backend->user.len == 4
-                 && ngx_strncmp(hlcf->backend->user.data, "root", 4) == 0);
+    s->root = hlcf->backend->ops->root(hlcf->backend);
     s->done = done;
     s->data = data;
 
@@ -353,35 +349,7 @@ ngx_http_hermes_spawn_thread(void *data, ngx_log_t *log)
      * tells it from a later process given the same pid
      */
 
-    if (s->conn.bcf->type == NGX_HTTP_HERMES_BACKEND_LOCAL) {
-        rc = ngx_http_hermes_local_wait_ready(d, s->k.pid, expect,
-                                              NGX_HTTP_HERMES_READY_TIMEOUT);
-        if (rc == NGX_OK) {
-            rc = ngx_http_hermes_local_proc_start(s->k.pid, &s->k.start);
-        }
-
-    } else {
-        *ngx_slprintf(cmd, last,
-                      "i=0; while [ $i -lt 1000 ] && [ ! -s '%s/ready' ]"
-                      " && kill -0 %P 2>/dev/null;"
-                      " do sleep 0.01; i=$((i+1)); done;"
-                      " cat '%s/ready' && kill -0 %P"
-                      " && echo && cat /proc/%P/stat",
-                      d, s->k.pid, d, s->k.pid, s->k.pid) = '\0';
-
-        rc = ngx_http_hermes_spawn_run(s, cmd, NULL, 0, out, sizeof(out),
-                                       "ready");
-        if (rc == NGX_OK) {
-            rc = ngx_http_hermes_ready_pid(out, expect);
-        }
-
-        if (rc == NGX_OK) {
-            /* "ready" has no newline of its own: the stat line follows */
-            p = (u_char *) ngx_strchr(out, '\n');
-            p = p ? p + 1 : out;
-            rc = ngx_http_hermes_proc_start(p, ngx_strlen(p), &s->k.start);
-        }
-    }
+    rc = s->conn.bcf->ops->ready(&s->conn, d, s->k.pid, expect, &s->k.start);
 
     if (rc != NGX_OK) {
         if (s->rc != NGX_DECLINED) {
@@ -707,23 +675,9 @@ ngx_http_hermes_spawn_event(ngx_event_t *ev)
 {
     ngx_http_hermes_spawn_t *s = ev->data;
 
-    ngx_http_hermes_conn_give(&s->conn);
+    ngx_http_hermes_backend_give(&s->conn);
 
     s->done(s->data, s->rc, &s->k, (char *) s->err);
-}
-
-
-/* a command on the kernel's host: NGX_DECLINED when it is unreachable */
-
-ngx_int_t
-ngx_http_hermes_backend_exec(ngx_http_hermes_conn_t *conn,
-    ngx_http_hermes_cmd_t *cmd)
-{
-    if (conn->bcf->type == NGX_HTTP_HERMES_BACKEND_SSH) {
-        return ngx_http_hermes_ssh_exec(conn, cmd);
-    }
-
-    return ngx_http_hermes_local_exec(cmd);
 }
 
 
@@ -731,6 +685,23 @@ ngx_http_hermes_backend_exec(ngx_http_hermes_conn_t *conn,
  * Kill a kernel's process group and remove its directory.  Not bound to a
  * request: the task is freed when it completes.
  */
+
+/* a kernel as kills and interrupts take it: where and which */
+
+void
+ngx_http_hermes_kernel_victim(ngx_http_hermes_victim_t *v,
+    ngx_http_hermes_kernel_ref_t *ref, ngx_http_hermes_backend_conf_t *bcf)
+{
+    ngx_memcpy(v->dir, ref->dir, ref->dir_len);
+    v->dir[ref->dir_len] = '\0';
+    v->dir_len = ref->dir_len;
+    v->pid = ref->pid;
+    v->start = ref->start;
+    v->ino = ref->ino;
+    v->host = ref->host;
+    ngx_memcpy(v->tag, bcf->tag, NGX_HTTP_HERMES_BACKEND_TAG_LEN);
+}
+
 
 ngx_int_t
 ngx_http_hermes_kernel_kill(ngx_thread_pool_t *tp,
@@ -753,7 +724,7 @@ ngx_http_hermes_kernel_kill(ngx_thread_pool_t *tp,
     k->log = ngx_cycle->log;     /* the task may outlive a request */
     k->tp = tp;
 
-    ngx_http_hermes_conn_take(&k->conn, bcf, v->host);
+    ngx_http_hermes_backend_take(&k->conn, bcf, v->host);
 
     k->task.ctx = k;
     k->task.handler = ngx_http_hermes_kill_thread;
@@ -778,7 +749,7 @@ ngx_http_hermes_kill_post(ngx_http_hermes_kill_t *k)
         return;
     }
 
-    ngx_http_hermes_conn_give(&k->conn);
+    ngx_http_hermes_backend_give(&k->conn);
 
     ngx_log_error(NGX_LOG_WARN, k->log, 0,
                   "hermes: the thread pool is full, killing kernel %P in "
@@ -811,7 +782,7 @@ ngx_http_hermes_kill_repost(void)
 
         k = ngx_queue_data(q, ngx_http_hermes_kill_t, queue);
 
-        ngx_http_hermes_conn_take(&k->conn, k->conn.bcf, k->v.host);
+        ngx_http_hermes_backend_take(&k->conn, k->conn.bcf, k->v.host);
         ngx_http_hermes_kill_post(k);
     }
 }
@@ -897,7 +868,7 @@ ngx_http_hermes_kill_event(ngx_event_t *ev)
                       "hermes: killing kernel %P in \"%s\" failed: %s; "
                       "retrying", k->v.pid, k->v.dir, err);
 
-        ngx_http_hermes_conn_give(&k->conn);
+        ngx_http_hermes_backend_give(&k->conn);
 
         k->tries++;
         k->failed = 0;
@@ -921,7 +892,7 @@ ngx_http_hermes_kill_event(ngx_event_t *ev)
                        k->v.pid, k->v.dir);
     }
 
-    ngx_http_hermes_conn_give(&k->conn);
+    ngx_http_hermes_backend_give(&k->conn);
 
     ngx_free(k);
 }
@@ -960,9 +931,6 @@ ngx_int_t
 ngx_http_hermes_kernel_interrupt(ngx_thread_pool_t *tp,
     ngx_http_hermes_victim_t *v, uint32_t cell, ngx_log_t *log)
 {
-    ngx_fd_t                         fd;
-    ngx_int_t                        rc;
-    ngx_file_info_t                  fi;
     ngx_http_hermes_intr_t          *in;
     ngx_http_hermes_backend_conf_t  *bcf;
 
@@ -971,21 +939,9 @@ ngx_http_hermes_kernel_interrupt(ngx_thread_pool_t *tp,
         return NGX_DECLINED;
     }
 
-    if (bcf->type == NGX_HTTP_HERMES_BACKEND_LOCAL) {
-        fd = open((char *) v->dir,
-                  O_RDONLY|O_DIRECTORY|O_NOFOLLOW|O_NONBLOCK|O_CLOEXEC);
-        if (fd == NGX_INVALID_FILE) {
-            return NGX_DECLINED;
-        }
-
-        rc = NGX_DECLINED;
-
-        if (ngx_fd_info(fd, &fi) == 0 && (uint64_t) fi.st_ino == v->ino) {
-            rc = ngx_http_hermes_local_interrupt(fd, cell, log);
-        }
-
-        close(fd);
-        return rc;
+    if (bcf->ops->interrupt) {
+        /* the host is this one: no command needed */
+        return bcf->ops->interrupt(v, cell, log);
     }
 
     in = ngx_calloc(sizeof(ngx_http_hermes_intr_t), log);
@@ -996,7 +952,7 @@ ngx_http_hermes_kernel_interrupt(ngx_thread_pool_t *tp,
     ngx_memcpy(in->dir, v->dir, v->dir_len);
     in->cell = cell;
 
-    ngx_http_hermes_conn_take(&in->conn, bcf, v->host);
+    ngx_http_hermes_backend_take(&in->conn, bcf, v->host);
 
     in->task.ctx = in;
     in->task.handler = ngx_http_hermes_intr_thread;
@@ -1004,7 +960,7 @@ ngx_http_hermes_kernel_interrupt(ngx_thread_pool_t *tp,
     in->task.event.data = in;
 
     if (ngx_thread_task_post(tp, &in->task) != NGX_OK) {
-        ngx_http_hermes_conn_give(&in->conn);
+        ngx_http_hermes_backend_give(&in->conn);
         ngx_free(in);
         return NGX_BUSY;
     }
@@ -1055,7 +1011,7 @@ ngx_http_hermes_intr_event(ngx_event_t *ev)
                       in->cell, in->dir);
     }
 
-    ngx_http_hermes_conn_give(&in->conn);
+    ngx_http_hermes_backend_give(&in->conn);
     ngx_free(in);
 }
 
@@ -1113,6 +1069,17 @@ ngx_http_hermes_kernel_init_process(ngx_cycle_t *cycle,
 
     ngx_http_hermes_main_conf = hmcf;
     ngx_queue_init(&ngx_http_hermes_kills_waiting);
+
+    /*
+     * Workers have no children of their own, and nginx's SIGCHLD handler
+     * would reap (and log) the shells the thread pool waits for.
+     */
+
+    if (signal(SIGCHLD, SIG_DFL) == SIG_ERR) {
+        ngx_log_error(NGX_LOG_ALERT, cycle->log, ngx_errno,
+                      "hermes: signal(SIGCHLD) failed");
+        return NGX_ERROR;
+    }
 
     if (ngx_http_hermes_ssh_init() != NGX_OK) {
         ngx_log_error(NGX_LOG_ALERT, cycle->log, 0,
@@ -1187,8 +1154,8 @@ ngx_http_hermes_kernel_exit_process(ngx_cycle_t *cycle)
     bcfs = ngx_http_hermes_main_conf->backends.elts;
 
     for (i = 0; i < ngx_http_hermes_main_conf->backends.nelts; i++) {
-        if (bcfs[i]->type == NGX_HTTP_HERMES_BACKEND_SSH) {
-            ngx_http_hermes_ssh_exit_process(bcfs[i]);
+        if (bcfs[i]->ops->exit_process) {
+            bcfs[i]->ops->exit_process(bcfs[i]);
         }
     }
 }
@@ -1199,6 +1166,6 @@ ngx_http_hermes_kill_retry(ngx_event_t *ev)
 {
     ngx_http_hermes_kill_t *k = ev->data;
 
-    ngx_http_hermes_conn_take(&k->conn, k->conn.bcf, k->conn.host);
+    ngx_http_hermes_backend_take(&k->conn, k->conn.bcf, k->conn.host);
     ngx_http_hermes_kill_post(k);
 }

@@ -1495,28 +1495,15 @@ ngx_http_hermes_registry_host_failed(ngx_http_hermes_zone_t *zone,
 }
 
 
-/*
- * Place a kernel about to be spawned: the backend's host with the fewest
- * kernels (spawning ones included) among those that did not fail lately.
- */
+/* the kernels (spawning ones included) of each of a backend's n hosts */
 
 void
-ngx_http_hermes_registry_place(ngx_http_hermes_zone_t *zone,
-    ngx_http_hermes_kernel_ref_t *ref, ngx_http_hermes_backend_conf_t *bcf)
+ngx_http_hermes_registry_host_counts(ngx_http_hermes_zone_t *zone,
+    u_char *tag, ngx_uint_t *counts, ngx_uint_t n)
 {
-    ngx_uint_t               n, *counts;
     ngx_queue_t             *q;
     ngx_http_hermes_node_t  *kn;
-    ngx_uint_t               local[64];
 
-    ref->host = 0;
-
-    if (bcf->type != NGX_HTTP_HERMES_BACKEND_SSH || bcf->hosts->nelts < 2) {
-        return;
-    }
-
-    n = ngx_min(bcf->hosts->nelts, 64);
-    counts = local;
     ngx_memzero(counts, n * sizeof(ngx_uint_t));
 
     ngx_shmtx_lock(&zone->shpool->mutex);
@@ -1529,14 +1516,26 @@ ngx_http_hermes_registry_place(ngx_http_hermes_zone_t *zone,
 
         if (kn->state != NGX_HTTP_HERMES_STATE_LOST
             && kn->host < n
-            && ngx_memcmp(ngx_http_hermes_node_tag(kn), bcf->tag,
+            && ngx_memcmp(ngx_http_hermes_node_tag(kn), tag,
                           NGX_HTTP_HERMES_BACKEND_TAG_LEN) == 0)
         {
             counts[kn->host]++;
         }
     }
 
-    ref->host = ngx_http_hermes_ssh_pick_host(bcf, counts);
+    ngx_shmtx_unlock(&zone->shpool->mutex);
+}
+
+
+/* the host placement chose for the request's spawning kernel */
+
+void
+ngx_http_hermes_registry_set_host(ngx_http_hermes_zone_t *zone,
+    ngx_http_hermes_kernel_ref_t *ref)
+{
+    ngx_http_hermes_node_t  *kn;
+
+    ngx_shmtx_lock(&zone->shpool->mutex);
 
     kn = ngx_http_hermes_registry_mine(zone, ref);
     if (kn) {

@@ -152,6 +152,7 @@ static int ngx_http_hermes_rpc_p_scalar(ngx_http_hermes_rpc_parse_t *p,
     ngx_uint_t type, const u_char *s, size_t len);
 static ngx_int_t ngx_http_hermes_rpc_seq_value(u_char *s, size_t len,
     uint64_t *seq);
+static void ngx_http_hermes_rpc_close(ngx_http_hermes_rpc_t *rpc);
 static ngx_int_t ngx_http_hermes_rpc_file(ngx_http_hermes_rpc_t *rpc,
     u_char *name);
 static void ngx_http_hermes_rpc_take(ngx_http_hermes_rpc_t *rpc,
@@ -594,16 +595,14 @@ ngx_http_hermes_rpc_p_key(void *ctx, const unsigned char *s, size_t len)
 }
 
 
-/* the cell's RPC: its rpc/ directory verified, swept and watched */
+/* the cell's RPC: its request, its kernel, its callbacks */
 
 ngx_http_hermes_rpc_t *
 ngx_http_hermes_rpc_create(ngx_pool_t *pool, ngx_http_request_t *r,
     ngx_http_hermes_loc_conf_t *hlcf, ngx_http_hermes_kernel_ref_t *ref,
-    ngx_fd_t dir_fd, int ifd, ngx_http_hermes_rpc_event_pt event,
-    void *data, ngx_log_t *log)
+    ngx_http_hermes_rpc_event_pt event, void *data, ngx_log_t *log)
 {
-    u_char                  name[2 * NGX_HTTP_HERMES_TOKEN_LEN + 1];
-    ngx_file_info_t         fi;
+    u_char                  hex[2 * NGX_HTTP_HERMES_TOKEN_LEN + 1];
     ngx_http_hermes_rpc_t  *rpc;
 
     rpc = ngx_pcalloc(pool, sizeof(ngx_http_hermes_rpc_t));
@@ -617,18 +616,13 @@ ngx_http_hermes_rpc_create(ngx_pool_t *pool, ngx_http_request_t *r,
     rpc->hlcf = hlcf;
     rpc->zone = hlcf->shm_zone->data;
     rpc->ref = ref;
-    rpc->dir_fd = dir_fd;
-    rpc->ifd = ifd;
+    rpc->dir_fd = NGX_INVALID_FILE;
+    rpc->rpc_fd = NGX_INVALID_FILE;
     rpc->wd = -1;
     rpc->event = event;
     rpc->data = data;
 
     ngx_queue_init(&rpc->inflight);
-
-    sodium_bin2hex((char *) name, sizeof(name), ref->token,
-                   NGX_HTTP_HERMES_TOKEN_LEN);
-    ngx_memcpy(rpc->token, name, sizeof(rpc->token));
-    sodium_memzero(name, sizeof(name));
 
     rpc->seen_max = hlcf->max_tool_calls + NGX_HTTP_HERMES_RPC_SEEN_MORE;
     rpc->seen = ngx_palloc(pool, rpc->seen_max * sizeof(uint64_t));
@@ -636,18 +630,54 @@ ngx_http_hermes_rpc_create(ngx_pool_t *pool, ngx_http_request_t *r,
         return NULL;
     }
 
+    /* the token as hermes_tools.py writes it, for sodium_memcmp */
+
+    sodium_bin2hex((char *) hex, sizeof(hex), ref->token,
+                   NGX_HTTP_HERMES_TOKEN_LEN);
+    ngx_memcpy(rpc->token, hex, sizeof(rpc->token));
+    sodium_memzero(hex, sizeof(hex));
+
+    return rpc;
+}
+
+
+/*
+ * The kernel's rpc/, through its verified directory fd (the transport's):
+ * owner-only, watched, then swept of what an earlier cell left.  Again
+ * for a kernel started anew: the old one's is let go.
+ */
+
+ngx_int_t
+ngx_http_hermes_rpc_open(ngx_http_hermes_rpc_t *rpc, ngx_fd_t dir_fd, int ifd)
+{
+    u_char           name[2 * NGX_HTTP_HERMES_TOKEN_LEN + 1];
+    ngx_file_info_t  fi;
+
+    ngx_http_hermes_rpc_close(rpc);
+
+    /* the token of this kernel: a respawn made a new one */
+
+    sodium_bin2hex((char *) name, sizeof(name), rpc->ref->token,
+                   NGX_HTTP_HERMES_TOKEN_LEN);
+    ngx_memcpy(rpc->token, name, sizeof(rpc->token));
+    sodium_memzero(name, sizeof(name));
+
+    rpc->dir_fd = dir_fd;
+    rpc->ifd = ifd;
+
     rpc->rpc_fd = openat(dir_fd, "rpc",
                          O_RDONLY|O_DIRECTORY|O_NOFOLLOW|O_NONBLOCK|O_CLOEXEC);
 
     if (rpc->rpc_fd == NGX_INVALID_FILE
         || ngx_fd_info(rpc->rpc_fd, &fi) == NGX_FILE_ERROR
-        || !ngx_is_dir(&fi) || fi.st_uid != ref->uid
+        || !ngx_is_dir(&fi) || fi.st_uid != rpc->ref->uid
         || (fi.st_mode & 07777) != 0700)
     {
-        ngx_log_error(NGX_LOG_WARN, log, ngx_errno,
+        ngx_log_error(NGX_LOG_WARN, rpc->log, ngx_errno,
                       "hermes: \"%s/rpc\" is not an owner-only directory",
-                      ref->dir);
-        goto failed;
+                      rpc->ref->dir);
+        ngx_http_hermes_rpc_close(rpc);
+        return NGX_ERROR;
     }
 
     /* the watch first: a request written after the sweep is seen */
@@ -657,23 +687,33 @@ ngx_http_hermes_rpc_create(ngx_pool_t *pool, ngx_http_request_t *r,
     rpc->wd = inotify_add_watch(ifd, (char *) name,
                                 IN_MOVED_TO|IN_CLOSE_WRITE|IN_ONLYDIR);
     if (rpc->wd == -1) {
-        ngx_log_error(NGX_LOG_ERR, log, ngx_errno,
+        ngx_log_error(NGX_LOG_ERR, rpc->log, ngx_errno,
                       "hermes: inotify_add_watch(\"%s/rpc\") failed",
-                      ref->dir);
-        goto failed;
+                      rpc->ref->dir);
+        ngx_http_hermes_rpc_close(rpc);
+        return NGX_ERROR;
     }
 
     ngx_http_hermes_rpc_scan(rpc, 1);
 
-    return rpc;
+    return NGX_OK;
+}
 
-failed:
+
+static void
+ngx_http_hermes_rpc_close(ngx_http_hermes_rpc_t *rpc)
+{
+    if (rpc->wd != -1) {
+        (void) inotify_rm_watch(rpc->ifd, rpc->wd);
+        rpc->wd = -1;
+    }
 
     if (rpc->rpc_fd != NGX_INVALID_FILE) {
         close(rpc->rpc_fd);
+        rpc->rpc_fd = NGX_INVALID_FILE;
     }
 
-    return NULL;
+    rpc->dir_fd = NGX_INVALID_FILE;
 }
 
 
@@ -1943,15 +1983,7 @@ ngx_http_hermes_rpc_end(ngx_http_hermes_rpc_t *rpc)
 
     rpc->event = NULL;
 
-    if (rpc->wd != -1) {
-        (void) inotify_rm_watch(rpc->ifd, rpc->wd);
-        rpc->wd = -1;
-    }
-
-    if (rpc->rpc_fd != NGX_INVALID_FILE) {
-        close(rpc->rpc_fd);
-        rpc->rpc_fd = NGX_INVALID_FILE;
-    }
+    ngx_http_hermes_rpc_close(rpc);
 }
 
 
@@ -2163,7 +2195,8 @@ ngx_http_hermes_rpc_schema_handler(ngx_http_request_t *r)
             which = 2;
 
         } else {
-            return ngx_http_hermes_send_error(r, NGX_HTTP_BAD_REQUEST,
+            return ngx_http_hermes_response_send_error(r,
+                                              NGX_HTTP_BAD_REQUEST,
                                               "bad_format",
                                               "format is openai or "
                                               "anthropic");

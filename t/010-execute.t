@@ -127,7 +127,7 @@ is($r->{result}{stream_truncated}, JSON::PP::true, 'cut reported in the result')
 # SystemExit ends the kernel; the next call gets a fresh one
 $r = $t->execute('/v1/execute', { session => 's4', code => "y = 1" });
 my $k4 = $r->{result}{kernel}{kernel_id};
-my ($pid4) = procs_matching(qr/kernel_runner\.py/);
+my $pid4 = runner_pid($k4);
 $r = $t->execute('/v1/execute', { session => 's4', code => "raise SystemExit" });
 is($r->{result}{kernel}{ended}, JSON::PP::true, 'SystemExit: kernel.ended');
 ok(wait_until(sub { !grep { m{/hermes_rkernel_$k4$} } $t->kroot_dirs }, 5),

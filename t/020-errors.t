@@ -48,7 +48,8 @@ error_is($t->execute('/v1/execute', 'not json at all'), 400, 'invalid_json', 'no
 error_is($t->execute('/v1/execute', '[1,2]'), 400, 'invalid_json', 'a JSON array');
 error_is($t->execute('/v1/execute', '{"session":"a","code":"1"} trailing'), 400, 'invalid_json', 'trailing garbage');
 error_is($t->execute('/v1/execute', "{\"session\":\"a\",\"code\":\"\xff\xfe\"}"), 400, 'invalid_json', 'invalid UTF-8');
-error_is($t->execute('/v1/execute', { code => 'print(1)' }), 400, 'invalid_request', 'missing session');
+# no session is a one-shot cell (t/023-oneshot.t), not an error
+is($t->execute('/v1/execute', { code => 'print(1)' })->{status}, 200, 'missing session: a one-shot cell');
 error_is($t->execute('/v1/execute', { session => 'a' }), 400, 'invalid_request', 'missing code');
 error_is($t->execute('/v1/execute', { session => 'a', code => 5 }), 400, 'invalid_request', 'code not a string');
 error_is($t->execute('/v1/execute', { session => 'a b', code => '1' }), 400, 'invalid_session', 'session with a space');

@@ -194,7 +194,11 @@ error_is(post('{"function":{"name":"execute_code","arguments":"{}","arguments":"
     'duplicate function.arguments');
 
 # different keys are different, whatever strcmp would say
-error_is(post('{"session\\u0000x":"a","code":"1"}'), 400, 'invalid_request', 'session\\u0000x is not session');
+{
+    # not "session": the cell runs one-shot, in no session called "a"
+    my $r = $t->execute('/v1/execute', '{"session\\u0000x":"a","code":"1"}');
+    like($r->{events}[0]{session} // '', qr/^oneshot-/, 'session\\u0000x is not session');
+}
 error_is(post('{"session":"a","code\\u0000":"1"}'), 400, 'invalid_request', 'code\\u0000 is not code');
 error_is(post('{"function":{"name":"execute_code"},"function.arguments":"{\"session\":\"a\",\"code\":\"1\"}"}'),
     400, 'invalid_request', 'a top-level "function.arguments" key is not function.arguments');

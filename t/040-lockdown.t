@@ -133,11 +133,11 @@ is(scalar @leaks, 0, 'no argv ever held the token or the code while spawning and
     or diag "argv: @leaks";
 
 # a failed directory step: 502 spawn_failed, nothing shipped, nothing started
-my $before = scalar procs_matching(qr/kernel_runner\.py/);
+my $before = scalar runners_under($t->prefix);
 $r = $t->execute('/v1/broken', { session => 'nowhere', code => 'print(1)' });
 is($r->{status}, 502, 'failed directory setup: 502');
 is($r->{json}{error}{code}, 'spawn_failed', 'spawn_failed');
-is(scalar procs_matching(qr/kernel_runner\.py/), $before, 'no kernel started');
+is(scalar runners_under($t->prefix), $before, 'no kernel started');
 ok(!-e $t->prefix . '/afile/kernels', 'nothing made under the bad root');
 like($t->error_log, qr/spawning a kernel for session "nowhere" failed: directory setup/,
     'error.log names the failed step');

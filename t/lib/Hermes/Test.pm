@@ -41,7 +41,7 @@ use Errno qw(EINTR EAGAIN EWOULDBLOCK ESRCH);
 
 use Exporter 'import';
 our @EXPORT = qw(wait_until pid_alive procs_matching all_cmdlines all_environs
-                 runner_pid all_threads_gone
+                 runner_pid runners_under all_threads_gone
                  parse_chunked parse_ndjson ABORT_STREAM);
 our @EXPORT_OK = @EXPORT;
 
@@ -910,6 +910,14 @@ sub runner_pid {
         return $pid if (readlink("/proc/$pid/cwd") // '') =~ /hermes_rkernel_$kid$/;
     }
     return undef;
+}
+
+# the kernel runners (python3 itself) whose kernel dir is below ROOT: only
+# this test's, whatever other jobs run on the machine
+sub runners_under {
+    my ($root) = @_;
+    return grep { (readlink("/proc/$_/cwd") // '') =~ m{^\Q$root\E/(?:.*/)?hermes_rkernel_} }
+        procs_matching(qr{^(?:\S*/)?python3 (?:-I )?kernel_runner\.py});
 }
 
 # dead means every thread gone (they hold the files), not just the leader

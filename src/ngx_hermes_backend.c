@@ -1,0 +1,82 @@
+
+/*
+ * ngx_hermes: what the rest of the module asks of a backend, through its
+ * operations table (ngx_http_hermes_backend_ops_t), and where a new kernel
+ * goes: host placement takes the kernels per host from the registry and
+ * decides here, so the registry knows no backend.
+ */
+
+
+#include "ngx_hermes.h"
+
+
+/* event loop: a connection for a thread pool task */
+
+void
+ngx_http_hermes_backend_take(ngx_http_hermes_conn_t *conn,
+    ngx_http_hermes_backend_conf_t *bcf, ngx_uint_t host)
+{
+    ngx_memzero(conn, sizeof(ngx_http_hermes_conn_t));
+
+    conn->bcf = bcf;
+    conn->host = host < bcf->nhosts ? host : 0;
+
+    bcf->ops->take(conn);
+}
+
+
+/* event loop: the task is done with it */
+
+void
+ngx_http_hermes_backend_give(ngx_http_hermes_conn_t *conn)
+{
+    if (conn->bcf) {
+        conn->bcf->ops->give(conn);
+    }
+}
+
+
+/* thread pool: a command on the kernel's host; NGX_DECLINED: unreachable */
+
+ngx_int_t
+ngx_http_hermes_backend_exec(ngx_http_hermes_conn_t *conn,
+    ngx_http_hermes_cmd_t *cmd)
+{
+    return conn->bcf->ops->exec(conn, cmd);
+}
+
+
+/*
+ * Event loop: the host of a new kernel, by the backend's choice among
+ * counts of the kernels (spawning ones included) each host has now.
+ */
+
+void
+ngx_http_hermes_backend_place(ngx_http_hermes_zone_t *zone,
+    ngx_http_hermes_kernel_ref_t *ref, ngx_http_hermes_backend_conf_t *bcf)
+{
+    ngx_uint_t  n;
+    ngx_uint_t  counts[NGX_HTTP_HERMES_HOSTS];
+
+    ref->host = 0;
+
+    if (bcf->nhosts < 2) {
+        return;
+    }
+
+    n = ngx_min(bcf->nhosts, NGX_HTTP_HERMES_HOSTS);
+
+    ngx_http_hermes_registry_host_counts(zone, bcf->tag, counts, n);
+
+    ref->host = bcf->ops->pick_host(bcf, counts);
+
+    ngx_http_hermes_registry_set_host(zone, ref);
+}
+
+
+ngx_str_t *
+ngx_http_hermes_backend_host_name(ngx_http_hermes_backend_conf_t *bcf,
+    ngx_uint_t host)
+{
+    return bcf->ops->host_name(bcf, host < bcf->nhosts ? host : 0);
+}

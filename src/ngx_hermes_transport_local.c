@@ -1,0 +1,899 @@
+
+/*
+ * ngx_hermes: a cell's stream on a kernel of this host.  The worker is
+ * its own kernel-host agent here: it ships cells/cell_req_N.json, wakes
+ * the runner through its FIFO, then reads cells/cell_out_N and
+ * cells/cell_res_N.json itself.  One inotify fd per worker says when to
+ * look, a pidfd says when the kernel died; the files stay the truth.
+ * Every open is relative to directories verified at the cell's start,
+ * non-blocking, no-follow, regular files only, and reads are bounded.
+ */
+
+
+#include "ngx_hermes.h"
+
+#include <poll.h>
+#include <sys/inotify.h>
+#include <sys/syscall.h>
+
+
+#define NGX_HTTP_HERMES_LOCAL_CHUNK    (128 * 1024)
+#define NGX_HTTP_HERMES_INOTIFY_MASK                                          \
+    (IN_MODIFY|IN_MOVED_TO|IN_DELETE_SELF|IN_ONLYDIR)
+
+
+typedef struct {
+    ngx_http_hermes_stream_t       *st;
+    int                             wd;
+    ngx_fd_t                        dir_fd;     /* verified at the start */
+    ngx_fd_t                        cells_fd;
+    ngx_fd_t                        out_fd;
+    off_t                           out_off;
+    u_char                         *buf;        /* a chunk of cell_out */
+    ngx_connection_t               *pidfd;
+    ngx_queue_t                     queue;      /* the worker's streams */
+    unsigned                        queued:1;
+    unsigned                        res_ready:1;
+    unsigned                        draining:1; /* result in, output not */
+    unsigned                        paused:1;   /* the client is slow */
+} ngx_http_hermes_local_stream_t;
+
+
+static ngx_int_t ngx_http_hermes_local_stream_run(ngx_http_hermes_stream_t *st);
+static void ngx_http_hermes_local_stream_resume(ngx_http_hermes_stream_t *st);
+static ngx_int_t ngx_http_hermes_local_stream_interrupt(
+    ngx_http_hermes_stream_t *st);
+static void ngx_http_hermes_local_stream_salvage(ngx_http_hermes_stream_t *st,
+    ngx_http_hermes_windows_t *w);
+static void ngx_http_hermes_local_stream_close(ngx_http_hermes_stream_t *st);
+static ngx_int_t ngx_http_hermes_local_stream_open_kernel(
+    ngx_http_hermes_local_stream_t *ls);
+static ngx_int_t ngx_http_hermes_local_stream_private_dir(ngx_file_info_t *fi,
+    uint32_t uid);
+static void ngx_http_hermes_local_stream_unwatch(
+    ngx_http_hermes_local_stream_t *ls);
+static void ngx_http_hermes_local_stream_inotify_handler(ngx_event_t *ev);
+static void ngx_http_hermes_local_stream_inotify_overflow(ngx_log_t *log);
+static void ngx_http_hermes_local_stream_pump(
+    ngx_http_hermes_local_stream_t *ls);
+static ngx_int_t ngx_http_hermes_local_stream_read_out(
+    ngx_http_hermes_local_stream_t *ls, ngx_uint_t all);
+static void ngx_http_hermes_local_stream_finish(
+    ngx_http_hermes_local_stream_t *ls);
+static void ngx_http_hermes_local_stream_drain(
+    ngx_http_hermes_local_stream_t *ls);
+static void ngx_http_hermes_local_stream_died_handler(ngx_event_t *ev);
+static void ngx_http_hermes_local_stream_name(
+    ngx_http_hermes_local_stream_t *ls, u_char *buf, const char *what);
+
+
+ngx_http_hermes_transport_t  ngx_http_hermes_transport_local = {
+    ngx_http_hermes_local_stream_run,
+    ngx_http_hermes_local_stream_resume,
+    ngx_http_hermes_local_stream_interrupt,
+    ngx_http_hermes_local_stream_salvage,
+    ngx_http_hermes_local_stream_close
+};
+
+
+/* per worker: one inotify fd for every cell this worker streams */
+
+static ngx_connection_t  *ngx_http_hermes_inotify;
+static ngx_queue_t        ngx_http_hermes_local_streams;
+
+
+ngx_int_t
+ngx_http_hermes_transport_local_init_process(ngx_cycle_t *cycle)
+{
+    int                fd;
+    ngx_connection_t  *c;
+
+    ngx_queue_init(&ngx_http_hermes_local_streams);
+
+    fd = inotify_init1(IN_NONBLOCK|IN_CLOEXEC);
+    if (fd == -1) {
+        ngx_log_error(NGX_LOG_ALERT, cycle->log, ngx_errno,
+                      "hermes: inotify_init1() failed");
+        return NGX_ERROR;
+    }
+
+    c = ngx_get_connection(fd, cycle->log);
+    if (c == NULL) {
+        close(fd);
+        return NGX_ERROR;
+    }
+
+    c->read->handler = ngx_http_hermes_local_stream_inotify_handler;
+    c->read->log = cycle->log;
+
+    if (ngx_handle_read_event(c->read, 0) != NGX_OK) {
+        ngx_close_connection(c);
+        return NGX_ERROR;
+    }
+
+    ngx_http_hermes_inotify = c;
+
+    return NGX_OK;
+}
+
+
+void
+ngx_http_hermes_transport_local_exit_process(ngx_cycle_t *cycle)
+{
+    if (ngx_http_hermes_inotify) {
+        ngx_close_connection(ngx_http_hermes_inotify);
+        ngx_http_hermes_inotify = NULL;
+    }
+}
+
+
+/*
+ * 1. the kernel: still its process and its directory; 2. watch cells/
+ * before anything appears there; 3. ship the cell and wake the runner;
+ * 4. a pidfd that reads ready when the kernel exits.
+ */
+
+static ngx_int_t
+ngx_http_hermes_local_stream_run(ngx_http_hermes_stream_t *st)
+{
+    u_char                          name[64];
+    ngx_int_t                       rc;
+    ngx_connection_t               *c;
+    ngx_http_hermes_local_stream_t *ls;
+
+    ls = ngx_pcalloc(st->pool, sizeof(ngx_http_hermes_local_stream_t));
+    if (ls == NULL) {
+        return NGX_ERROR;
+    }
+
+    ls->st = st;
+    ls->wd = -1;
+    ls->dir_fd = NGX_INVALID_FILE;
+    ls->cells_fd = NGX_INVALID_FILE;
+    ls->out_fd = NGX_INVALID_FILE;
+    st->ctx = ls;
+
+    rc = ngx_http_hermes_local_stream_open_kernel(ls);
+
+    if (rc == NGX_DECLINED && !st->ref->spawn) {
+        st->failed(st, NGX_HTTP_HERMES_STREAM_DEAD, NULL);
+        return NGX_OK;
+    }
+
+    if (rc != NGX_OK) {
+        goto ship_failed;
+    }
+
+    ngx_sprintf(name, "/proc/self/fd/%d%Z", ls->cells_fd);
+
+    ls->wd = inotify_add_watch(ngx_http_hermes_inotify->fd, (char *) name,
+                               NGX_HTTP_HERMES_INOTIFY_MASK);
+
+    if (ls->wd == -1) {
+        ngx_log_error(NGX_LOG_ERR, st->log, ngx_errno,
+                      "hermes: inotify_add_watch(\"%s/cells\") failed",
+                      st->ref->dir);
+        goto ship_failed;
+    }
+
+    ngx_queue_insert_tail(&ngx_http_hermes_local_streams, &ls->queue);
+    ls->queued = 1;
+
+    /* rpc/ too: the cell's tool calls (ngx_hermes_rpc.c) */
+
+    if (st->rpc
+        && ngx_http_hermes_rpc_open(st->rpc, ls->dir_fd,
+                                    ngx_http_hermes_inotify->fd)
+           != NGX_OK)
+    {
+        goto ship_failed;
+    }
+
+    ngx_http_hermes_local_stream_name(ls, name, "cell_req");
+
+    rc = ngx_http_hermes_local_write_at(ls->cells_fd, (char *) name,
+                                        st->request->pos,
+                                        st->request->last - st->request->pos,
+                                        (ngx_uid_t) st->ref->uid, st->log);
+
+    if (rc == NGX_DECLINED) {
+        st->failed(st, NGX_HTTP_HERMES_STREAM_FULL, NULL);
+        return NGX_OK;
+    }
+
+    if (rc != NGX_OK) {
+        goto ship_failed;
+    }
+
+    rc = ngx_http_hermes_local_wake(ls->dir_fd, st->log);
+
+    if (rc == NGX_DECLINED && !st->ref->spawn) {
+        st->failed(st, NGX_HTTP_HERMES_STREAM_DEAD, NULL);
+        return NGX_OK;
+    }
+
+    if (rc != NGX_OK) {
+        goto ship_failed;
+    }
+
+    st->is_shipped = 1;
+
+    c = ls->pidfd;
+    c->data = ls;
+    c->read->handler = ngx_http_hermes_local_stream_died_handler;
+    c->read->log = st->log;
+
+    if (ngx_handle_read_event(c->read, 0) != NGX_OK) {
+        goto ship_failed;
+    }
+
+    if (st->shipped(st) != NGX_OK) {
+        return NGX_OK;
+    }
+
+    ngx_http_hermes_local_stream_pump(ls);
+
+    return NGX_OK;
+
+ship_failed:
+
+    st->failed(st, NGX_HTTP_HERMES_STREAM_SHIP_FAILED, NULL);
+
+    return NGX_OK;
+}
+
+
+/*
+ * Before a cell goes to a kernel, it must still be that kernel: the pid
+ * alive and started when the kernel was (not a later process given the
+ * pid), the directory the one made at spawn (a runner that exited removed
+ * it, and a co-tenant may have made another by that name), ours and
+ * owner-only.  NGX_DECLINED: it is not; NGX_ERROR: we cannot tell.
+ */
+
+static ngx_int_t
+ngx_http_hermes_local_stream_open_kernel(ngx_http_hermes_local_stream_t *ls)
+{
+    int                            fd;
+    uint64_t                       start;
+    ngx_connection_t              *c;
+    struct pollfd                  pfd;
+    ngx_file_info_t                fi;
+    ngx_http_hermes_kernel_ref_t  *ref;
+
+    ref = ls->st->ref;
+
+    /* the pidfd first: then the start time says whose it is */
+
+    fd = syscall(SYS_pidfd_open, ref->pid, 0);
+    if (fd == -1) {
+        if (ngx_errno == ESRCH) {
+            return NGX_DECLINED;
+        }
+
+        ngx_log_error(NGX_LOG_ERR, ls->st->log, ngx_errno,
+                      "hermes: pidfd_open(%P) failed", ref->pid);
+        return NGX_ERROR;
+    }
+
+    c = ngx_get_connection(fd, ls->st->log);
+    if (c == NULL) {
+        close(fd);
+        return NGX_ERROR;
+    }
+
+    ls->pidfd = c;
+
+    if (ngx_http_hermes_local_proc_start(ref->pid, &start) != NGX_OK
+        || start != ref->start)
+    {
+        ngx_log_error(NGX_LOG_WARN, ls->st->log, 0,
+                      "hermes: pid %P is no longer kernel %*s",
+                      ref->pid, (size_t) NGX_HTTP_HERMES_ID_LEN,
+                      ref->kernel_id);
+        return NGX_DECLINED;
+    }
+
+    pfd.fd = fd;
+    pfd.events = POLLIN;
+    pfd.revents = 0;
+
+    if (poll(&pfd, 1, 0) != 0) {
+        /* it has exited, and is not reaped yet */
+        return NGX_DECLINED;
+    }
+
+    ls->dir_fd = open((char *) ref->dir,
+                      O_RDONLY|O_DIRECTORY|O_NOFOLLOW|O_NONBLOCK|O_CLOEXEC);
+
+    if (ls->dir_fd == NGX_INVALID_FILE) {
+        ngx_log_error(NGX_LOG_WARN, ls->st->log, ngx_errno,
+                      "hermes: kernel %*s: open(\"%s\") failed",
+                      (size_t) NGX_HTTP_HERMES_ID_LEN, ref->kernel_id,
+                      ref->dir);
+        return NGX_DECLINED;
+    }
+
+    if (ngx_fd_info(ls->dir_fd, &fi) == NGX_FILE_ERROR
+        || (uint64_t) fi.st_ino != ref->ino
+        || ngx_http_hermes_local_stream_private_dir(&fi, ref->uid) != NGX_OK)
+    {
+        ngx_log_error(NGX_LOG_WARN, ls->st->log, 0,
+                      "hermes: \"%s\" is not the directory kernel %*s was "
+                      "started in, or not owner-only any more",
+                      ref->dir, (size_t) NGX_HTTP_HERMES_ID_LEN,
+                      ref->kernel_id);
+        return NGX_DECLINED;
+    }
+
+    ls->cells_fd = openat(ls->dir_fd, "cells",
+                         O_RDONLY|O_DIRECTORY|O_NOFOLLOW|O_NONBLOCK|O_CLOEXEC);
+
+    if (ls->cells_fd == NGX_INVALID_FILE
+        || ngx_fd_info(ls->cells_fd, &fi) == NGX_FILE_ERROR
+        || ngx_http_hermes_local_stream_private_dir(&fi, ref->uid) != NGX_OK)
+    {
+        ngx_log_error(NGX_LOG_WARN, ls->st->log, 0,
+                      "hermes: \"%s/cells\" is not an owner-only directory",
+                      ref->dir);
+        return NGX_DECLINED;
+    }
+
+    return NGX_OK;
+}
+
+
+static ngx_int_t
+ngx_http_hermes_local_stream_private_dir(ngx_file_info_t *fi, uint32_t uid)
+{
+    if (!ngx_is_dir(fi) || fi->st_uid != uid
+        || (fi->st_mode & 07777) != 0700)
+    {
+        return NGX_DECLINED;
+    }
+
+    return NGX_OK;
+}
+
+
+/* the result is in: no more events of this kernel concern the cell */
+
+static void
+ngx_http_hermes_local_stream_unwatch(ngx_http_hermes_local_stream_t *ls)
+{
+    if (ls->wd != -1) {
+        (void) inotify_rm_watch(ngx_http_hermes_inotify->fd, ls->wd);
+        ls->wd = -1;
+    }
+
+    if (ls->pidfd) {
+        ngx_close_connection(ls->pidfd);
+        ls->pidfd = NULL;
+    }
+}
+
+
+/* what a cell held of its kernel's host: fds, watch, pidfd */
+
+static void
+ngx_http_hermes_local_stream_close(ngx_http_hermes_stream_t *st)
+{
+    ngx_http_hermes_local_stream_t *ls = st->ctx;
+
+    if (ls == NULL) {
+        return;
+    }
+
+    ngx_http_hermes_local_stream_unwatch(ls);
+
+    if (ls->out_fd != NGX_INVALID_FILE) {
+        close(ls->out_fd);
+        ls->out_fd = NGX_INVALID_FILE;
+    }
+
+    if (ls->cells_fd != NGX_INVALID_FILE) {
+        close(ls->cells_fd);
+        ls->cells_fd = NGX_INVALID_FILE;
+    }
+
+    if (ls->dir_fd != NGX_INVALID_FILE) {
+        close(ls->dir_fd);
+        ls->dir_fd = NGX_INVALID_FILE;
+    }
+
+    if (ls->queued) {
+        ngx_queue_remove(&ls->queue);
+        ls->queued = 0;
+    }
+
+    st->ctx = NULL;
+}
+
+
+static void
+ngx_http_hermes_local_stream_inotify_handler(ngx_event_t *ev)
+{
+    ssize_t                          n;
+    u_char                          *p, res[32];
+    ngx_queue_t                     *q;
+    ngx_connection_t                *c, *client;
+    struct inotify_event            *e;
+    ngx_http_hermes_local_stream_t  *ls;
+    u_char                           buf[4096]
+                    __attribute__ ((aligned(__alignof__(struct inotify_event))));
+
+    c = ev->data;
+
+    for ( ;; ) {
+        n = read(c->fd, buf, sizeof(buf));
+
+        if (n == -1) {
+            if (ngx_errno == NGX_EAGAIN) {
+                break;
+            }
+
+            if (ngx_errno == NGX_EINTR) {
+                continue;
+            }
+
+            ngx_log_error(NGX_LOG_ALERT, ev->log, ngx_errno,
+                          "hermes: inotify read() failed");
+            break;
+        }
+
+        for (p = buf; p < buf + n; p += sizeof(struct inotify_event) + e->len) {
+            e = (struct inotify_event *) p;
+
+            if (e->mask & IN_Q_OVERFLOW) {
+                /* events were lost (a cell can make many): look at all */
+                ngx_http_hermes_local_stream_inotify_overflow(ev->log);
+                continue;
+            }
+
+            for (q = ngx_queue_head(&ngx_http_hermes_local_streams);
+                 q != ngx_queue_sentinel(&ngx_http_hermes_local_streams);
+                 q = ngx_queue_next(q))
+            {
+                ls = ngx_queue_data(q, ngx_http_hermes_local_stream_t, queue);
+
+                if (ls->st->rpc && ngx_http_hermes_rpc_wd(ls->st->rpc) == e->wd)
+                {
+                    client = ls->st->client;
+
+                    ngx_http_hermes_rpc_notify(ls->st->rpc, (u_char *) e->name,
+                                               e->len);
+
+                    if (client) {
+                        ngx_http_run_posted_requests(client);
+                    }
+
+                    break;
+                }
+
+                if (ls->wd != e->wd || !ls->st->is_shipped) {
+                    continue;
+                }
+
+                if (e->mask & IN_MOVED_TO) {
+                    ngx_sprintf(res, "cell_res_%06uD.json%Z",
+                                ls->st->ref->cell_id);
+
+                    if (e->len && ngx_strcmp(e->name, res) == 0) {
+                        ls->res_ready = 1;
+                    }
+                }
+
+                client = ls->st->client;
+
+                ngx_http_hermes_local_stream_pump(ls);
+
+                if (client) {
+                    ngx_http_run_posted_requests(client);
+                }
+
+                break;
+            }
+        }
+    }
+
+    if (ngx_handle_read_event(ev, 0) != NGX_OK) {
+        ngx_log_error(NGX_LOG_ALERT, ev->log, 0,
+                      "hermes: inotify event failed");
+    }
+}
+
+
+static void
+ngx_http_hermes_local_stream_inotify_overflow(ngx_log_t *log)
+{
+    ngx_queue_t                     *q, *next;
+    ngx_http_hermes_local_stream_t  *ls;
+
+    ngx_log_error(NGX_LOG_WARN, log, 0,
+                  "hermes: inotify queue overflow, checking every cell");
+
+    for (q = ngx_queue_head(&ngx_http_hermes_local_streams);
+         q != ngx_queue_sentinel(&ngx_http_hermes_local_streams);
+         q = next)
+    {
+        /* a pump may end its own cell, no other */
+        next = ngx_queue_next(q);
+        ls = ngx_queue_data(q, ngx_http_hermes_local_stream_t, queue);
+
+        if (ls->st->rpc) {
+            ngx_http_hermes_rpc_scan(ls->st->rpc, 0);
+        }
+
+        if (ls->st->is_shipped && ls->wd != -1 && !ls->draining) {
+            ls->res_ready = 1;
+            ngx_http_hermes_local_stream_pump(ls);
+        }
+    }
+}
+
+
+static void
+ngx_http_hermes_local_stream_pump(ngx_http_hermes_local_stream_t *ls)
+{
+    ngx_http_hermes_stream_t  *st;
+
+    st = ls->st;
+
+    if (!st->quiet
+        && ngx_http_hermes_local_stream_read_out(ls, 0) == NGX_ERROR)
+    {
+        st->failed(st, NGX_HTTP_HERMES_STREAM_LOST,
+                   "reading the cell's output failed");
+        return;
+    }
+
+    if (ls->res_ready) {
+        ngx_http_hermes_local_stream_finish(ls);
+    }
+}
+
+
+/*
+ * Hand over the complete event lines the runner appended to cell_out_N;
+ * a partial line is read again next time.  "all" drains to the end.
+ * Reads stop while the client has not taken what was sent (NGX_AGAIN:
+ * resume comes back), and for good at out_limit, whatever the cell made
+ * of its file (a 300 MB sparse one, say).
+ */
+
+static ngx_int_t
+ngx_http_hermes_local_stream_read_out(ngx_http_hermes_local_stream_t *ls,
+    ngx_uint_t all)
+{
+    u_char                    name[64], *nl;
+    size_t                    size;
+    ssize_t                   n;
+    ngx_int_t                 rc;
+    ngx_http_hermes_stream_t *st;
+
+    st = ls->st;
+
+    if (ls->out_fd == NGX_INVALID_FILE) {
+        ngx_http_hermes_local_stream_name(ls, name, "cell_out");
+
+        ls->out_fd = ngx_http_hermes_local_open_at(ls->cells_fd,
+                                                   (char *) name, NULL);
+
+        if (ls->out_fd == NGX_INVALID_FILE) {
+            if (ngx_errno == NGX_ENOENT) {
+                return NGX_OK;
+            }
+
+            ngx_log_error(NGX_LOG_ERR, st->log, ngx_errno,
+                          "hermes: kernel %*s: \"%s\" is not a regular file "
+                          "the module can read", (size_t) NGX_HTTP_HERMES_ID_LEN,
+                          st->ref->kernel_id, name);
+            return NGX_ERROR;
+        }
+    }
+
+    if (ls->buf == NULL) {
+        ls->buf = ngx_pnalloc(st->pool, NGX_HTTP_HERMES_LOCAL_CHUNK);
+        if (ls->buf == NULL) {
+            return NGX_ERROR;
+        }
+    }
+
+    while (!ls->paused && ls->out_off < st->out_limit) {
+
+        size = ngx_min((off_t) NGX_HTTP_HERMES_LOCAL_CHUNK,
+                       st->out_limit - ls->out_off);
+
+        n = pread(ls->out_fd, ls->buf, size, ls->out_off);
+
+        if (n == -1) {
+            return NGX_ERROR;
+        }
+
+        nl = (n > 0) ? ngx_strlchr(ls->buf, ls->buf + n, '\n') : NULL;
+
+        if (nl) {
+            /* up to the last newline */
+            for (nl = ls->buf + n - 1; *nl != '\n'; nl--) { /* void */ }
+            nl++;
+
+        } else if (n == (ssize_t) size || (all && n > 0)) {
+            /* a line longer than a chunk, or the unterminated tail */
+            nl = ls->buf + n;
+
+        } else {
+            /* nothing complete yet */
+            break;
+        }
+
+        ls->out_off += nl - ls->buf;
+
+        /* one chunk at a time: the client sets the pace */
+
+        rc = st->output(st, ls->buf, nl - ls->buf);
+
+        if (rc == NGX_ERROR) {
+            return NGX_ERROR;
+        }
+
+        if (rc == NGX_AGAIN) {
+            ls->paused = 1;
+        }
+
+        if (n < (ssize_t) size && nl == ls->buf + n && !all) {
+            break;
+        }
+    }
+
+    if (ls->out_off >= st->out_limit) {
+        if (!st->truncated) {
+            ngx_log_error(NGX_LOG_WARN, st->log, 0,
+                          "hermes: cell %uD of kernel %*s wrote more than "
+                          "%O bytes of output events, the rest is not read",
+                          st->ref->cell_id, (size_t) NGX_HTTP_HERMES_ID_LEN,
+                          st->ref->kernel_id, st->out_limit);
+        }
+
+        st->truncated = 1;
+        return NGX_OK;
+    }
+
+    return ls->paused ? NGX_AGAIN : NGX_OK;
+}
+
+
+/* the result is there: read it (bounded), hand it over, then the rest */
+
+static void
+ngx_http_hermes_local_stream_finish(ngx_http_hermes_local_stream_t *ls)
+{
+    u_char                    name[64], *data;
+    off_t                     size;
+    ssize_t                   n;
+    ngx_fd_t                  fd;
+    ngx_http_hermes_stream_t *st;
+
+    st = ls->st;
+
+    if (ls->draining) {
+        ngx_http_hermes_local_stream_drain(ls);
+        return;
+    }
+
+    ngx_http_hermes_local_stream_name(ls, name, "cell_res");
+
+    fd = ngx_http_hermes_local_open_at(ls->cells_fd, (char *) name, &size);
+
+    if (fd == NGX_INVALID_FILE) {
+        if (ngx_errno == NGX_ENOENT) {
+            ls->res_ready = 0;
+            return;
+        }
+
+        goto unreadable;
+    }
+
+    if (size > (off_t) st->res_limit) {
+        close(fd);
+        goto unreadable;
+    }
+
+    data = ngx_pnalloc(st->pool, size + 1);
+    if (data == NULL) {
+        close(fd);
+        goto unreadable;
+    }
+
+    n = pread(fd, data, size, 0);
+    close(fd);
+
+    if (n != size) {
+        goto unreadable;
+    }
+
+    /* the kernel is free for the next cell: its events are not ours */
+
+    ngx_http_hermes_local_stream_unwatch(ls);
+    ls->draining = 1;
+
+    if (st->result(st, data, n) != NGX_OK) {
+        return;
+    }
+
+    ngx_http_hermes_local_stream_drain(ls);
+    return;
+
+unreadable:
+
+    ngx_log_error(NGX_LOG_ERR, st->log, ngx_errno,
+                  "hermes: kernel %*s: unreadable result \"%s\" (not a "
+                  "regular file, or too big)",
+                  (size_t) NGX_HTTP_HERMES_ID_LEN, st->ref->kernel_id, name);
+
+    st->failed(st, NGX_HTTP_HERMES_STREAM_LOST,
+               "the kernel wrote an unreadable result");
+}
+
+
+/* what is left of the output goes to the client at its own pace */
+
+static void
+ngx_http_hermes_local_stream_drain(ngx_http_hermes_local_stream_t *ls)
+{
+    ngx_int_t                  rc;
+    ngx_http_hermes_stream_t  *st;
+
+    st = ls->st;
+
+    if (!st->quiet) {
+        rc = ngx_http_hermes_local_stream_read_out(ls, 1);
+
+        if (rc == NGX_AGAIN) {
+            return;
+        }
+
+        if (rc == NGX_ERROR) {
+            st->truncated = 1;
+        }
+    }
+
+    st->done(st);
+}
+
+
+static void
+ngx_http_hermes_local_stream_resume(ngx_http_hermes_stream_t *st)
+{
+    ngx_http_hermes_local_stream_t *ls = st->ctx;
+
+    if (ls == NULL) {
+        return;
+    }
+
+    ls->paused = 0;
+
+    if (ls->draining) {
+        ngx_http_hermes_local_stream_drain(ls);
+        return;
+    }
+
+    if (st->is_shipped) {
+        ngx_http_hermes_local_stream_pump(ls);
+    }
+}
+
+
+static void
+ngx_http_hermes_local_stream_died_handler(ngx_event_t *ev)
+{
+    ngx_connection_t                *pc = ev->data;
+    ngx_http_hermes_local_stream_t  *ls = pc->data;
+
+    u_char                     name[64];
+    ngx_file_info_t            fi;
+    ngx_connection_t          *c;
+    ngx_http_hermes_stream_t  *st;
+
+    st = ls->st;
+    c = st->client;
+
+    /* SystemExit writes its result, then exits: prefer the result */
+
+    ngx_http_hermes_local_stream_name(ls, name, "cell_res");
+
+    if (fstatat(ls->cells_fd, (char *) name, &fi, AT_SYMLINK_NOFOLLOW) == 0) {
+        ls->res_ready = 1;
+        ngx_http_hermes_local_stream_pump(ls);
+        goto done;
+    }
+
+    /* no result: the kernel died mid-cell */
+
+    ngx_log_error(NGX_LOG_WARN, st->log, 0,
+                  "hermes: kernel %*s died during cell %uD",
+                  (size_t) NGX_HTTP_HERMES_ID_LEN, st->ref->kernel_id,
+                  st->ref->cell_id);
+
+    st->failed(st, NGX_HTTP_HERMES_STREAM_LOST,
+               "the kernel died while running the cell; its state is lost");
+
+done:
+
+    if (c) {
+        ngx_http_run_posted_requests(c);
+    }
+}
+
+
+/*
+ * "N\n" into the kernel's intr FIFO: the runner raises KeyboardInterrupt
+ * in cell N if it still runs.  The runner may be in a sandbox of its own,
+ * where no signal of ours reaches it.
+ */
+
+static ngx_int_t
+ngx_http_hermes_local_stream_interrupt(ngx_http_hermes_stream_t *st)
+{
+    ngx_http_hermes_local_stream_t *ls = st->ctx;
+
+    if (ls == NULL || !st->is_shipped || ls->dir_fd == NGX_INVALID_FILE) {
+        return NGX_DECLINED;
+    }
+
+    return ngx_http_hermes_local_interrupt(ls->dir_fd, st->ref->cell_id,
+                                           st->log);
+}
+
+
+/*
+ * The kernel is gone without a result, but what the cell printed is in
+ * cell_out: its head and tail, bounded windows of the file.
+ */
+
+static void
+ngx_http_hermes_local_stream_salvage(ngx_http_hermes_stream_t *st,
+    ngx_http_hermes_windows_t *w)
+{
+    off_t                            size, toff;
+    u_char                           name[64];
+    ngx_fd_t                         fd;
+    ngx_http_hermes_local_stream_t  *ls = st->ctx;
+
+    if (ls == NULL || !st->is_shipped || ls->cells_fd == NGX_INVALID_FILE) {
+        return;
+    }
+
+    ngx_http_hermes_local_stream_name(ls, name, "cell_out");
+
+    fd = ngx_http_hermes_local_open_at(ls->cells_fd, (char *) name, &size);
+    if (fd == NGX_INVALID_FILE) {
+        return;
+    }
+
+    w->head = (size_t) ngx_min(size, (off_t) w->head);
+    toff = ngx_max((off_t) w->head, size - (off_t) w->tail);
+    w->tail = (size_t) (size - toff);
+    w->gap = (toff > (off_t) w->head);
+
+    w->data = ngx_pnalloc(st->pool, w->head + w->tail);
+
+    if (w->data == NULL
+        || pread(fd, w->data, w->head, 0) != (ssize_t) w->head
+        || pread(fd, w->data + w->head, w->tail, toff) != (ssize_t) w->tail)
+    {
+        w->data = NULL;
+    }
+
+    close(fd);
+}
+
+
+/* a file of this cell in cells/: "cell_req", "cell_out", "cell_res" */
+
+static void
+ngx_http_hermes_local_stream_name(ngx_http_hermes_local_stream_t *ls,
+    u_char *buf, const char *what)
+{
+    ngx_sprintf(buf, "%s_%06uD%s%Z", what, ls->st->ref->cell_id,
+                what[5] == 'o' ? "" : ".json");
+}
