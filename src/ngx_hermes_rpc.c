@@ -1516,16 +1516,24 @@ ngx_http_hermes_rpc_outcome(ngx_http_hermes_rpc_t *rpc,
     } else if (call->step) {
         ok = ngx_http_hermes_rpc_mcp_answer(rpc, call);
 
-    } else if (ngx_http_hermes_rpc_answer_ok(rpc, call->seq, call->body,
-                                             call->len)
-               == NGX_DECLINED)
-    {
-        ngx_http_hermes_rpc_answer_error(rpc, call->seq,
+    } else {
+        rc = ngx_http_hermes_rpc_answer_ok(rpc, call->seq, call->body,
+                                           call->len);
+
+        if (rc == NGX_DECLINED) {
+            ngx_http_hermes_rpc_answer_error(rpc, call->seq,
                      (u_char *) "tool \"%V\": the tool endpoint's answer is "
                      "not JSON", &call->tool);
 
-    } else {
-        ok = 1;
+        } else if (rc != NGX_OK) {
+            /* tool_results/ not ours, no memory: the code must not wait */
+            ngx_http_hermes_rpc_answer_error(rpc, call->seq,
+                     (u_char *) "tool \"%V\": its answer could not be "
+                     "passed on (see the gateway's error log)", &call->tool);
+
+        } else {
+            ok = 1;
+        }
     }
 
 done:
@@ -1752,36 +1760,46 @@ ngx_http_hermes_rpc_archive(ngx_http_hermes_rpc_t *rpc, uint64_t seq,
     ngx_fd_t               fd;
     ngx_int_t              rc;
     yajl_gen               g;
+    ngx_uint_t             made;
     ngx_file_info_t        fi;
     u_char                 name[64], path[96];
 
-    if (mkdirat(rpc->dir_fd, "tool_results", 0700) == -1
-        && ngx_errno != EEXIST)
-    {
-        ngx_log_error(NGX_LOG_ERR, rpc->log, ngx_errno,
-                      "hermes: mkdir(\"%s/tool_results\") failed",
-                      rpc->ref->dir);
-        return NGX_ERROR;
+    made = 1;
+
+    if (mkdirat(rpc->dir_fd, "tool_results", 0700) == -1) {
+        if (ngx_errno != EEXIST) {
+            ngx_log_error(NGX_LOG_ERR, rpc->log, ngx_errno,
+                          "hermes: mkdir(\"%s/tool_results\") failed",
+                          rpc->ref->dir);
+            return NGX_ERROR;
+        }
+
+        made = 0;
     }
+
+    /* the code may have made it, or a link in its place: not followed */
 
     fd = openat(rpc->dir_fd, "tool_results",
                 O_RDONLY|O_DIRECTORY|O_NOFOLLOW|O_NONBLOCK|O_CLOEXEC);
     if (fd == NGX_INVALID_FILE) {
+        ngx_log_error(NGX_LOG_ERR, rpc->log, ngx_errno,
+                      "hermes: \"%s/tool_results\" is not a directory",
+                      rpc->ref->dir);
         return NGX_ERROR;
     }
 
-    /* a root worker makes it for the kernel's user */
+    /* owner-only, the kernel's; one a root worker just made is given to it */
 
     if (ngx_fd_info(fd, &fi) == NGX_FILE_ERROR
         || !ngx_is_dir(&fi)
+        || (fi.st_mode & 07777) != 0700
         || (fi.st_uid != rpc->ref->uid
-            && (fi.st_uid != geteuid()
-                || fchown(fd, rpc->ref->uid, (ngx_gid_t) -1) == -1))
-        || (fi.st_mode & 07777) != 0700)
+            && !(made && fi.st_uid == geteuid()
+                 && fchown(fd, rpc->ref->uid, (ngx_gid_t) -1) == 0)))
     {
         ngx_log_error(NGX_LOG_ERR, rpc->log, 0,
                       "hermes: \"%s/tool_results\" is not an owner-only "
-                      "directory", rpc->ref->dir);
+                      "directory of the kernel's user", rpc->ref->dir);
         close(fd);
         return NGX_ERROR;
     }

@@ -219,6 +219,28 @@ PY
 is($r->{result}{output}, "LargeResult 20012 {\"data\": \"x xxxx\"}\n0o600 0o700\n20000 True\n",
    'a large answer: its path (0600 in 0700), size, head and tail');
 
+# tool_results/ made by the code, a link to another directory of the kernels'
+# user (another kernel's, say): not followed, nothing written there
+$r = $t->execute('/small', {session => 'biglink', code => 'import os; print(os.getuid())'});
+my $kuid = (stat((grep { /$r->{events}[0]{kernel_id}/ } $t->kroot_dirs)[0]))[4];
+my $elsewhere = "$p/elsewhere";
+mkdir $elsewhere, 0700 or die;
+chown $kuid, -1, $elsewhere or die;
+$r = $t->execute('/small', {session => 'biglink', code => <<"PY"});
+import os
+os.symlink("$elsewhere", "tool_results")
+try:
+    hermes_tools.big(n=20000)
+except hermes_tools.ToolError as e:
+    print(e)
+PY
+is($r->{result}{output},
+   "tool \"big\": its answer could not be passed on (see the gateway's error log)\n",
+   'a tool_results/ that is a link: a ToolError');
+opendir my $eh, $elsewhere or die;
+is_deeply([grep { !/^\./ } readdir $eh], [], 'nothing written through the link');
+closedir $eh;
+
 # -- forged requests into a running cell's rpc/ ----------------------------
 
 $r = $t->execute('/x', {session => 'forge', code => 'print(hermes_tools._token)'});
