@@ -15,7 +15,7 @@ PORT       ?= 8088
 PKGS       := nginx nginx-dev libssh-dev libyajl-dev libsodium-dev \
               libcmocka-dev python3 openssh-server openssh-client \
               curl perl gcc make bubblewrap util-linux acl \
-              dpkg-dev debhelper fakeroot
+              dpkg-dev debhelper fakeroot python3-matplotlib
 
 SRCS       := config ngx_hermes_module.c $(wildcard src/*.c src/*.h)
 # shipped into each kernel's directory, and carried only (see embed.sh)

@@ -14,6 +14,7 @@
 static ngx_int_t ngx_http_hermes_init_module(ngx_cycle_t *cycle);
 static ngx_int_t ngx_http_hermes_init_process(ngx_cycle_t *cycle);
 static void ngx_http_hermes_exit_process(ngx_cycle_t *cycle);
+static void ngx_http_hermes_exit_master(ngx_cycle_t *cycle);
 static void *ngx_http_hermes_create_main_conf(ngx_conf_t *cf);
 static char *ngx_http_hermes_cell_timeout(ngx_conf_t *cf, ngx_command_t *cmd,
     void *conf);
@@ -222,7 +223,7 @@ ngx_module_t  ngx_http_hermes_module = {
     NULL,                                  /* init thread */
     NULL,                                  /* exit thread */
     ngx_http_hermes_exit_process,          /* exit process */
-    NULL,                                  /* exit master */
+    ngx_http_hermes_exit_master,           /* exit master */
     NGX_MODULE_V1_PADDING
 };
 
@@ -262,6 +263,13 @@ ngx_http_hermes_init_process(ngx_cycle_t *cycle)
     }
 
     return ngx_http_hermes_transport_local_init_process(cycle);
+}
+
+
+static void
+ngx_http_hermes_exit_master(ngx_cycle_t *cycle)
+{
+    ngx_http_hermes_kernel_exit_master(cycle);
 }
 
 
@@ -792,6 +800,7 @@ ngx_http_hermes_zone(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
 
     u_char                  *p;
     ssize_t                  size;
+    uint32_t                 crc[2];
     ngx_int_t                n;
     ngx_str_t               *value, name, s;
     ngx_uint_t               i, per_owner;
@@ -916,6 +925,13 @@ ngx_http_hermes_zone(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
 
     zone->sweep = (sweep != NGX_CONF_UNSET_MSEC)
                   ? sweep : ngx_min(zone->idle_timeout / 10, 10000);
+
+    /* the same gateway after a crash, another one beside it: leftovers */
+
+    crc[0] = ngx_crc32_long(cf->cycle->conf_file.data,
+                            cf->cycle->conf_file.len);
+    crc[1] = ngx_crc32_long(name.data, name.len);
+    ngx_hex_dump(zone->gateway, (u_char *) crc, sizeof(crc));
 
     zone->max_kernels_per_owner = (per_owner != NGX_CONF_UNSET_UINT)
                                   ? per_owner

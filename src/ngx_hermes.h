@@ -26,6 +26,7 @@
 #define NGX_HTTP_HERMES_BACKEND_TAG_LEN 16      /* hex of an 8-byte hash */
 #define NGX_HTTP_HERMES_DIR_MAX         256
 #define NGX_HTTP_HERMES_HOST_MAX        64
+#define NGX_HTTP_HERMES_TAG_HEX         16      /* hex of 8 bytes */
 
 
 /* embedded kernel host files, generated from the .py files in src/remote */
@@ -89,6 +90,8 @@ typedef struct {
     ngx_msec_t                    sweep;
     ngx_thread_pool_t            *thread_pool;  /* kills evicted kernels */
     ngx_event_t                  *sweep_event;  /* this worker's */
+    /* this gateway's zone (nginx.conf's path and the zone's name) */
+    u_char                        gateway[NGX_HTTP_HERMES_TAG_HEX];
 } ngx_http_hermes_zone_t;
 
 
@@ -250,6 +253,10 @@ typedef struct {
 
 
 struct ngx_http_hermes_sh_s {
+    /* made anew with the zone: tells its kernels from earlier ones' */
+    u_char                        instance[NGX_HTTP_HERMES_TAG_HEX];
+    ngx_atomic_t                  recovered;    /* leftovers looked for */
+
     ngx_rbtree_t                  rbtree;
     ngx_rbtree_node_t             sentinel;
     ngx_queue_t                   lru;          /* most recent at head */
@@ -472,6 +479,8 @@ ngx_int_t ngx_http_hermes_registry_shutdown(ngx_http_hermes_zone_t *zone,
     ngx_http_hermes_victims_t *victims);
 void ngx_http_hermes_registry_stats(ngx_http_hermes_zone_t *zone,
     ngx_http_hermes_stats_t *st);
+ngx_uint_t ngx_http_hermes_registry_drain(ngx_http_hermes_zone_t *zone,
+    ngx_http_hermes_victims_t *victims);
 void ngx_http_hermes_registry_observe(ngx_http_hermes_zone_t *zone,
     ngx_uint_t hist, ngx_msec_t ms);
 void ngx_http_hermes_registry_answered(ngx_http_hermes_zone_t *zone,
@@ -617,6 +626,7 @@ void ngx_http_hermes_kernel_kill_victims(ngx_thread_pool_t *tp,
 ngx_int_t ngx_http_hermes_kernel_init_process(ngx_cycle_t *cycle,
     ngx_http_hermes_main_conf_t *hmcf);
 void ngx_http_hermes_kernel_exit_process(ngx_cycle_t *cycle);
+void ngx_http_hermes_kernel_exit_master(ngx_cycle_t *cycle);
 u_char *ngx_http_hermes_log_escape(u_char *dst, u_char *last, u_char *src,
     size_t len, ngx_uint_t quoted);
 
@@ -662,6 +672,7 @@ typedef struct {
     ngx_uint_t                    status;       /* ngx_http_hermes_cell_status_e */
     ngx_str_t                     output;
     ngx_str_t                     error;
+    ngx_str_t                     displays;     /* raw JSON array, or empty */
     ngx_uint_t                    execution_count;
     ngx_uint_t                    stdout_bytes_total;
     ngx_uint_t                    tool_calls_made;

@@ -93,6 +93,8 @@ static void ngx_http_hermes_cell_end(ngx_http_hermes_cell_t *cell);
 static void ngx_http_hermes_cell_tool_event(void *data, u_char *line,
     size_t len);
 static void ngx_http_hermes_cell_tools_end(ngx_http_hermes_cell_t *cell);
+static u_char *ngx_http_hermes_cell_log_handler(ngx_log_t *log, u_char *buf,
+    size_t len);
 
 
 ngx_int_t
@@ -121,7 +123,20 @@ ngx_http_hermes_cell_start(ngx_http_request_t *r,
     }
 
     cell->pool = pool;
-    cell->log = ngx_cycle->log;
+
+    /* every line about the cell says whose, which session, which kernel */
+
+    cell->log = ngx_palloc(pool, sizeof(ngx_log_t));
+    if (cell->log == NULL) {
+        ngx_destroy_pool(pool);
+        return NGX_HTTP_INTERNAL_SERVER_ERROR;
+    }
+
+    *cell->log = *ngx_cycle->log;
+    cell->log->handler = ngx_http_hermes_cell_log_handler;
+    cell->log->data = cell;
+    cell->log->action = NULL;
+
     cell->hlcf = hlcf;
     cell->zone = hlcf->shm_zone->data;
     cell->req = *req;
@@ -1209,4 +1224,45 @@ ngx_http_hermes_cell_tools_end(ngx_http_hermes_cell_t *cell)
 
     ngx_http_hermes_rpc_end(rpc);
     cell->tool_calls += ngx_http_hermes_rpc_calls(rpc);
+}
+
+
+/* ", owner: ..., session: ..., kernel: ..." after each line about a cell */
+
+static u_char *
+ngx_http_hermes_cell_log_handler(ngx_log_t *log, u_char *buf, size_t len)
+{
+    ngx_http_hermes_cell_t *cell = log->data;
+
+    u_char     *p, *last;
+    ngx_str_t   owner;
+
+    p = buf;
+    last = buf + len;
+
+    owner = cell->ref.owner;
+
+    if (owner.len && owner.data[0] == '\001') {
+        /* hermes_owner unset: everyone is one owner */
+        owner.data++;
+        owner.len--;
+    }
+
+    if (owner.len && last - p > (ssize_t) sizeof(", owner: \"\"")) {
+        /* the operator's variable: any byte but a control one */
+        p = ngx_cpymem(p, ", owner: \"", sizeof(", owner: \"") - 1);
+        p = ngx_http_hermes_log_escape(p, last - 1, owner.data, owner.len, 1);
+        *p++ = '"';
+    }
+
+    if (cell->req.session.len) {
+        p = ngx_slprintf(p, last, ", session: \"%V\"", &cell->req.session);
+    }
+
+    if (cell->ref.kernel_id[0]) {
+        p = ngx_slprintf(p, last, ", kernel: %*s",
+                         (size_t) NGX_HTTP_HERMES_ID_LEN, cell->ref.kernel_id);
+    }
+
+    return p;
 }

@@ -939,6 +939,270 @@ code:
 }
 
 
+/*
+ * The result's "displays" (a list of MIME bundles, see the runner) is
+ * passed on as JSON: a second pass over the result re-generates it with
+ * yajl, so what reaches the client is JSON yajl parsed and wrote, an
+ * array of objects nested at most NGX_HTTP_HERMES_JSON_RAW_DEPTH deep.
+ * It is bounded by the result's own bound (res_limit).
+ */
+
+#define NGX_HTTP_HERMES_JSON_RAW_DEPTH  32
+
+
+typedef struct {
+    yajl_gen                      gen;
+    ngx_uint_t                    depth;    /* containers open */
+    ngx_uint_t                    in;       /* the array's depth, 0: outside */
+    unsigned                      next:1;   /* the next value is the array */
+    unsigned                      done:1;
+    unsigned                      bad:1;
+} ngx_http_hermes_json_raw_t;
+
+
+/* a value: is it in the array, and may it be there? */
+
+static ngx_uint_t
+ngx_http_hermes_json_raw_value(ngx_http_hermes_json_raw_t *raw,
+    ngx_uint_t open, ngx_uint_t map)
+{
+    if (raw->in == 0) {
+        if (!raw->next || !open || map) {
+            raw->next = 0;
+            return 0;
+        }
+
+        /* "displays": [ */
+
+        raw->next = 0;
+
+        if (raw->done) {
+            raw->bad = 1;                   /* twice */
+            return 0;
+        }
+
+        raw->in = raw->depth + 1;
+        return 1;
+    }
+
+    /* each element of the array is an object (a bundle) */
+
+    if (raw->depth == raw->in && !map) {
+        raw->bad = 1;
+        return 0;
+    }
+
+    if (open && raw->depth - raw->in >= NGX_HTTP_HERMES_JSON_RAW_DEPTH) {
+        raw->bad = 1;
+        return 0;
+    }
+
+    return 1;
+}
+
+
+static int
+ngx_http_hermes_json_raw_null(void *data)
+{
+    ngx_http_hermes_json_raw_t *raw = data;
+
+    if (ngx_http_hermes_json_raw_value(raw, 0, 0)) {
+        yajl_gen_null(raw->gen);
+    }
+
+    return !raw->bad;
+}
+
+
+static int
+ngx_http_hermes_json_raw_boolean(void *data, int value)
+{
+    ngx_http_hermes_json_raw_t *raw = data;
+
+    if (ngx_http_hermes_json_raw_value(raw, 0, 0)) {
+        yajl_gen_bool(raw->gen, value);
+    }
+
+    return !raw->bad;
+}
+
+
+static int
+ngx_http_hermes_json_raw_number(void *data, const char *value, size_t len)
+{
+    ngx_http_hermes_json_raw_t *raw = data;
+
+    if (ngx_http_hermes_json_raw_value(raw, 0, 0)) {
+        yajl_gen_number(raw->gen, value, len);
+    }
+
+    return !raw->bad;
+}
+
+
+static int
+ngx_http_hermes_json_raw_string(void *data, const unsigned char *value,
+    size_t len)
+{
+    ngx_http_hermes_json_raw_t *raw = data;
+
+    if (ngx_http_hermes_json_raw_value(raw, 0, 0)) {
+        yajl_gen_string(raw->gen, value, len);
+    }
+
+    return !raw->bad;
+}
+
+
+static int
+ngx_http_hermes_json_raw_start_map(void *data)
+{
+    ngx_http_hermes_json_raw_t *raw = data;
+
+    if (ngx_http_hermes_json_raw_value(raw, 1, 1)) {
+        yajl_gen_map_open(raw->gen);
+    }
+
+    raw->depth++;
+
+    return !raw->bad;
+}
+
+
+static int
+ngx_http_hermes_json_raw_start_array(void *data)
+{
+    ngx_http_hermes_json_raw_t *raw = data;
+
+    if (ngx_http_hermes_json_raw_value(raw, 1, 0)) {
+        yajl_gen_array_open(raw->gen);
+    }
+
+    raw->depth++;
+
+    return !raw->bad;
+}
+
+
+static int
+ngx_http_hermes_json_raw_map_key(void *data, const unsigned char *key,
+    size_t len)
+{
+    ngx_http_hermes_json_raw_t *raw = data;
+
+    if (raw->in) {
+        yajl_gen_string(raw->gen, key, len);
+
+    } else if (raw->depth == 1) {
+        raw->next = (len == sizeof("displays") - 1
+                     && ngx_strncmp(key, "displays", len) == 0);
+    }
+
+    return 1;
+}
+
+
+static int
+ngx_http_hermes_json_raw_end_map(void *data)
+{
+    ngx_http_hermes_json_raw_t *raw = data;
+
+    raw->depth--;
+
+    if (raw->in) {
+        yajl_gen_map_close(raw->gen);
+    }
+
+    return 1;
+}
+
+
+static int
+ngx_http_hermes_json_raw_end_array(void *data)
+{
+    ngx_http_hermes_json_raw_t *raw = data;
+
+    raw->depth--;
+
+    if (raw->in) {
+        yajl_gen_array_close(raw->gen);
+
+        if (raw->depth + 1 == raw->in) {
+            raw->in = 0;
+            raw->done = 1;
+        }
+    }
+
+    return 1;
+}
+
+
+static yajl_callbacks  ngx_http_hermes_json_raw_callbacks = {
+    ngx_http_hermes_json_raw_null,
+    ngx_http_hermes_json_raw_boolean,
+    NULL,
+    NULL,
+    ngx_http_hermes_json_raw_number,
+    ngx_http_hermes_json_raw_string,
+    ngx_http_hermes_json_raw_start_map,
+    ngx_http_hermes_json_raw_map_key,
+    ngx_http_hermes_json_raw_end_map,
+    ngx_http_hermes_json_raw_start_array,
+    ngx_http_hermes_json_raw_end_array
+};
+
+
+/* NGX_OK: *out is the array (empty if it is not one), NGX_ERROR: no memory */
+
+static ngx_int_t
+ngx_http_hermes_json_displays(ngx_pool_t *pool, u_char *data, size_t len,
+    ngx_str_t *out)
+{
+    size_t                       n;
+    yajl_handle                  h;
+    yajl_status                  st;
+    const unsigned char         *p;
+    ngx_http_hermes_json_raw_t   raw;
+
+    ngx_memzero(&raw, sizeof(ngx_http_hermes_json_raw_t));
+    ngx_str_null(out);
+
+    raw.gen = yajl_gen_alloc(NULL);
+    if (raw.gen == NULL) {
+        return NGX_ERROR;
+    }
+
+    h = yajl_alloc(&ngx_http_hermes_json_raw_callbacks, NULL, &raw);
+    if (h == NULL) {
+        yajl_gen_free(raw.gen);
+        return NGX_ERROR;
+    }
+
+    st = yajl_parse(h, data, len);
+    if (st == yajl_status_ok) {
+        st = yajl_complete_parse(h);
+    }
+
+    yajl_free(h);
+
+    if (st == yajl_status_ok && !raw.bad && raw.done
+        && yajl_gen_get_buf(raw.gen, &p, &n) == yajl_gen_status_ok)
+    {
+        out->data = ngx_pnalloc(pool, n);
+        if (out->data == NULL) {
+            yajl_gen_free(raw.gen);
+            return NGX_ERROR;
+        }
+
+        out->len = ngx_cpymem(out->data, p, n) - out->data;
+    }
+
+    yajl_gen_free(raw.gen);
+
+    return NGX_OK;
+}
+
+
 ngx_int_t
 ngx_http_hermes_json_parse_result(ngx_pool_t *pool, u_char *data, size_t len,
     ngx_http_hermes_result_t *res)
@@ -958,6 +1222,7 @@ ngx_http_hermes_json_parse_result(ngx_pool_t *pool, u_char *data, size_t len,
         { "stream_truncated", 0, ngx_null_string, 0 },
         { "state_reset", 0, ngx_null_string, 0 },
         { "ended", 0, ngx_null_string, 0 },
+        { "displays", 0, ngx_null_string, 0 },
         { NULL, 0, ngx_null_string, 0 }
     };
 
@@ -1020,6 +1285,11 @@ ngx_http_hermes_json_parse_result(ngx_pool_t *pool, u_char *data, size_t len,
 
     f = ngx_http_hermes_json_get(fields, "ended");
     res->ended = (f && f->boolean);
+
+    f = ngx_http_hermes_json_get(fields, "displays");
+    if (f && f->type == NGX_HTTP_HERMES_JSON_ARRAY) {
+        return ngx_http_hermes_json_displays(pool, data, len, &res->displays);
+    }
 
     return NGX_OK;
 }
@@ -1110,6 +1380,17 @@ ngx_http_hermes_json_gen_result(yajl_gen g, ngx_http_hermes_result_t *res,
 
     ngx_http_hermes_gen_key(g, "stream_truncated");
     yajl_gen_bool(g, res->stream_truncated);
+
+    ngx_http_hermes_gen_key(g, "displays");
+    if (res->displays.len) {
+        /* JSON yajl wrote (see ngx_http_hermes_json_displays), as it is */
+        yajl_gen_number(g, (const char *) res->displays.data,
+                        res->displays.len);
+
+    } else {
+        yajl_gen_array_open(g);
+        yajl_gen_array_close(g);
+    }
 
     ngx_http_hermes_gen_key(g, "kernel");
     yajl_gen_map_open(g);

@@ -15,6 +15,7 @@
 
 
 #define NGX_HTTP_HERMES_CMD_TIMEOUT   10000
+#define NGX_HTTP_HERMES_EXIT_TIME     10000     /* killing all at exit */
 #define NGX_HTTP_HERMES_CMD_MAX       (16 * NGX_HTTP_HERMES_DIR_MAX + 2048)
 
 /* the runner outlives the registry's idle clock a little, then exits */
@@ -35,6 +36,8 @@ struct ngx_http_hermes_spawn_s {
     ngx_str_t                      root_dir;
     ngx_http_hermes_sandbox_t     *sandbox;
     ngx_uint_t                     root;        /* we spawn as root */
+    /* "gateway instance": whose kernel it is, after a crash too */
+    u_char                         gateway[2 * NGX_HTTP_HERMES_TAG_HEX + 2];
     u_char                         env[256];
     size_t                         env_len;
     ngx_int_t                      rc;
@@ -68,6 +71,19 @@ typedef struct {
 } ngx_http_hermes_intr_t;
 
 
+/* leftovers of an earlier run of this gateway, on one host of a backend */
+
+typedef struct {
+    ngx_thread_task_t              task;
+    ngx_http_hermes_conn_t         conn;
+    ngx_str_t                      root;
+    u_char                         cmd[NGX_HTTP_HERMES_DIR_MAX + 1536];
+    u_char                         out[4096];
+    size_t                         out_len;
+    unsigned                       failed:1;
+} ngx_http_hermes_recover_t;
+
+
 /* per worker: the backends of its cycle, to kill what the sweep evicts */
 static ngx_http_hermes_main_conf_t  *ngx_http_hermes_main_conf;
 
@@ -93,10 +109,16 @@ static ngx_http_hermes_backend_conf_t *ngx_http_hermes_kernel_backend(
 static void ngx_http_hermes_intr_thread(void *data, ngx_log_t *log);
 static void ngx_http_hermes_intr_event(ngx_event_t *ev);
 static void ngx_http_hermes_kill_repost(void);
+static u_char *ngx_http_hermes_kill_command(u_char *p, u_char *last,
+    ngx_http_hermes_victim_t *v);
 static void ngx_http_hermes_kill_thread(void *data, ngx_log_t *log);
 static void ngx_http_hermes_kill_event(ngx_event_t *ev);
 static void ngx_http_hermes_kill_retry(ngx_event_t *ev);
 static void ngx_http_hermes_sweep_handler(ngx_event_t *ev);
+static void ngx_http_hermes_kernel_recover(ngx_http_hermes_zone_t *zone,
+    ngx_log_t *log);
+static void ngx_http_hermes_recover_thread(void *data, ngx_log_t *log);
+static void ngx_http_hermes_recover_event(ngx_event_t *ev);
 
 
 ngx_int_t
@@ -126,6 +148,9 @@ ngx_http_hermes_kernel_spawn(ngx_http_hermes_loc_conf_t *hlcf,
     s->root_dir = hlcf->backend->root;
     s->sandbox = hlcf->sandbox;
     s->root = hlcf->backend->ops->root(hlcf->backend);
+    ngx_sprintf(s->gateway, "%*s %*s%Z",
+                (size_t) NGX_HTTP_HERMES_TAG_HEX, zone->gateway,
+                (size_t) NGX_HTTP_HERMES_TAG_HEX, zone->sh->instance);
     s->done = done;
     s->data = data;
 
@@ -200,10 +225,11 @@ ngx_http_hermes_spawn_thread(void *data, ngx_log_t *log)
             " if ! mkdir -m 700 -- '%s' 2>/dev/null; then"
             " if [ -e '%s' ] || [ -L '%s' ]; then echo EEXIST; exit 4; fi;"
             " mkdir -m 700 -- '%s'; exit 5; fi; echo made;"
+            " echo '%s' > '%s/gateway' &&"
             " mkdir -m 700 -- '%s/cells' '%s/rpc'"
             " && stat -c '%%F:%%u:%%a:%%i' -- '%s' '%s/cells' '%s/rpc'"
             " && id -u",
-            &s->root_dir, d, d, d, d, d, d, d, d, d) = '\0';
+            &s->root_dir, d, d, d, d, s->gateway, d, d, d, d, d, d) = '\0';
 
         rc = ngx_http_hermes_spawn_run(s, cmd, NULL, 0, out, sizeof(out),
                                        "directory setup");
@@ -789,6 +815,37 @@ ngx_http_hermes_kill_repost(void)
 
 
 /*
+ * The kill: the process group if the pid is still the kernel's (its start
+ * time), the sandbox's own leftovers, and the directory if it is still
+ * the one made at spawn (its inode).
+ */
+
+static u_char *
+ngx_http_hermes_kill_command(u_char *p, u_char *last,
+    ngx_http_hermes_victim_t *v)
+{
+    if (v->pid > 1) {
+        p = ngx_slprintf(p, last,
+                         "if s=$(cat /proc/%P/stat 2>/dev/null); then"
+                         " s=${s##*) }; set -- $s;"
+                         " [ \"${20}\" = '%uL' ] && kill -9 -%P;"
+                         " else kill -9 -%P; fi 2>/dev/null; ",
+                         v->pid, v->start, v->pid, v->pid);
+    }
+
+    if (v->dir_len > NGX_HTTP_HERMES_ID_LEN) {
+        p = ngx_http_hermes_sandbox_kill(p, last, v->dir + v->dir_len
+                                                  - NGX_HTTP_HERMES_ID_LEN);
+    }
+
+    return ngx_slprintf(p, last,
+                        " [ '%uL' = 0 ] || [ \"$(stat -c %%i -- '%s'"
+                        " 2>/dev/null)\" = '%uL' ] && rm -rf -- '%s'; exit 0",
+                        v->ino, v->dir, v->ino, v->dir);
+}
+
+
+/*
  * The whole process group, then the directory; but only when they are
  * still this kernel's.  A pid that now names a process started at another
  * time is a stranger's (the kernel's pid was reused): no signal.  A pid
@@ -802,33 +859,11 @@ ngx_http_hermes_kill_thread(void *data, ngx_log_t *log)
 {
     ngx_http_hermes_kill_t *k = data;
 
-    u_char                 *p, *last;
     u_char                  out[256];
     u_char                  cmd[4 * NGX_HTTP_HERMES_DIR_MAX + 1024];
     ngx_http_hermes_cmd_t   c;
 
-    p = cmd;
-    last = cmd + sizeof(cmd) - 1;
-
-    if (k->v.pid > 1) {
-        p = ngx_slprintf(p, last,
-                         "if s=$(cat /proc/%P/stat 2>/dev/null); then"
-                         " s=${s##*) }; set -- $s;"
-                         " [ \"${20}\" = '%uL' ] && kill -9 -%P;"
-                         " else kill -9 -%P; fi 2>/dev/null; ",
-                         k->v.pid, k->v.start, k->v.pid, k->v.pid);
-    }
-
-    if (k->v.dir_len > NGX_HTTP_HERMES_ID_LEN) {
-        p = ngx_http_hermes_sandbox_kill(p, last, k->v.dir + k->v.dir_len
-                                                  - NGX_HTTP_HERMES_ID_LEN);
-    }
-
-    p = ngx_slprintf(p, last,
-                     " [ '%uL' = 0 ] || [ \"$(stat -c %%i -- '%s' 2>/dev/null)\""
-                     " = '%uL' ] && rm -rf -- '%s'; exit 0",
-                     k->v.ino, k->v.dir, k->v.ino, k->v.dir);
-    *p = '\0';
+    *ngx_http_hermes_kill_command(cmd, cmd + sizeof(cmd) - 1, &k->v) = '\0';
 
     ngx_memzero(&c, sizeof(ngx_http_hermes_cmd_t));
     c.cmd = (char *) cmd;
@@ -1106,9 +1141,164 @@ ngx_http_hermes_kernel_init_process(ngx_cycle_t *cycle,
 
         /* spread the workers' sweeps over the interval */
         ngx_add_timer(ev, zone->sweep / 2 + ngx_random() % zone->sweep);
+
+        /* a new zone: the first worker looks for an earlier run's kernels */
+
+        if (ngx_atomic_cmp_set(&zone->sh->recovered, 0, 1)) {
+            ngx_http_hermes_kernel_recover(zone, cycle->log);
+        }
     }
 
     return NGX_OK;
+}
+
+
+/*
+ * A zone made anew (nginx started, after a crash maybe, or the zone's
+ * size changed) knows no kernel: those of an earlier run of this gateway
+ * are leftovers, on every host of every backend.  They are told by the
+ * "gateway" file spawn writes into each kernel dir: this gateway's id
+ * and the zone instance; another gateway's are never touched.
+ */
+
+static void
+ngx_http_hermes_kernel_recover(ngx_http_hermes_zone_t *zone, ngx_log_t *log)
+{
+    u_char                           *p, *last;
+    ngx_uint_t                        i, j, h;
+    ngx_http_hermes_recover_t        *rc;
+    ngx_http_hermes_backend_conf_t  **bcfs;
+
+    bcfs = ngx_http_hermes_main_conf->backends.elts;
+
+    for (i = 0; i < ngx_http_hermes_main_conf->backends.nelts; i++) {
+
+        /* one backend in many locations is one place */
+
+        for (j = 0; j < i; j++) {
+            if (ngx_memcmp(bcfs[j]->tag, bcfs[i]->tag,
+                           NGX_HTTP_HERMES_BACKEND_TAG_LEN) == 0)
+            {
+                break;
+            }
+        }
+
+        if (j < i) {
+            continue;
+        }
+
+        for (h = 0; h < bcfs[i]->nhosts; h++) {
+            rc = ngx_calloc(sizeof(ngx_http_hermes_recover_t), log);
+            if (rc == NULL) {
+                return;
+            }
+
+            rc->root = bcfs[i]->root;
+
+            p = rc->cmd;
+            last = rc->cmd + sizeof(rc->cmd) - 1;
+
+            p = ngx_slprintf(p, last,
+                "g='%*s'; i='%*s';"
+                " for d in '%V'/hermes_rkernel_*; do"
+                " [ -d \"$d\" ] && [ ! -L \"$d\" ] && [ -f \"$d/gateway\" ]"
+                " && [ ! -L \"$d/gateway\" ] || continue;"
+                " m=$(head -c 64 -- \"$d/gateway\" 2>/dev/null);"
+                " case \"$m\" in \"$g \"*) ;; *) continue;; esac;"
+                " [ \"$m\" = \"$g $i\" ] && continue;"
+                " k=${d##*_};"
+                " for q in /proc/[0-9]*; do"
+                " [ \"$(readlink \"$q/cwd\" 2>/dev/null)\" = \"$d\" ]"
+                " && s=$(cat \"$q/stat\" 2>/dev/null)"
+                " && s=${s##*) } && set -- $s && [ \"$3\" -gt 1 ]"
+                " && kill -9 -\"$3\" 2>/dev/null; done;"
+                " for c in /sys/fs/cgroup/hermes/$k /sys/fs/cgroup/*/hermes/$k;"
+                " do [ -d \"$c\" ] || continue;"
+                " n=0; while [ $n -lt 100 ] && ! rmdir \"$c\" 2>/dev/null;"
+                " do kill -9 $(cat \"$c/cgroup.procs\") 2>/dev/null;"
+                " sleep 0.02; n=$((n+1)); done; done;"
+                " rm -rf -- \"$d\" && echo \"$k\"; done; exit 0",
+                (size_t) NGX_HTTP_HERMES_TAG_HEX, zone->gateway,
+                (size_t) NGX_HTTP_HERMES_TAG_HEX, zone->sh->instance,
+                &bcfs[i]->root);
+            *p = '\0';
+
+            ngx_http_hermes_backend_take(&rc->conn, bcfs[i], h);
+
+            rc->task.ctx = rc;
+            rc->task.handler = ngx_http_hermes_recover_thread;
+            rc->task.event.handler = ngx_http_hermes_recover_event;
+            rc->task.event.data = rc;
+            rc->task.event.log = log;
+
+            if (ngx_thread_task_post(zone->thread_pool, &rc->task) != NGX_OK) {
+                ngx_http_hermes_backend_give(&rc->conn);
+                ngx_free(rc);
+                return;
+            }
+        }
+    }
+}
+
+
+static void
+ngx_http_hermes_recover_thread(void *data, ngx_log_t *log)
+{
+    ngx_http_hermes_recover_t *rc = data;
+
+    ngx_http_hermes_cmd_t  c;
+
+    ngx_memzero(&c, sizeof(ngx_http_hermes_cmd_t));
+    c.cmd = (char *) rc->cmd;
+    c.out = rc->out;
+    c.out_size = sizeof(rc->out) - 1;
+    c.timeout = 3 * NGX_HTTP_HERMES_CMD_TIMEOUT;
+
+    if (ngx_http_hermes_backend_exec(&rc->conn, &c) != NGX_OK
+        || c.status != 0)
+    {
+        rc->failed = 1;
+    }
+
+    rc->out_len = c.out_len;
+}
+
+
+static void
+ngx_http_hermes_recover_event(ngx_event_t *ev)
+{
+    ngx_http_hermes_recover_t *rc = ev->data;
+
+    u_char      *p, *last;
+    ngx_str_t   *host;
+    ngx_uint_t   n;
+
+    host = ngx_http_hermes_backend_host_name(rc->conn.bcf, rc->conn.host);
+
+    if (rc->failed) {
+        ngx_log_error(NGX_LOG_WARN, ev->log, 0,
+                      "hermes: could not look for leftover kernels in "
+                      "\"%V\" on %V", &rc->root, host);
+
+    } else if (rc->out_len) {
+        n = 0;
+        last = rc->out + rc->out_len;
+
+        for (p = rc->out; p < last; p++) {
+            if (*p == '\n') {
+                n++;
+                *p = ' ';
+            }
+        }
+
+        ngx_log_error(NGX_LOG_NOTICE, ev->log, 0,
+                      "hermes: removed %ui kernel(s) left by an earlier run of "
+                      "this gateway in \"%V\" on %V: %*s", n, &rc->root, host,
+                      ngx_min(rc->out_len, 1024), rc->out);
+    }
+
+    ngx_http_hermes_backend_give(&rc->conn);
+    ngx_free(rc);
 }
 
 
@@ -1158,6 +1348,119 @@ ngx_http_hermes_kernel_exit_process(ngx_cycle_t *cycle)
             bcfs[i]->ops->exit_process(bcfs[i]);
         }
     }
+}
+
+
+/*
+ * The master, when nginx stops or quits (not on a reload: the registry
+ * lives on then): no worker is left to run a cell, so every kernel of
+ * every zone is killed and its directory removed, here and now, bounded
+ * by NGX_HTTP_HERMES_EXIT_TIME in all.
+ */
+
+void
+ngx_http_hermes_kernel_exit_master(ngx_cycle_t *cycle)
+{
+    u_char                           out[256];
+    u_char                           cmd[4 * NGX_HTTP_HERMES_DIR_MAX + 1024];
+    ngx_uint_t                       i, j, killed, failed, left, level;
+    ngx_msec_t                       deadline, now;
+    ngx_shm_zone_t                 **z;
+    ngx_http_hermes_cmd_t            c;
+    ngx_http_hermes_conn_t           conn;
+    ngx_http_hermes_zone_t          *zone;
+    ngx_http_hermes_victims_t        victims;
+    ngx_http_hermes_main_conf_t     *hmcf;
+    ngx_http_hermes_backend_conf_t  *bcf;
+
+    hmcf = ngx_http_cycle_get_module_main_conf(cycle, ngx_http_hermes_module);
+
+    if (hmcf == NULL || hmcf->zones.nelts == 0) {
+        return;
+    }
+
+    ngx_http_hermes_main_conf = hmcf;
+
+    /* the shells below are ours to wait for, not the master's to reap */
+
+    if (signal(SIGCHLD, SIG_DFL) == SIG_ERR
+        || ngx_http_hermes_ssh_init() != NGX_OK)
+    {
+        ngx_log_error(NGX_LOG_ALERT, cycle->log, ngx_errno,
+                      "hermes: cannot kill the kernels at exit");
+        return;
+    }
+
+    killed = 0;
+    failed = 0;
+    left = 0;
+
+    ngx_time_update();
+    deadline = ngx_current_msec + NGX_HTTP_HERMES_EXIT_TIME;
+
+    z = hmcf->zones.elts;
+
+    for (i = 0; i < hmcf->zones.nelts; i++) {
+        zone = z[i]->data;
+
+        if (zone == NULL || zone->sh == NULL) {
+            continue;
+        }
+
+        for ( ;; ) {
+            victims.n = 0;
+
+            if (ngx_http_hermes_registry_drain(zone, &victims) == 0) {
+                break;
+            }
+
+            for (j = 0; j < victims.n; j++) {
+                bcf = ngx_http_hermes_kernel_backend(&victims.v[j]);
+
+                ngx_time_update();
+                now = ngx_current_msec;
+
+                if (bcf == NULL || now >= deadline) {
+                    left++;
+                    continue;
+                }
+
+                *ngx_http_hermes_kill_command(cmd, cmd + sizeof(cmd) - 1,
+                                              &victims.v[j]) = '\0';
+
+                ngx_memzero(&c, sizeof(ngx_http_hermes_cmd_t));
+                c.cmd = (char *) cmd;
+                c.out = out;
+                c.out_size = sizeof(out);
+                c.timeout = ngx_min(NGX_HTTP_HERMES_CMD_TIMEOUT,
+                                    deadline - now);
+
+                ngx_http_hermes_backend_take(&conn, bcf, victims.v[j].host);
+
+                if (ngx_http_hermes_backend_exec(&conn, &c) == NGX_OK
+                    && c.status == 0)
+                {
+                    killed++;
+
+                } else {
+                    failed++;
+                }
+
+                ngx_http_hermes_backend_give(&conn);
+            }
+        }
+    }
+
+    if (killed + failed + left) {
+        level = (failed + left) ? NGX_LOG_WARN : NGX_LOG_NOTICE;
+
+        ngx_log_error(level, cycle->log, 0,
+                      "hermes: nginx stops: %ui kernel(s) shut down, "
+                      "%ui could not be killed, %ui left for lack of time",
+                      killed, failed, left);
+    }
+
+    ngx_http_hermes_kernel_exit_process(cycle);
 }
 
 

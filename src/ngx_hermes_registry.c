@@ -103,6 +103,7 @@ ngx_http_hermes_registry_init_zone(ngx_shm_zone_t *shm_zone, void *data)
 {
     ngx_http_hermes_zone_t  *ozone = data;
 
+    u_char                   id[NGX_HTTP_HERMES_TAG_HEX / 2];
     size_t                   len;
     ngx_http_hermes_zone_t  *zone;
 
@@ -127,6 +128,9 @@ ngx_http_hermes_registry_init_zone(ngx_shm_zone_t *shm_zone, void *data)
     }
 
     ngx_memzero(zone->sh, sizeof(ngx_http_hermes_sh_t));
+
+    randombytes_buf(id, sizeof(id));
+    ngx_hex_dump(zone->sh->instance, id, sizeof(id));
 
     zone->shpool->data = zone->sh;
 
@@ -1182,6 +1186,41 @@ ngx_http_hermes_registry_shutdown(ngx_http_hermes_zone_t *zone,
     ngx_shmtx_unlock(&zone->shpool->mutex);
 
     return rc;
+}
+
+
+/*
+ * nginx is shutting down (no worker is left): take entries out, least
+ * recently used first, as many as "victims" holds; their kernels are to
+ * be killed.  The number taken out.
+ */
+
+ngx_uint_t
+ngx_http_hermes_registry_drain(ngx_http_hermes_zone_t *zone,
+    ngx_http_hermes_victims_t *victims)
+{
+    ngx_uint_t               n;
+    ngx_queue_t             *q;
+    ngx_http_hermes_node_t  *kn;
+
+    n = 0;
+
+    ngx_shmtx_lock(&zone->shpool->mutex);
+
+    while (!ngx_queue_empty(&zone->sh->lru)) {
+        q = ngx_queue_last(&zone->sh->lru);
+        kn = ngx_queue_data(q, ngx_http_hermes_node_t, queue);
+
+        if (ngx_http_hermes_registry_evict(zone, kn, victims) != NGX_OK) {
+            break;
+        }
+
+        n++;
+    }
+
+    ngx_shmtx_unlock(&zone->shpool->mutex);
+
+    return n;
 }
 
 

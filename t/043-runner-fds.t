@@ -1,8 +1,9 @@
 #!/usr/bin/perl
 # A local kernel holds nothing of the worker's: no listening or client
 # socket, no epoll, eventfd or inotify fd, no log file.  The runner's fds
-# are only what it opened itself: 0 on /dev/null, 1 and 2 on runner.log,
-# the wake FIFO and files in its own directory.  The spawn steps' shells
+# are only what it opened itself: 0 on /dev/null, 1 and 2 on pipes it
+# reads itself (a cell's output from anywhere), runner.log, the wake FIFO
+# and files in its own directory.  The spawn steps' shells
 # hand the runner every fd they hold (the start step's subshell becomes
 # it), so a leak into them shows here too; and so does one into the
 # processes a cell starts.
@@ -55,9 +56,12 @@ ok($pid, "runner $pid");
 
 check(fds($pid), 'idle runner');
 my %idle = fds($pid);
+my %own = own_pipes($pid);
 is($idle{0}, '/dev/null', 'fd 0: /dev/null');
-is($idle{1}, "$dir/runner.log", 'fd 1: runner.log');
-is($idle{2}, "$dir/runner.log", 'fd 2: runner.log');
+ok($own{$idle{1}}, "fd 1: a pipe the runner reads itself ($idle{1})");
+ok($own{$idle{2}}, "fd 2: a pipe the runner reads itself ($idle{2})");
+isnt($idle{1}, $idle{2}, 'fds 1 and 2: two pipes');
+ok(scalar(grep { $_ eq "$dir/runner.log" } values %idle), 'runner.log, for bytes between cells');
 ok(scalar(grep { $_ eq "$dir/wake" } values %idle), 'the wake FIFO');
 
 # while a cell runs, and in what a cell starts (inheritable fds only)
@@ -98,13 +102,27 @@ sub fds {
     return %fd;
 }
 
+# the pipes of which the process holds both the read and the write end
+sub own_pipes {
+    my ($pid) = @_;
+    my (%fd, %ends) = fds($pid);
+    for my $n (grep { $fd{$_} =~ /^pipe:/ } keys %fd) {
+        open my $fh, '<', "/proc/$pid/fdinfo/$n" or next;
+        my ($flags) = join('', <$fh>) =~ /^flags:\s*(\d+)/m or next;
+        $ends{$fd{$n}}{oct($flags) & 3} = 1;
+    }
+    return map { $_ => 1 } grep { $ends{$_}{0} && $ends{$_}{1} } keys %ends;
+}
+
 sub check {
     my $name = pop;
     my %fd = @_;
+    my %own = $name =~ /runner/ ? own_pipes($pid) : ();   # not in its children
     my @bad = map { "$_ -> $fd{$_}" }
-              grep { $fd{$_} ne '/dev/null' && index($fd{$_}, "$dir/") != 0 }
+              grep { $fd{$_} ne '/dev/null' && index($fd{$_}, "$dir/") != 0
+                     && !$own{$fd{$_}} }
               sort { $a <=> $b } keys %fd;
-    is(join(', ', @bad), '', "$name: every fd is /dev/null or in its own dir");
-    my @leak = grep { /^(?:socket|anon_inode|pipe):/ } values %fd;
+    is(join(', ', @bad), '', "$name: every fd is /dev/null, in its own dir or its own pipe");
+    my @leak = grep { /^(?:socket|anon_inode|pipe):/ && !$own{$_} } values %fd;
     is("@leak", '', "$name: no socket, anon_inode or pipe of the worker's");
 }

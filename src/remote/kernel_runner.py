@@ -23,6 +23,7 @@ import ast
 import builtins
 import codecs
 import errno
+import fcntl
 import io
 import json
 import os
@@ -79,13 +80,22 @@ _CELL_FILE = re.compile(r"cell_(?:req|out|res)_(\d{6,})(?:\.json)?(?:\.tmp)?")
 _SURROGATES = re.compile("[\ud800-\udfff]")
 
 
-def _log(msg):
-    # runner.log (fd 2).  Never log the token or cell code.
+# runner.log: what fds 1 and 2 were when we started (see _capture_fds),
+# for our own lines and for what arrives on 1 and 2 between cells.
+_LOG_FDS = {"stdout": 1, "stderr": 2}
+
+
+def _to_log(name, data):
     try:
-        sys.__stderr__.write("hermes runner: %s\n" % msg)
-        sys.__stderr__.flush()
-    except Exception:
+        while data:
+            data = data[os.write(_LOG_FDS[name], data):]
+    except OSError:
         pass
+
+
+def _log(msg):
+    # Never log the token or cell code.
+    _to_log("stderr", ("hermes runner: %s\n" % msg).encode("utf-8", "replace"))
 
 
 def _utf8(text):
@@ -197,6 +207,10 @@ class _Sink:
         self.deadline, self.last_flush = None, 0.0
         self.full = None            # the OSError of a full disk: cell doomed
         self.kick = None            # when the flusher next interrupts it
+        self.max_output = max_output
+        self.shown, self.shown_bytes = [], 0    # display bundles, for the result
+        self.shown_omitted = 0                  # ... past max_output
+        self.figures = set()        # ids of figures shown by this cell
 
     def add(self, name, text):
         """False once the cell is over (the caller then writes elsewhere)."""
@@ -207,29 +221,65 @@ class _Sink:
             if self.closed:
                 return False
             self._raise_if_full()
-            self.caps[name].add(data)
-            if self.cut or self.fd < 0:
-                return True
-            if self.parts and self.name != name:
+            _drain_fds()      # what went to fds 1 and 2 before comes first
+            self._add(name, text, data)
+            self._raise_if_full()
+        return True
+
+    def _add(self, name, text, data):
+        self.caps[name].add(data)
+        if self.cut or self.fd < 0:
+            return
+        if self.parts and self.name != name:
                 self._flush()     # keep stdout/stderr in the order written
-            now = time.monotonic()
-            self.name = name
-            self.parts.append(text)
-            self.chars += len(text)
-            self.nbytes += len(data)
-            if "\n" in text:
-                self.lines = True
-                self.partial_since = None if text.endswith("\n") else now
-            elif self.partial_since is None:
-                self.partial_since = now
-            old = self.deadline
-            self._schedule()
-            if self.chars >= CHUNK:
+        now = time.monotonic()
+        self.name = name
+        self.parts.append(text)
+        self.chars += len(text)
+        self.nbytes += len(data)
+        if "\n" in text:
+            self.lines = True
+            self.partial_since = None if text.endswith("\n") else now
+        elif self.partial_since is None:
+            self.partial_since = now
+        old = self.deadline
+        self._schedule()
+        if self.chars >= CHUNK:
+            self._flush()
+        elif self.deadline <= now:
+            self._due(now)    # also covers a flusher starved of the GIL
+        elif old is None or self.deadline < old:
+            _cond.notify()
+
+    def display(self, bundle):
+        """A display event after the text so far, and the bundle kept for
+        the result, each within its bound.  False once the cell is over."""
+        with _lock:
+            if self.closed:
+                return False
+            self._raise_if_full()
+            _drain_fds()
+            room = self.max_output - self.shown_bytes
+            kept = _fit(bundle, room, "hermes_max_output", self.max_output)
+            if kept is None:
+                self.shown_omitted += 1
+            else:
+                self.shown.append(kept)
+                self.shown_bytes += len(_dumps(kept))
+            if not self.cut and self.fd >= 0:
                 self._flush()
-            elif self.deadline <= now:
-                self._due(now)    # also covers a flusher starved of the GIL
-            elif old is None or self.deadline < old:
-                _cond.notify()
+            if not self.cut and self.fd >= 0:
+                # counted in JSON bytes: with text's UTF-8 bytes (at most
+                # 6 bytes of JSON each) the file stays in the module's bound
+                room = self.max_stream - self.streamed
+                ev = _fit(bundle, room, "hermes_max_stream", self.max_stream)
+                if ev is None:
+                    self.cut = True
+                    self._line({"type": "stream_truncated",
+                                "max_stream": self.max_stream})
+                else:
+                    self.streamed += len(_dumps(ev))
+                    self._line({"type": "display", "data": ev})
             self._raise_if_full()
         return True
 
@@ -319,6 +369,7 @@ class _Sink:
     def close(self):
         global _current
         with _cond:
+            _drain_fds(final=True)
             self._flush()
             self.closed = True
             if _current is self:
@@ -326,6 +377,107 @@ class _Sink:
         if self.fd >= 0:
             os.close(self.fd)
             self.fd = -1
+
+
+# -- fds 1 and 2: output from anywhere in the cell --------------------------
+
+# fds 1 and 2 are pipes we read (a subprocess, os.system, a C extension,
+# os.write(1, ...) write there): bytes that come while a cell runs are its
+# stdout/stderr, in order with its prints (each Python-level write first
+# takes what the pipes hold), bytes between cells go to runner.log.
+FD_READ = 1 << 20
+_FDS = []                # [(read end, "stdout"|"stderr", UTF-8 decoder)]
+_FD_WRITE = {}           # our copies of the write ends, to restore 1 and 2
+_fd_poll = None          # for _drain_fds; the reader thread has its own
+
+
+def _capture_fds():
+    global _fd_poll
+    poll, mine = select.poll(), select.poll()
+    for fd, name in ((1, "stdout"), (2, "stderr")):
+        try:
+            _LOG_FDS[name] = os.dup(fd)
+        except OSError:               # started without it
+            _LOG_FDS[name] = os.open(os.devnull, os.O_WRONLY | os.O_CLOEXEC)
+        r, w = os.pipe()
+        os.set_blocking(r, False)
+        try:                          # fewer, larger reads of a flood
+            fcntl.fcntl(w, getattr(fcntl, "F_SETPIPE_SZ", 1031), FD_READ)
+        except OSError:
+            pass
+        os.dup2(w, fd)                # inheritable: a subprocess's 1 and 2
+        _FD_WRITE[name] = w
+        # "replace", as sys.stdout.buffer: invalid UTF-8 becomes U+FFFD
+        _FDS.append((r, name, codecs.getincrementaldecoder("utf-8")("replace")))
+        poll.register(r, select.POLLIN)
+        mine.register(r, select.POLLIN)
+    _fd_poll = poll
+    threading.Thread(target=_fd_reader, args=(mine,), name="hermes-fds",
+                     daemon=True).start()
+
+
+def _restore_fds():
+    # A cell may have closed or redirected 1 or 2: the next one has them,
+    # and no file we open takes their numbers.
+    for fd, name in ((1, "stdout"), (2, "stderr")):
+        if name in _FD_WRITE:
+            try:
+                os.dup2(_FD_WRITE[name], fd)
+            except OSError:
+                pass
+
+
+def _fd_reader(poll):
+    # Reads the pipes whenever they have bytes, so a writer never blocks
+    # for long: past max_stream the sink only counts them.
+    while True:
+        try:
+            events = poll.poll()
+        except OSError as e:
+            _log("fd capture stopped: %s" % e)
+            return
+        if any(ev & select.POLLNVAL for _, ev in events):
+            _log("fd capture stopped: a pipe was closed")
+            return
+        with _lock:
+            _drain_fds(final=False, polled=True)
+
+
+def _drain_fds(final=False, polled=False):
+    """Under _lock: what the pipes hold now, to the running cell or to
+    runner.log; final: the cell is ending, decoders give what they hold."""
+    if _fd_poll is None:
+        return
+    if not (final or polled):
+        try:
+            if not _fd_poll.poll(0):
+                return                # the common case: one syscall a print
+        except (OSError, RuntimeError):
+            return
+    s = _current
+    if s is not None and s.closed:
+        s = None
+    for r, name, dec in _FDS:
+        for _ in range(16):           # then let others have the lock
+            try:
+                data = os.read(r, FD_READ)
+            except OSError:           # EAGAIN: empty
+                break
+            if s is None:
+                _to_log(name, data)
+            else:
+                text = dec.decode(data)
+                if text:
+                    text, b = _utf8(text)
+                    s._add(name, text, b)
+            if len(data) < FD_READ:
+                break
+        if final:
+            text = dec.decode(b"", True)
+            dec.reset()
+            if text and s is not None:
+                text, b = _utf8(text)
+                s._add(name, text, b)
 
 
 def _flusher():
@@ -410,9 +562,18 @@ def _start_interrupter():
 def _after_fork():
     # A forked child (multiprocessing, ...) may have been forked while the
     # flusher held the lock, and has no flusher thread: give it both.
-    global _lock, _cond
+    # Nor does it read fds 1 and 2: its writes there reach the parent's
+    # reader like any subprocess's.
+    global _lock, _cond, _fd_poll
     _lock = threading.Lock()
     _cond = threading.Condition(_lock)
+    _fd_poll = None
+    for r, _, _ in _FDS:
+        try:
+            os.close(r)
+        except OSError:
+            pass
+    del _FDS[:]
     _start_flusher()
 
 
@@ -422,9 +583,8 @@ class _CellStream(io.TextIOBase):
     into the next cell's output; between cells (a cell's leftover threads)
     their text goes to runner.log.
 
-    Only Python-level writes are captured.  File descriptors 1 and 2 stay on
-    runner.log, so a subprocess's or C extension's direct output lands there,
-    not in the cell's output (use subprocess capture_output and print)."""
+    File descriptors 1 and 2 are captured as well (see _capture_fds), so
+    fileno() gives them: what is written there joins the same stream."""
 
     def __init__(self, name):
         super().__init__()
@@ -441,19 +601,17 @@ class _CellStream(io.TextIOBase):
         return False
 
     def fileno(self):
-        raise io.UnsupportedOperation("fileno")
+        if self._name not in _FD_WRITE:
+            raise io.UnsupportedOperation("fileno")
+        self.flush()
+        return 1 if self._name == "stdout" else 2
 
     def write(self, s):
         if not isinstance(s, str):
             raise TypeError("write() argument must be str, not %s" % type(s).__name__)
         sink = _current
         if sink is None or not sink.add(self._name, s):
-            fallback = getattr(sys, "__%s__" % self._name)
-            try:
-                fallback.write(s)
-                fallback.flush()
-            except Exception:
-                pass
+            _to_log(self._name, _utf8(s)[1])
         return len(s)
 
     def flush(self):
@@ -485,6 +643,194 @@ class _CellBytes(io.RawIOBase):
 STDOUT, STDERR = _CellStream("stdout"), _CellStream("stderr")
 
 
+# -- rich results: display events ------------------------------------------
+
+# _repr_*_ methods (IPython's protocol) -> MIME types; text/plain is repr().
+_REPRS = (("_repr_html_", "text/html"), ("_repr_markdown_", "text/markdown"),
+          ("_repr_svg_", "image/svg+xml"), ("_repr_png_", "image/png"),
+          ("_repr_jpeg_", "image/jpeg"), ("_repr_latex_", "text/latex"),
+          ("_repr_json_", "application/json"))
+_BINARY = ("image/png", "image/jpeg")
+NOTE = "[{} of {} bytes not shown: over {} ({} bytes)]"
+OMITTED = "[{} more display(s) not shown: over hermes_max_output ({} bytes)]"
+MPL_BACKEND = "module://hermes_display"
+
+
+def _mime(obj, meth, mime):
+    """obj's own rendering as mime, or None.  A failing method is skipped,
+    as IPython does: the cell goes on."""
+    f = getattr(type(obj), meth, None)
+    if f is None or isinstance(obj, type):
+        return None
+    try:
+        v = getattr(obj, meth)()
+        if isinstance(v, tuple) and len(v) == 2:     # (data, metadata)
+            v = v[0]
+        if v is None:
+            return None
+        if mime in _BINARY:
+            if isinstance(v, str):                   # already base64
+                return v
+            import base64
+            return base64.b64encode(bytes(v)).decode("ascii")
+        if mime == "application/json":
+            json.dumps(v)                            # must be JSON
+            return v
+        return v if isinstance(v, str) else None
+    except Exception:
+        return None
+
+
+def _figure_png(fig):
+    import base64
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", bbox_inches="tight")
+    return base64.b64encode(buf.getvalue()).decode("ascii")
+
+
+def _bundle(obj):
+    """The MIME bundle of obj: text/plain always (repr, whose errors are
+    the cell's), the rest where obj provides it."""
+    data = {"text/plain": repr(obj)}
+    for meth, mime in _REPRS:
+        v = _mime(obj, meth, mime)
+        if v is not None:
+            data[mime] = v
+    mb = _mime(obj, "_repr_mimebundle_", "application/json")
+    if isinstance(mb, dict):
+        for k, v in mb.items():
+            if isinstance(k, str) and k not in data and (
+                    isinstance(v, str) or k.endswith("json")):
+                data[k] = v
+    mf = sys.modules.get("matplotlib.figure")
+    if mf is not None and isinstance(obj, mf.Figure) and "image/png" not in data:
+        try:
+            data["image/png"] = _figure_png(obj)
+        except Exception as e:
+            data["text/plain"] += "\n[image/png failed: %s]" % _error_line(e)
+        if _current is not None:
+            _current.figures.add(id(obj))
+    return data
+
+
+def _fit(bundle, room, bound, size):
+    """bundle in at most room bytes of JSON: its largest parts replaced by
+    a note in text/plain, then text/plain cut; None if not even that fits."""
+    if len(_dumps(bundle)) <= room:
+        return bundle
+    b = dict(bundle)
+    text = b.get("text/plain", "")
+    for k in sorted((k for k in b if k != "text/plain"),
+                    key=lambda k: -len(_dumps(b[k]))):
+        text += "\n" + NOTE.format(k, len(_dumps(b.pop(k))), bound, size)
+        b["text/plain"] = text
+        if len(_dumps(b)) <= room:
+            return b
+    # cut its end (an escaped byte costs up to 6: halve until it fits)
+    raw = text.encode("utf-8")
+    keep = len(raw) - (len(_dumps(b)) - room) - 16
+    while keep > 0:
+        b["text/plain"] = raw[:keep].decode("utf-8", "ignore") + "..."
+        if len(_dumps(b)) <= room:
+            return b
+        keep //= 2
+    return None
+
+
+def _display(*objs):
+    """display(obj, ...): each object's MIME bundle as a display event (and
+    its text/plain in the output, as print would), kept for the result."""
+    for obj in objs:
+        data = _bundle(obj)
+        STDOUT.write(data["text/plain"] + "\n")
+        sink = _current               # None between cells: text to the log
+        if sink is not None:
+            sink.display(data)
+
+
+def _shown_for_result(sink, room):
+    """The cell's bundles for the result in room bytes of JSON, and a note
+    for those that did not fit: never silently dropped."""
+    out, used, omitted = [], 0, sink.shown_omitted
+    for b in sink.shown:
+        kept = _fit(b, room - used, "hermes_max_output", sink.max_output)
+        if kept is None:
+            omitted += 1
+            continue
+        out.append(kept)
+        used += len(_dumps(kept)) + 1
+    if omitted:
+        out.append({"text/plain": OMITTED.format(omitted, sink.max_output)})
+    return out
+
+
+# matplotlib, when a cell imports it: its backend is ours, Agg (never a
+# GUI) whose show() displays the open figures; open figures left at the
+# end of a cell are displayed then too (as Jupyter's inline backend).
+
+def _mpl_show(*args, **kwargs):
+    from matplotlib._pylab_helpers import Gcf
+    import matplotlib.pyplot as plt
+    for m in Gcf.get_all_fig_managers():
+        _display(m.canvas.figure)
+    plt.close("all")
+
+
+def _mpl_attr(name):
+    if name in ("FigureCanvas", "FigureManager"):
+        from matplotlib.backends.backend_agg import FigureCanvasAgg
+        from matplotlib.backend_bases import FigureManagerBase
+        _mpl_backend.FigureCanvas = FigureCanvasAgg
+        _mpl_backend.FigureManager = FigureManagerBase
+        return getattr(_mpl_backend, name)
+    raise AttributeError(name)
+
+
+_mpl_backend = type(sys)("hermes_display")
+_mpl_backend.__getattr__ = _mpl_attr
+_mpl_backend.show = _mpl_show
+
+
+class _MplHook:
+    """A meta path finder: matplotlib, once loaded, gets our backend."""
+
+    def find_spec(self, name, path=None, target=None):
+        if name != "matplotlib":
+            return None
+        import importlib.machinery
+        spec = importlib.machinery.PathFinder.find_spec(name, path)
+        loader = getattr(spec, "loader", None)
+        if loader is None or not hasattr(loader, "exec_module"):
+            return spec
+        real = loader.exec_module
+
+        def exec_module(module):
+            real(module)
+            try:
+                module.rcParams["backend"] = MPL_BACKEND
+            except Exception as e:
+                _log("cannot set the matplotlib backend: %r" % e)
+
+        loader.exec_module = exec_module
+        return spec
+
+
+def _mpl_flush(sink):
+    plt = sys.modules.get("matplotlib.pyplot")
+    if plt is None:
+        return
+    try:
+        if plt.get_backend() != MPL_BACKEND:
+            return
+        from matplotlib._pylab_helpers import Gcf
+        for m in Gcf.get_all_fig_managers():
+            if id(m.canvas.figure) not in sink.figures:
+                _display(m.canvas.figure)
+        plt.close("all")
+    except Exception as e:
+        STDERR.write("matplotlib figures: %s\n" % _error_line(e))
+
+
 # -- running code -----------------------------------------------------------
 
 _interruptible = False   # SIGINT raises KeyboardInterrupt only inside a cell
@@ -509,17 +855,55 @@ def _on_sigint(signum, frame):
         raise KeyboardInterrupt
 
 
+_loop = None             # the runner's event loop, for top-level await
+_AWAIT = getattr(ast, "PyCF_ALLOW_TOP_LEVEL_AWAIT", 0)
+_CO_COROUTINE = 0x80
+
+
+async def _cell_coroutine(body, last):
+    # The whole cell in the loop, as the body of an async function would be.
+    r = eval(body, _globals)
+    if body.co_flags & _CO_COROUTINE:
+        await r
+    if last is None:
+        return None
+    r = eval(last, _globals)
+    if last.co_flags & _CO_COROUTINE:
+        r = await r
+    return r
+
+
+def _run_code(body, last):
+    """Run the compiled cell -> the last expression's value.  With a
+    top-level await, the cell runs to its end on our loop (not the
+    thread's current one): asyncio.run in it fails as in an async
+    function, and works in a cell without await."""
+    global _loop
+    flags = body.co_flags | (last.co_flags if last is not None else 0)
+    if not flags & _CO_COROUTINE:
+        exec(body, _globals)
+        return None if last is None else eval(last, _globals)
+    import asyncio
+    if _loop is None or _loop.is_closed():
+        _loop = asyncio.new_event_loop()
+    task = _loop.create_task(_cell_coroutine(body, last))
+    try:
+        return _loop.run_until_complete(task)
+    except BaseException:
+        if not task.cancel():         # an interrupt: it must not run on
+            task.exception()          # retrieved: asyncio logs no warning
+        raise
+
+
 def _exec(body, last):
     """Run the compiled cell; the exception it ended with, or None."""
     global _interruptible
     try:
         try:
             _interruptible = True
-            exec(body, _globals)
-            if last is not None:
-                value = eval(last, _globals)
-                if value is not None:            # like IPython's Out[]
-                    STDOUT.write(repr(value) + "\n")
+            value = _run_code(body, last)
+            if value is not None:            # like IPython's Out[]
+                _display(value)
         finally:
             _interruptible = False
     except BaseException as e:   # noqa: B036 -- everything ends up in the result
@@ -560,8 +944,9 @@ def _run(code):
         tree = ast.parse(code, "<cell>", "exec")
         last = None
         if tree.body and isinstance(tree.body[-1], ast.Expr):
-            last = compile(ast.Expression(tree.body.pop().value), "<cell>", "eval")
-        body = compile(tree, "<cell>", "exec")
+            last = compile(ast.Expression(tree.body.pop().value), "<cell>",
+                           "eval", _AWAIT)
+        body = compile(tree, "<cell>", "exec", _AWAIT)
     except Exception as e:   # SyntaxError, ValueError (NUL bytes), ...
         STDERR.write("".join(traceback.format_exception_only(type(e), e)))
         return "error", _error_line(e), False
@@ -579,6 +964,31 @@ def _run(code):
     if isinstance(e, KeyboardInterrupt):
         return "interrupted", "KeyboardInterrupt", False
     return "error", _error_line(e), False
+
+
+_fflush = None
+
+
+def _flush_std():
+    # What the cell left in buffers: Python's own on fds 1 and 2, and C
+    # stdio's (a C extension's printf to a pipe is fully buffered).
+    global _fflush
+    for f in (sys.__stdout__, sys.__stderr__):
+        try:
+            f.flush()
+        except Exception:
+            pass
+    if _fflush is None:
+        try:
+            import ctypes
+            _fflush = ctypes.CDLL(None).fflush
+        except Exception:
+            _fflush = False
+    if _fflush:
+        try:
+            _fflush(None)
+        except Exception:
+            pass
 
 
 def _cell_path(kind, n):
@@ -661,6 +1071,7 @@ def _int(v, default):
 def _process(n, path):
     global _current, _globals, _count
     t0 = time.monotonic()
+    _restore_fds()                        # before we open anything
     os.umask(0o077)                       # a cell may have changed it
     signal.signal(signal.SIGINT, _on_sigint)   # ... or the SIGINT handler
     _remove_older(n)
@@ -671,7 +1082,7 @@ def _process(n, path):
     hermes_tools._allowed = _tools(req)
     _sweep_rpc()
     max_output = _int(req.get("max_output"), DEFAULT_MAX_OUTPUT)
-    resv = _reserve(n, min(6 * max_output + RESULT_SLACK, RESERVE_MAX))
+    resv = _reserve(n, min(7 * max_output + RESULT_SLACK, RESERVE_MAX))
     sink = _Sink(_open_out(n), max_output,
                  _int(req.get("max_stream"), DEFAULT_MAX_STREAM))
     sink.n = n
@@ -680,6 +1091,7 @@ def _process(n, path):
     if reset:
         _globals = _fresh_globals()
     with _cond:
+        _drain_fds(final=True)            # bytes from between cells: the log
         _current = sink
     if bad:
         status, error, ended = "error", bad, False
@@ -687,7 +1099,10 @@ def _process(n, path):
         sys.stdout, sys.stderr = STDOUT, STDERR
         try:
             status, error, ended = _run(req["code"])
+            _mpl_flush(sink)
         finally:
+            _restore_fds()
+            _flush_std()
             sys.stdout, sys.stderr = sys.__stdout__, sys.__stderr__
     sink.close()                          # cell_out_N complete before the result
     output, cut = _final_output(sink.caps["stdout"], sink.caps["stderr"],
@@ -701,7 +1116,11 @@ def _process(n, path):
            "execution_count": _count, "stdout_truncated": cut or sink.cut,
            "stdout_bytes_total": sink.caps["stdout"].total,
            "stream_truncated": sink.cut, "state_reset": reset, "ended": ended,
-           "duration_seconds": round(time.monotonic() - t0, 6)}
+           "duration_seconds": round(time.monotonic() - t0, 6), "displays": []}
+    if sink.shown or sink.shown_omitted:
+        # within max_output, and the result within the module's bound
+        room = min(max_output, 6 * max_output + 65536 - 4096 - len(_dumps(res)))
+        res["displays"] = _shown_for_result(sink, room)
     _write_result(n, res, resv)
     if ended:
         # SystemExit: the module removes D.  os._exit: a cell's non-daemon
@@ -813,6 +1232,9 @@ def _cut_to_fit(res, size, e):
         res = dict(res, status="error", error="%s: the cell's result was cut "
                    "to fit" % _full_text(e))
     res = dict(res, stdout_truncated=True)
+    if res.get("displays"):
+        res["displays"] = [{"text/plain": "[%d display(s) not shown: %s]" % (
+            len(res["displays"]), DISK_FULL)}]
     out = res["output"].encode("utf-8")
     room = max((size - len(_dumps(dict(res, output=""))) - 256) // 6, 0)
     while True:
@@ -889,7 +1311,7 @@ def _fail(n, e):
                           "execution_count": _count, "stdout_truncated": False,
                           "stdout_bytes_total": 0, "stream_truncated": False,
                           "state_reset": False, "ended": False,
-                          "duration_seconds": 0.0})
+                          "duration_seconds": 0.0, "displays": []})
     except BaseException as e2:
         _log("cannot write the result of cell %d: %r" % (n, e2))
 
@@ -971,6 +1393,13 @@ def main():
     for f in (sys.__stdout__, sys.__stderr__):   # runner.log, read by people
         if f is not None:
             f.reconfigure(line_buffering=True, errors="backslashreplace")
+    try:
+        _capture_fds()
+    except OSError as e:
+        _log("cannot capture fds 1 and 2: %s" % e)
+    builtins.display = _display
+    sys.modules[_mpl_backend.__name__] = _mpl_backend
+    sys.meta_path.insert(0, _MplHook())
     if os.getsid(0) != os.getpid():
         try:
             os.setsid()
@@ -1023,4 +1452,9 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    except BaseException:
+        # fd 2 is a pipe of ours by now: the traceback goes to runner.log
+        _log("runner failed:\n%s" % traceback.format_exc())
+        raise

@@ -503,6 +503,142 @@ class RunnerTest(unittest.TestCase):
         with open(k.res_path(k.n), "rb") as f:
             f.read().decode("utf-8")
 
+    # -- output from anywhere, rich results ---------------------------------
+
+    def test_fd_output_in_order_with_prints(self):
+        k = self.kernel()
+        n = k.send("import os, subprocess, sys\nprint('a')\nos.system('echo x')\n"
+                   "print('b')\n_ = os.write(1, b'w1\\n')\nprint('c')\n"
+                   "_ = os.write(2, b'e1\\n')\nprint('e2', file=sys.stderr)\n"
+                   "subprocess.run(['sh', '-c', 'echo s1; echo s2 >&2'])\nprint('d')\n"
+                   "subprocess.run(['echo', 'via-fileno'], stdout=sys.stdout)\n"
+                   "_ = os.write(1, b'\\xff\\n')")
+        r = k.result(n)
+        self.assertEqual(r["output"], "a\nx\nb\nw1\nc\ns1\nd\nvia-fileno\n\ufffd\n"
+                         "\n--- stderr ---\ne1\ne2\ns2\n")
+        out = "".join(e["text"] for e in k.events(n) if e["type"] == "stdout")
+        self.assertEqual(out, "a\nx\nb\nw1\nc\ns1\nd\nvia-fileno\n\ufffd\n")
+        self.assertEqual(r["stdout_bytes_total"], len(out.encode()))
+        self.assertNotIn("w1", k.log())
+        # a cell that closes fd 1 does not take it from the next one
+        self.assertEqual(k.run("import os\nos.close(1)")["status"], "success")
+        self.assertEqual(k.run("import os\n_ = os.write(1, b'back\\n')")["output"],
+                         "back\n")
+
+    def test_child_outliving_the_cell_and_bytes_between_cells(self):
+        k = self.kernel()
+        t0 = time.monotonic()
+        r = k.run("import subprocess\n"
+                  "subprocess.Popen(['sh', '-c', 'sleep 0.6; echo late; echo late2 >&2'])\n"
+                  "print('end')")
+        self.assertLess(time.monotonic() - t0, 0.5)
+        self.assertEqual(r["output"], "end\n")
+        self.assertTrue(_wait_for(lambda: "late\n" in k.log() and "late2\n" in k.log(), 3),
+                        k.log())
+        self.assertEqual(k.run("print('next')")["output"], "next\n")
+
+    def test_fd_flood_is_cut_at_max_stream(self):
+        k = self.kernel()
+        t0 = time.monotonic()
+        n = k.send("import os\n_ = os.write(1, b'z' * 300_000_000)\nprint('done')",
+                   max_stream=1000)
+        r = k.result(n, timeout=60)
+        self.assertLess(time.monotonic() - t0, 30)
+        self.assertEqual(r["status"], "success")
+        self.assertEqual(k.events(n), [{"type": "stdout", "text": "z" * 1000},
+                                       {"type": "stream_truncated", "max_stream": 1000}])
+        self.assertEqual(r["stdout_bytes_total"], 300_000_005)
+        self.assertTrue(r["output"].startswith("z" * 20000 + "\n... [output truncated"))
+        self.assertTrue(r["output"].endswith("z" * 1000 + "done\n"))
+
+    def test_display_bundles(self):
+        k = self.kernel()
+        r = k.run("41 + 1")
+        self.assertEqual((r["output"], r["displays"]), ("42\n", [{"text/plain": "42"}]))
+        self.assertEqual(k.events(k.n)[-1], {"type": "display", "data": {"text/plain": "42"}})
+        self.assertEqual(k.run("x = 1")["displays"], [])
+        n = k.send("class H:\n"
+                   "    def __repr__(self): return 'H()'\n"
+                   "    def _repr_html_(self): return '<b>h</b>'\n"
+                   "    def _repr_json_(self): return {'a': 1}\n"
+                   "    def _repr_png_(self): return b'\\x89PNG'\n"
+                   "    def _repr_markdown_(self): raise ValueError('skipped')\n"
+                   "print('before')\ndisplay(H())\nprint('after')")
+        r = k.result(n)
+        bundle = {"text/plain": "H()", "text/html": "<b>h</b>",
+                  "application/json": {"a": 1}, "image/png": "iVBORw=="}
+        self.assertEqual(r["displays"], [bundle])
+        self.assertEqual(r["output"], "before\nH()\nafter\n")
+        ev = [(e["type"], e.get("data")) for e in k.events(n)]
+        self.assertEqual([t for t, _ in ev], ["stdout", "stdout", "display", "stdout"])
+        self.assertEqual(ev[2][1], bundle)
+
+    def test_displays_are_bounded_never_silently_dropped(self):
+        k = self.kernel()
+        n = k.send("class P:\n"
+                   "    def __repr__(self): return 'P'\n"
+                   "    def _repr_png_(self): return b'x' * 30000\n"
+                   "display(P())\nfor i in range(200): display(i)",
+                   max_output=2000, max_stream=100000)
+        r = k.result(n)
+        d = r["displays"]
+        self.assertEqual(d[0]["text/plain"], "P\n[image/png of 40002 bytes not shown: "
+                         "over hermes_max_output (2000 bytes)]")
+        self.assertNotIn("image/png", d[0])
+        self.assertRegex(d[-1]["text/plain"],
+                         r"^\[\d+ more display\(s\) not shown: over hermes_max_output")
+        self.assertLessEqual(len(json.dumps(d[:-1], separators=(",", ":"))), 2000 + 200)
+        kept = [x["text/plain"] for x in d[1:-1]]
+        self.assertEqual(kept, [str(i) for i in range(len(kept))])
+        # the stream has what fits in max_stream: the PNG itself
+        first = [e for e in k.events(n) if e["type"] == "display"][0]
+        self.assertEqual(len(first["data"]["image/png"]), 40000)
+
+    @unittest.skipUnless(subprocess.run([PYTHON, "-c", "import matplotlib"],
+                                        capture_output=True).returncode == 0,
+                         "matplotlib is not installed for %s: no PNG to check" % PYTHON)
+    def test_matplotlib_png(self):
+        import base64
+        k = self.kernel()
+        n = k.send("import matplotlib, matplotlib.pyplot as plt\n"
+                   "plt.plot([1, 2])\nplt.show()\nprint(matplotlib.get_backend())\n"
+                   "fig = plt.figure()\nplt.plot([2, 1])", max_output=500000)
+        r = k.result(n, timeout=30)
+        self.assertEqual(r["status"], "success", r)
+        self.assertEqual(len(r["displays"]), 3, r["output"])   # show, [Line2D], fig
+        png = [d for d in r["displays"] if "image/png" in d]
+        self.assertEqual(len(png), 2)
+        for d in png:
+            self.assertTrue(d["text/plain"].startswith("<Figure size"))
+            self.assertEqual(base64.b64decode(d["image/png"])[:8], b"\x89PNG\r\n\x1a\n")
+        self.assertIn("module://hermes_display\n", r["output"])
+        # figures are closed after the cell: the next cell shows none
+        self.assertEqual(k.run("plt.get_fignums()")["output"], "[]\n")
+
+    def test_text_plain_display_without_matplotlib(self):
+        k = self.kernel()
+        r = k.run("import sys\nsys.modules['matplotlib'] = None\n"
+                  "class Fig:\n    def __repr__(self): return '<Fig>'\nFig()")
+        self.assertEqual(r["displays"], [{"text/plain": "<Fig>"}])
+
+    def test_top_level_await(self):
+        k = self.kernel()
+        r = k.run("import asyncio\nawait asyncio.sleep(0.01)\nv = await asyncio.sleep(0, 'v')\n"
+                  "print(v)\nawait asyncio.sleep(0, 7)")
+        self.assertEqual((r["status"], r["output"]), ("success", "v\n7\n"), r)
+        r = k.run("async def f(): return 3\nasyncio.run(f())")
+        self.assertEqual(r["output"], "3\n")           # no await: asyncio.run works
+        r = k.run("await asyncio.sleep(0)\nc = f()\ntry:\n    asyncio.run(c)\n"
+                  "finally:\n    c.close()")
+        self.assertEqual(r["status"], "error")
+        self.assertIn("cannot be called from a running event loop", r["error"])
+        n = k.send("import asyncio\nawait asyncio.sleep(30)")
+        time.sleep(0.3)
+        os.kill(k.pid, signal.SIGINT)
+        r = k.result(n)
+        self.assertEqual(r["status"], "interrupted")
+        self.assertEqual(k.run("await asyncio.sleep(0, 'again')")["output"], "'again'\n")
+
     # -- files -------------------------------------------------------------
 
     def test_modes_and_cleanup_of_older_cells(self):
