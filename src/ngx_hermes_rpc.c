@@ -791,9 +791,12 @@ ngx_http_hermes_rpc_scan(ngx_http_hermes_rpc_t *rpc, ngx_uint_t sweep)
             continue;
         }
 
+        /* requests; with sweep, answers too; a .tmp is nobody's yet */
+
         if (ngx_http_hermes_rpc_name_seq((u_char *) de->d_name, len) == 0
-            && !(sweep && (ngx_strncmp(de->d_name, "res_", 4) == 0
-                           || ngx_strncmp(de->d_name, "req_", 4) == 0)))
+            && !(sweep && ngx_strncmp(de->d_name, "res_", 4) == 0
+                 && ngx_strlchr((u_char *) de->d_name,
+                                (u_char *) de->d_name + len, '.') == NULL))
         {
             continue;
         }

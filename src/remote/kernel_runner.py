@@ -75,7 +75,7 @@ DISK_FULL = "the kernel host's disk is full"
 _FULL = (errno.ENOSPC, errno.EDQUOT)
 
 _REQ = re.compile(r"cell_req_(\d{6,})\.json")
-_RPC_FILE = re.compile(r"(?:req|res)_\d{6,}(?:\.tmp)?")
+_RPC_FILE = re.compile(r"(?:req|res)_\d{6,}")
 _CELL_FILE = re.compile(r"cell_(?:req|out|res)_(\d{6,})(?:\.json)?(?:\.tmp)?")
 _SURROGATES = re.compile("[\ud800-\udfff]")
 
@@ -1012,7 +1012,8 @@ def _remove_older(n):
 
 def _sweep_rpc():
     # Requests and answers left by an earlier cell (a thread still calling
-    # after it ended): they are not this cell's to make or take.
+    # after it ended): they are not this cell's to make or take.  A .tmp
+    # is nobody's request yet (and may be being written right now).
     try:
         names = os.listdir(RPC)
     except OSError:
