@@ -37,7 +37,7 @@ struct ngx_http_hermes_spawn_s {
     ngx_http_hermes_sandbox_t     *sandbox;
     ngx_uint_t                     root;        /* we spawn as root */
     /* "gateway instance": whose kernel it is, after a crash too */
-    u_char                         gateway[2 * NGX_HTTP_HERMES_TAG_HEX + 2];
+    u_char                         gateway[2 * NGX_HTTP_HERMES_TAG_HEX + 3];
     u_char                         env[256];
     size_t                         env_len;
     ngx_int_t                      rc;
@@ -93,6 +93,8 @@ static ngx_queue_t                   ngx_http_hermes_kills_waiting;
 
 static void ngx_http_hermes_spawn_thread(void *data, ngx_log_t *log);
 static void ngx_http_hermes_spawn_event(ngx_event_t *ev);
+static ngx_int_t ngx_http_hermes_spawn_ship(ngx_http_hermes_spawn_t *s,
+    ngx_str_t *name, const u_char *data, size_t len);
 static ngx_int_t ngx_http_hermes_spawn_check_dirs(ngx_http_hermes_spawn_t *s,
     u_char *out, size_t len);
 static void ngx_http_hermes_kernel_new_id(ngx_http_hermes_spawn_t *s);
@@ -148,7 +150,7 @@ ngx_http_hermes_kernel_spawn(ngx_http_hermes_loc_conf_t *hlcf,
     s->root_dir = hlcf->backend->root;
     s->sandbox = hlcf->sandbox;
     s->root = hlcf->backend->ops->root(hlcf->backend);
-    ngx_sprintf(s->gateway, "%*s %*s%Z",
+    ngx_sprintf(s->gateway, "%*s %*s\n%Z",
                 (size_t) NGX_HTTP_HERMES_TAG_HEX, zone->gateway,
                 (size_t) NGX_HTTP_HERMES_TAG_HEX, zone->sh->instance);
     s->done = done;
@@ -203,6 +205,8 @@ ngx_http_hermes_spawn_thread(void *data, ngx_log_t *log)
     u_char                          cmd[NGX_HTTP_HERMES_CMD_MAX];
     u_char                          out[512];
 
+    static ngx_str_t                gateway = ngx_string("gateway");
+
     d = s->k.dir;
     s->rc = NGX_ERROR;
     last = cmd + sizeof(cmd) - 1;
@@ -225,11 +229,10 @@ ngx_http_hermes_spawn_thread(void *data, ngx_log_t *log)
             " if ! mkdir -m 700 -- '%s' 2>/dev/null; then"
             " if [ -e '%s' ] || [ -L '%s' ]; then echo EEXIST; exit 4; fi;"
             " mkdir -m 700 -- '%s'; exit 5; fi; echo made;"
-            " echo '%s' > '%s/gateway' &&"
             " mkdir -m 700 -- '%s/cells' '%s/rpc'"
             " && stat -c '%%F:%%u:%%a:%%i' -- '%s' '%s/cells' '%s/rpc'"
             " && id -u",
-            &s->root_dir, d, d, d, d, s->gateway, d, d, d, d, d, d) = '\0';
+            &s->root_dir, d, d, d, d, d, d, d, d, d) = '\0';
 
         rc = ngx_http_hermes_spawn_run(s, cmd, NULL, 0, out, sizeof(out),
                                        "directory setup");
@@ -266,7 +269,7 @@ ngx_http_hermes_spawn_thread(void *data, ngx_log_t *log)
         goto failed;
     }
 
-    /* 2. the runner and the tools client, each on stdin */
+    /* 2. the runner and the tools client, each on stdin; the marker */
 
     for (rf = ngx_http_hermes_remote_files; rf->len; rf++) {
 
@@ -276,19 +279,18 @@ ngx_http_hermes_spawn_thread(void *data, ngx_log_t *log)
             continue;
         }
 
-        *ngx_slprintf(cmd, last,
-                      "umask 077 && cat > '%s/%V.tmp'"
-                      " && chmod 600 '%s/%V.tmp'"
-                      " && mv -f '%s/%V.tmp' '%s/%V'",
-                      d, &rf->name, d, &rf->name, d, &rf->name, d, &rf->name)
-            = '\0';
-
-        if (ngx_http_hermes_spawn_run(s, cmd, rf->data, rf->len, out,
-                                      sizeof(out), "ship runner")
+        if (ngx_http_hermes_spawn_ship(s, &rf->name, rf->data, rf->len)
             != NGX_OK)
         {
             goto failed;
         }
+    }
+
+    if (ngx_http_hermes_spawn_ship(s, &gateway, s->gateway,
+                                   ngx_strlen(s->gateway))
+        != NGX_OK)
+    {
+        goto failed;
     }
 
     /* 3. kernel.env, holding the token */
@@ -420,6 +422,30 @@ failed:
                                      NULL);
 
     s->rc = NGX_ERROR;
+}
+
+
+/* a file into the kernel dir, its content on stdin, 0600, atomically */
+
+static ngx_int_t
+ngx_http_hermes_spawn_ship(ngx_http_hermes_spawn_t *s, ngx_str_t *name,
+    const u_char *data, size_t len)
+{
+    u_char  *d;
+    u_char   out[512];
+    u_char   cmd[NGX_HTTP_HERMES_CMD_MAX];
+
+    d = s->k.dir;
+
+    *ngx_slprintf(cmd, cmd + sizeof(cmd) - 1,
+                  "umask 077 && cat > '%s/%V.tmp'"
+                  " && chmod 600 '%s/%V.tmp'"
+                  " && mv -f '%s/%V.tmp' '%s/%V'",
+                  d, name, d, name, d, name, d, name)
+        = '\0';
+
+    return ngx_http_hermes_spawn_run(s, cmd, data, len, out, sizeof(out),
+                                     "ship runner");
 }
 
 
@@ -839,9 +865,9 @@ ngx_http_hermes_kill_command(u_char *p, u_char *last,
     }
 
     return ngx_slprintf(p, last,
-                        " [ '%uL' = 0 ] || [ \"$(stat -c %%i -- '%s'"
-                        " 2>/dev/null)\" = '%uL' ] && rm -rf -- '%s'; exit 0",
-                        v->ino, v->dir, v->ino, v->dir);
+                     " [ '%uL' = 0 ] || [ \"$(stat -c %%i -- '%s' 2>/dev/null)\""
+                     " = '%uL' ] && rm -rf -- '%s'; exit 0",
+                     v->ino, v->dir, v->ino, v->dir);
 }
 
 
@@ -1296,6 +1322,9 @@ ngx_http_hermes_recover_event(ngx_event_t *ev)
                       "this gateway in \"%V\" on %V: %*s", n, &rc->root, host,
                       ngx_min(rc->out_len, 1024), rc->out);
     }
+
+    /* a chore at start: a host down now is no reason to avoid it later */
+    rc->conn.unavailable = 0;
 
     ngx_http_hermes_backend_give(&rc->conn);
     ngx_free(rc);

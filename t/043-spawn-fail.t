@@ -251,7 +251,7 @@ for my $case (['mv', 'envfail', qr/ship kernel\.env: exit code 1: "mv: cannot mo
         'junk: no forged line');
 
     my ($said) = ($mine[0] // '') =~
-        /failed: directory setup: exit code 5: "([^"]*)"$/;
+        /failed: directory setup: exit code 5: "([^"]*)", owner: "anonymous", session: "junk", kernel: [0-9a-f]{32}$/;
     ok(defined $said, 'junk: the quoted output ends where it should (nothing past the buffer)')
         or diag $mine[0];
     $said //= '';

@@ -193,14 +193,14 @@ is(c_to_doc($C{dirs}, 'ROOT'), $DOC{dirs}, 'C directory step = docs');
     $k =~ s/%uL/$n++ ? 'INO' : 'START'/ge;
     is(c_to_doc($k), $DOC{kill}, 'C kill command (pid, cgroups, directory) = docs');
 }
-# ... and the kill thread builds it of these three, in this order
+# ... and the kill command is built of these three, in this order
 {
     my $src = slurp($C_KERNEL) // '';
-    my ($body) = $src =~ /^ngx_http_hermes_kill_thread\(.*?\n\{\n(.*?)\n\}\n/ms;
+    my ($body) = $src =~ /^ngx_http_hermes_kill_command\(.*?\n\{\n(.*?)\n\}\n/ms;
     $body //= '';
     my @at = map { index($body, $_) } '"if s=$(cat /proc/%P/stat', 'ngx_http_hermes_sandbox_kill(', q{" [ '%uL' = 0 ]};
     ok($at[0] >= 0 && $at[0] < $at[1] && $at[1] < $at[2],
-        'ngx_http_hermes_kill_thread: the pid part, the cgroups (ngx_http_hermes_sandbox_kill), the directory')
+        'ngx_http_hermes_kill_command: the pid part, the cgroups (ngx_http_hermes_sandbox_kill), the directory')
         or diag "positions @at";
 }
 is(c_to_doc($C{ship}), $DOC{ship}, 'C ship step = docs');
