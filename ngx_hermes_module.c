@@ -28,6 +28,15 @@ static char *ngx_http_hermes_backend(ngx_conf_t *cf, ngx_command_t *cmd,
     void *conf);
 static char *ngx_http_hermes_content(ngx_conf_t *cf, ngx_command_t *cmd,
     void *conf);
+static char *ngx_http_hermes_tools(ngx_conf_t *cf, ngx_command_t *cmd,
+    void *conf);
+static char *ngx_http_hermes_tools_pass(ngx_conf_t *cf, ngx_command_t *cmd,
+    void *conf);
+static char *ngx_http_hermes_schema(ngx_conf_t *cf, ngx_command_t *cmd,
+    void *conf);
+static char *ngx_http_hermes_max_tool_calls(ngx_conf_t *cf, void *post,
+    void *data);
+static ngx_int_t ngx_http_hermes_postconfiguration(ngx_conf_t *cf);
 static ngx_http_hermes_backend_conf_t *ngx_http_hermes_backend_create(
     ngx_conf_t *cf, ngx_http_hermes_backend_ops_t *ops, ngx_str_t *root);
 static void ngx_http_hermes_backend_tag(ngx_http_hermes_backend_conf_t *bcf,
@@ -41,6 +50,11 @@ static char  *ngx_http_hermes_handler_names[] = {
 
 static ngx_conf_num_bounds_t  ngx_http_hermes_queue_bounds = {
     ngx_conf_check_num_bounds, 0, 1024
+};
+
+
+static ngx_conf_num_bounds_t  ngx_http_hermes_tool_calls_bounds = {
+    ngx_http_hermes_max_tool_calls, 0, 100000
 };
 
 
@@ -151,6 +165,34 @@ static ngx_command_t  ngx_http_hermes_commands[] = {
       offsetof(ngx_http_hermes_loc_conf_t, sandbox),
       NULL },
 
+    { ngx_string("hermes_tools"),
+      NGX_HTTP_MAIN_CONF|NGX_HTTP_SRV_CONF|NGX_HTTP_LOC_CONF|NGX_CONF_1MORE,
+      ngx_http_hermes_tools,
+      NGX_HTTP_LOC_CONF_OFFSET,
+      0,
+      NULL },
+
+    { ngx_string("hermes_tools_pass"),
+      NGX_HTTP_MAIN_CONF|NGX_HTTP_SRV_CONF|NGX_HTTP_LOC_CONF|NGX_CONF_TAKE12,
+      ngx_http_hermes_tools_pass,
+      NGX_HTTP_LOC_CONF_OFFSET,
+      0,
+      NULL },
+
+    { ngx_string("hermes_schema"),
+      NGX_HTTP_LOC_CONF|NGX_CONF_NOARGS,
+      ngx_http_hermes_schema,
+      NGX_HTTP_LOC_CONF_OFFSET,
+      0,
+      NULL },
+
+    { ngx_string("hermes_max_tool_calls"),
+      NGX_HTTP_MAIN_CONF|NGX_HTTP_SRV_CONF|NGX_HTTP_LOC_CONF|NGX_CONF_TAKE1,
+      ngx_conf_set_num_slot,
+      NGX_HTTP_LOC_CONF_OFFSET,
+      offsetof(ngx_http_hermes_loc_conf_t, max_tool_calls),
+      &ngx_http_hermes_tool_calls_bounds },
+
     { ngx_string("hermes_thread_pool"),
       NGX_HTTP_MAIN_CONF|NGX_HTTP_SRV_CONF|NGX_HTTP_LOC_CONF|NGX_CONF_TAKE1,
       ngx_conf_set_str_slot,
@@ -164,7 +206,7 @@ static ngx_command_t  ngx_http_hermes_commands[] = {
 
 static ngx_http_module_t  ngx_http_hermes_module_ctx = {
     ngx_http_hermes_add_variables,         /* preconfiguration */
-    ngx_http_hermes_response_filter_init,  /* postconfiguration */
+    ngx_http_hermes_postconfiguration,     /* postconfiguration */
 
     ngx_http_hermes_create_main_conf,      /* create main configuration */
     NULL,                                  /* init main configuration */
@@ -403,6 +445,10 @@ ngx_http_hermes_create_loc_conf(ngx_conf_t *cf)
     conf->max_file = NGX_CONF_UNSET_SIZE;
     conf->queue = NGX_CONF_UNSET_UINT;
     conf->heartbeat = NGX_CONF_UNSET_MSEC;
+    conf->tools = NGX_CONF_UNSET_PTR;
+    conf->tools_auto = NGX_CONF_UNSET_UINT;
+    conf->tools_protocol = NGX_CONF_UNSET_UINT;
+    conf->max_tool_calls = NGX_CONF_UNSET_UINT;
 
     return conf;
 }
@@ -431,6 +477,20 @@ ngx_http_hermes_merge_loc_conf(ngx_conf_t *cf, void *parent, void *child)
     ngx_conf_merge_msec_value(conf->heartbeat, prev->heartbeat, 15000);
     ngx_conf_merge_str_value(conf->thread_pool_name, prev->thread_pool_name,
                              "default");
+    if (conf->tools == NGX_CONF_UNSET_PTR) {
+        conf->tools = prev->tools;
+        conf->tools_auto = prev->tools_auto;
+    }
+
+    if (conf->tools == NGX_CONF_UNSET_PTR) {
+        conf->tools = NULL;
+    }
+
+    ngx_conf_merge_uint_value(conf->tools_auto, prev->tools_auto, 0);
+    ngx_conf_merge_str_value(conf->tools_pass, prev->tools_pass, "");
+    ngx_conf_merge_uint_value(conf->tools_protocol, prev->tools_protocol,
+                              NGX_HTTP_HERMES_TOOLS_HERMES);
+    ngx_conf_merge_uint_value(conf->max_tool_calls, prev->max_tool_calls, 50);
 
     if (conf->session == NULL) {
         conf->session = prev->session;
@@ -473,6 +533,16 @@ ngx_http_hermes_merge_loc_conf(ngx_conf_t *cf, void *parent, void *child)
     if (conf->max_output < 100) {
         ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
                            "\"hermes_max_output\" must be at least 100");
+        return NGX_CONF_ERROR;
+    }
+
+    if (conf->tools_auto
+        && conf->tools_protocol != NGX_HTTP_HERMES_TOOLS_MCP
+        && conf->handler == NGX_HTTP_HERMES_HANDLER_EXECUTE)
+    {
+        ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                           "\"hermes_tools auto\" needs "
+                           "\"hermes_tools_pass URI protocol=mcp\"");
         return NGX_CONF_ERROR;
     }
 
@@ -531,6 +601,197 @@ ngx_http_hermes_merge_loc_conf(ngx_conf_t *cf, void *parent, void *child)
     conf->thread_pool = ngx_thread_pool_add(cf, &conf->thread_pool_name);
     if (conf->thread_pool == NULL) {
         return NGX_CONF_ERROR;
+    }
+
+    return NGX_CONF_OK;
+}
+
+
+/* the module's filters: the JSON errors, then the tool calls' captures */
+
+static ngx_int_t
+ngx_http_hermes_postconfiguration(ngx_conf_t *cf)
+{
+    if (ngx_http_hermes_response_filter_init(cf) != NGX_OK) {
+        return NGX_ERROR;
+    }
+
+    return ngx_http_hermes_rpc_filter_init(cf);
+}
+
+
+/* hermes_tools NAME ...: the tools cells may call; "off": none */
+
+static char *
+ngx_http_hermes_tools(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
+{
+    ngx_http_hermes_loc_conf_t *hlcf = conf;
+
+    u_char      c;
+    ngx_str_t  *value, *name;
+    ngx_uint_t  i, j, k;
+
+    if (hlcf->tools != NGX_CONF_UNSET_PTR) {
+        return "is duplicate";
+    }
+
+    value = cf->args->elts;
+
+    if (cf->args->nelts == 2 && ngx_strcmp(value[1].data, "off") == 0) {
+        hlcf->tools = NULL;
+        hlcf->tools_auto = 0;
+        return NGX_CONF_OK;
+    }
+
+    hlcf->tools_auto = 0;
+
+    if (cf->args->nelts == 2 && ngx_strcmp(value[1].data, "auto") == 0) {
+        /* the MCP server's tools/list: known at the first call */
+        hlcf->tools = ngx_array_create(cf->pool, 1, sizeof(ngx_str_t));
+        if (hlcf->tools == NULL) {
+            return NGX_CONF_ERROR;
+        }
+
+        hlcf->tools_auto = 1;
+        return NGX_CONF_OK;
+    }
+
+    hlcf->tools = ngx_array_create(cf->pool, cf->args->nelts - 1,
+                                   sizeof(ngx_str_t));
+    if (hlcf->tools == NULL) {
+        return NGX_CONF_ERROR;
+    }
+
+    for (i = 1; i < cf->args->nelts; i++) {
+
+        /* names code can write as hermes_tools.NAME, and MCP's names */
+
+        if (value[i].len == 0 || value[i].len > 128) {
+            goto invalid;
+        }
+
+        for (j = 0; j < value[i].len; j++) {
+            c = value[i].data[j];
+
+            if (!((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z')
+                  || (c >= '0' && c <= '9') || c == '_' || c == '-'
+                  || c == '.'))
+            {
+                goto invalid;
+            }
+        }
+
+        name = hlcf->tools->elts;
+
+        for (k = 0; k < hlcf->tools->nelts; k++) {
+            if (name[k].len == value[i].len
+                && ngx_strncmp(name[k].data, value[i].data, value[i].len)
+                   == 0)
+            {
+                ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                                   "\"hermes_tools\": \"%V\" is listed "
+                                   "twice", &value[i]);
+                return NGX_CONF_ERROR;
+            }
+        }
+
+        name = ngx_array_push(hlcf->tools);
+        if (name == NULL) {
+            return NGX_CONF_ERROR;
+        }
+
+        *name = value[i];
+    }
+
+    return NGX_CONF_OK;
+
+invalid:
+
+    ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                       "\"hermes_tools\": invalid tool name \"%V\" "
+                       "(1-128 of A-Z a-z 0-9 _ - .)", &value[i]);
+    return NGX_CONF_ERROR;
+}
+
+
+/* nginx's own bounds check, with the directive's name in its message */
+
+static char *
+ngx_http_hermes_max_tool_calls(ngx_conf_t *cf, void *post, void *data)
+{
+    ngx_conf_num_bounds_t *bounds = post;
+    ngx_int_t             *np = data;
+
+    if (*np < bounds->low || *np > bounds->high) {
+        ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                           "\"hermes_max_tool_calls\" must be between %i "
+                           "and %i", bounds->low, bounds->high);
+        return NGX_CONF_ERROR;
+    }
+
+    return NGX_CONF_OK;
+}
+
+
+/* hermes_schema: the execute_code tool's schema (ngx_hermes_rpc.c) */
+
+static char *
+ngx_http_hermes_schema(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
+{
+    ngx_http_core_loc_conf_t  *clcf;
+
+    clcf = ngx_http_conf_get_module_loc_conf(cf, ngx_http_core_module);
+
+    if (clcf->handler) {
+        return "is duplicate, or the location has a handler already";
+    }
+
+    clcf->handler = ngx_http_hermes_rpc_schema_handler;
+
+    return NGX_CONF_OK;
+}
+
+
+/* hermes_tools_pass URI [protocol=hermes|mcp] */
+
+static char *
+ngx_http_hermes_tools_pass(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
+{
+    ngx_http_hermes_loc_conf_t *hlcf = conf;
+
+    ngx_str_t  *value;
+
+    if (hlcf->tools_pass.data) {
+        return "is duplicate";
+    }
+
+    value = cf->args->elts;
+
+    if (value[1].len == 0 || value[1].data[0] != '/') {
+        ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                           "\"hermes_tools_pass\": \"%V\" is not a "
+                           "location's URI (it starts with \"/\")",
+                           &value[1]);
+        return NGX_CONF_ERROR;
+    }
+
+    hlcf->tools_pass = value[1];
+    hlcf->tools_protocol = NGX_HTTP_HERMES_TOOLS_HERMES;
+
+    if (cf->args->nelts == 3) {
+        if (ngx_strcmp(value[2].data, "protocol=hermes") == 0) {
+            hlcf->tools_protocol = NGX_HTTP_HERMES_TOOLS_HERMES;
+
+        } else if (ngx_strcmp(value[2].data, "protocol=mcp") == 0) {
+            hlcf->tools_protocol = NGX_HTTP_HERMES_TOOLS_MCP;
+
+        } else {
+            ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                               "\"hermes_tools_pass\": invalid parameter "
+                               "\"%V\" (protocol=hermes or protocol=mcp)",
+                               &value[2]);
+            return NGX_CONF_ERROR;
+        }
     }
 
     return NGX_CONF_OK;

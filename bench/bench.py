@@ -42,6 +42,7 @@ PAR_CELLS = 30
 PAR_WARM = 3
 PAR_ROUNDS = 3
 N_PAR_SINGLE = 200
+N_TOOL = 300                  # tool calls, timed inside one cell
 
 TRIVIAL = "x = 1"
 FIRST_BYTE_PLAIN = "import time\nprint(time.time())\ntime.sleep(0.2)"
@@ -416,6 +417,24 @@ def t_trivial_stream(sysm, n, warm):
     return summary(lat)
 
 
+def t_tool_call(sysm, n):
+    """A tool call's round trip as the code sees it: hermes_tools.echo()
+    timed in the kernel (req file, the module's checks, a subrequest
+    through a proxy hop to a JSON endpoint, res file, inotify wake-up)."""
+    s = sysm.open("tool")
+    code = ("import json, time\nts = []\nfor i in range(%d):\n"
+            "    t0 = time.perf_counter()\n    hermes_tools.echo(i=i)\n"
+            "    ts.append(time.perf_counter() - t0)\n"
+            "print(json.dumps(ts[10:]))" % (n + 10))
+    try:
+        res = sysm.cell(s, code)
+    finally:
+        sysm.end(s)
+    if res.get("tool_calls_made") != n + 10:
+        raise BenchError(f"tool calls made: {res.get('tool_calls_made')}")
+    return summary(json.loads(res["output"]))
+
+
 def t_spawn(sysm, n):
     lat, reused, create = [], 0, []
     for i in range(n):
@@ -638,6 +657,9 @@ def run_system(sysm, par_sessions, single_rt=None):
     guarded(r, "trivial", t_trivial_cpu, sysm, N_TRIVIAL, N_TRIVIAL_WARM)
     if isinstance(sysm, HermesSystem):
         guarded(r, "trivial_ndjson", t_trivial_stream, sysm, N_STREAM_RT, 10)
+        if sysm.name == "hermes-local":
+            log(f"{sysm.name}: tool call round trip")
+            guarded(r, "tool_call", t_tool_call, sysm, N_TOOL)
     log(f"{sysm.name}: spawn")
     guarded(r, "spawn", t_spawn, sysm, N_SPAWN)
     log(f"{sysm.name}: first output byte")
@@ -717,6 +739,8 @@ def table(res):
     row("trivial cells/s, 1 session", ("trivial", "cells_per_s"))
     row("trivial, NDJSON answer p50 ms", ("trivial_ndjson", "p50_ms"))
     row("trivial, NDJSON answer p99 ms", ("trivial_ndjson", "p99_ms"))
+    row("tool call round trip p50 ms", ("tool_call", "p50_ms"))
+    row("tool call round trip p99 ms", ("tool_call", "p99_ms"))
     row("kernel spawn + 1st cell p50 ms", ("spawn", "p50_ms"), "<= 100 ms ssh (jup ~450)")
     row("kernel spawn max ms", ("spawn", "max_ms"))
     row("jupyter POST /api/kernels p50 ms", ("spawn", "create_p50_ms"))

@@ -143,6 +143,7 @@ wait_http() {   # URL [header]: wait up to 30 s for an answer < 500
 
 # --- hermes nginx ---------------------------------------------------------------
 hport=$(free_port)
+tport=$(free_port)
 mkdir -p "$prefix/nginx/logs" "$prefix/nginx/tmp" "$prefix/kernels"
 # Load a private copy: `make module` rewrites build/*.so in place (cp keeps
 # the inode), and a running master that has the file mapped then forks
@@ -190,8 +191,26 @@ http {
             hermes_execute;
             hermes_cell_timeout 60s;
             hermes_max_stream 5m;
+            hermes_tools echo;
+            hermes_tools_pass /tools;
+            hermes_max_tool_calls 1000;
         }
 $shm_location
+
+        # tool calls: a subrequest through a real proxy hop
+        location /tools {
+            internal;
+            proxy_pass http://127.0.0.1:$tport/;
+        }
+    }
+
+    # the tool endpoint: a JSON answer, nothing else
+    server {
+        listen 127.0.0.1:$tport;
+        location / {
+            default_type application/json;
+            return 200 '{"echo":true}';
+        }
     }
 }
 EOF

@@ -55,6 +55,7 @@ extern ngx_str_t  ngx_http_hermes_status_csp;
 typedef struct ngx_http_hermes_ssh_host_s  ngx_http_hermes_ssh_host_t;
 typedef struct ngx_http_hermes_backend_ops_s  ngx_http_hermes_backend_ops_t;
 typedef struct ngx_http_hermes_transport_s  ngx_http_hermes_transport_t;
+typedef struct ngx_http_hermes_rpc_s  ngx_http_hermes_rpc_t;
 
 typedef struct {
     ngx_http_hermes_backend_ops_t *ops;
@@ -168,7 +169,20 @@ typedef struct {
 
     ngx_str_t                     thread_pool_name;
     ngx_thread_pool_t            *thread_pool;
+
+    /* tool calls from cells (ngx_hermes_rpc.c) */
+    ngx_array_t                  *tools;        /* ngx_str_t; NULL: none */
+    ngx_str_t                     tools_pass;   /* a location's URI */
+    ngx_uint_t                    tools_protocol;
+    ngx_uint_t                    tools_auto;   /* the MCP server's list */
+    ngx_uint_t                    max_tool_calls;
 } ngx_http_hermes_loc_conf_t;
+
+
+typedef enum {
+    NGX_HTTP_HERMES_TOOLS_HERMES = 0,
+    NGX_HTTP_HERMES_TOOLS_MCP
+} ngx_http_hermes_tools_protocol_e;
 
 
 /* the registry */
@@ -194,8 +208,11 @@ typedef enum {
     NGX_HTTP_HERMES_RPC_MALFORMED = 0,
     NGX_HTTP_HERMES_RPC_BAD_TOKEN,
     NGX_HTTP_HERMES_RPC_BAD_SEQ,
+    NGX_HTTP_HERMES_RPC_REPLAY,
     NGX_HTTP_HERMES_RPC_NREJECT
 } ngx_http_hermes_rpc_reject_e;
+
+extern ngx_str_t  ngx_http_hermes_rpc_reject_names[];
 
 
 /*
@@ -719,7 +736,8 @@ ngx_buf_t *ngx_http_hermes_json_stats(ngx_pool_t *pool,
 ngx_buf_t *ngx_http_hermes_prometheus_stats(ngx_pool_t *pool,
     ngx_http_hermes_stats_t *st, ngx_uint_t max_kernels, ngx_str_t *zone);
 ngx_buf_t *ngx_http_hermes_json_cell_request(ngx_pool_t *pool, uint32_t id,
-    ngx_http_hermes_request_t *req, size_t max_output, size_t max_stream);
+    ngx_http_hermes_request_t *req, size_t max_output, size_t max_stream,
+    ngx_array_t *tools, ngx_uint_t tools_any);
 
 extern ngx_str_t  ngx_http_hermes_cell_status_names[];
 
@@ -796,6 +814,7 @@ struct ngx_http_hermes_stream_s {
     size_t                        res_limit;
     ngx_msec_t                    timeout;
     ngx_connection_t             *client;       /* NULL: gone */
+    ngx_http_hermes_rpc_t        *rpc;          /* its tool calls */
     void                         *data;
 
     ngx_http_hermes_stream_pt         shipped;
@@ -819,6 +838,56 @@ void ngx_http_hermes_transport_local_exit_process(ngx_cycle_t *cycle);
 
 extern ngx_http_hermes_transport_t  ngx_http_hermes_transport_local;
 extern ngx_http_hermes_transport_t  ngx_http_hermes_transport_ssh;
+
+
+/* tool calls: a cell's RPC channel (ngx_hermes_rpc.c) */
+
+#define NGX_HTTP_HERMES_RPC_STRING    1
+#define NGX_HTTP_HERMES_RPC_NUMBER    2
+#define NGX_HTTP_HERMES_RPC_OBJECT    3
+#define NGX_HTTP_HERMES_RPC_OTHER     4
+
+/* a request as the checks read it; strings point into it or its bufs */
+
+typedef struct {
+    ngx_str_t                     tool;
+    ngx_str_t                     args;         /* the raw object */
+    ngx_str_t                     token;
+    ngx_str_t                     seq_text;
+    uint64_t                      seq;
+    ngx_uint_t                    tool_type;    /* 0: absent */
+    ngx_uint_t                    args_type;
+    ngx_uint_t                    token_type;
+    ngx_uint_t                    seq_type;
+    ngx_uint_t                    reject;       /* rpc_reject_e, NREJECT */
+    u_char                        tool_buf[129];
+    u_char                        token_buf[128];
+    u_char                        seq_buf[16];
+} ngx_http_hermes_rpc_req_t;
+
+/* a stream event line ("...\n") for the cell's client */
+typedef void (*ngx_http_hermes_rpc_event_pt)(void *data, u_char *line,
+    size_t len);
+
+ngx_int_t ngx_http_hermes_rpc_check(u_char *data, size_t len,
+    uint64_t name_seq, u_char *token, size_t token_len, uint64_t *seen,
+    ngx_uint_t nseen, ngx_http_hermes_rpc_req_t *req);
+uint64_t ngx_http_hermes_rpc_name_seq(u_char *name, size_t len);
+ngx_http_hermes_rpc_t *ngx_http_hermes_rpc_create(ngx_pool_t *pool,
+    ngx_http_request_t *r, ngx_http_hermes_loc_conf_t *hlcf,
+    ngx_http_hermes_kernel_ref_t *ref, ngx_http_hermes_rpc_event_pt event,
+    void *data, ngx_log_t *log);
+ngx_int_t ngx_http_hermes_rpc_open(ngx_http_hermes_rpc_t *rpc,
+    ngx_fd_t dir_fd, int ifd);
+int ngx_http_hermes_rpc_wd(ngx_http_hermes_rpc_t *rpc);
+void ngx_http_hermes_rpc_notify(ngx_http_hermes_rpc_t *rpc, u_char *name,
+    size_t len);
+void ngx_http_hermes_rpc_scan(ngx_http_hermes_rpc_t *rpc, ngx_uint_t sweep);
+ngx_uint_t ngx_http_hermes_rpc_calls(ngx_http_hermes_rpc_t *rpc);
+void ngx_http_hermes_rpc_detach(ngx_http_hermes_rpc_t *rpc);
+void ngx_http_hermes_rpc_end(ngx_http_hermes_rpc_t *rpc);
+ngx_int_t ngx_http_hermes_rpc_filter_init(ngx_conf_t *cf);
+ngx_int_t ngx_http_hermes_rpc_schema_handler(ngx_http_request_t *r);
 
 
 /* per request: what the error filter and the log variables need */

@@ -31,6 +31,7 @@ typedef struct {
     ngx_http_hermes_response_t      response;
     ngx_http_hermes_stream_t        stream;
     ngx_http_hermes_transport_t    *transport;
+    ngx_uint_t                      tool_calls; /* of its ended rpcs */
 
     ngx_event_t                     wait;       /* polling for our turn */
     ngx_event_t                     resume;     /* the client left: go on */
@@ -89,6 +90,9 @@ static void ngx_http_hermes_cell_resume_handler(ngx_event_t *ev);
 static void ngx_http_hermes_cell_heartbeat_handler(ngx_event_t *ev);
 static void ngx_http_hermes_cell_stop(ngx_http_hermes_cell_t *cell);
 static void ngx_http_hermes_cell_end(ngx_http_hermes_cell_t *cell);
+static void ngx_http_hermes_cell_tool_event(void *data, u_char *line,
+    size_t len);
+static void ngx_http_hermes_cell_tools_end(ngx_http_hermes_cell_t *cell);
 static u_char *ngx_http_hermes_cell_log_handler(ngx_log_t *log, u_char *buf,
     size_t len);
 
@@ -475,7 +479,9 @@ ngx_http_hermes_cell_run(ngx_http_hermes_cell_t *cell)
                                                     cell->ref.cell_id,
                                                     &cell->req,
                                                     cell->hlcf->max_output,
-                                                    cell->hlcf->max_stream);
+                                                    cell->hlcf->max_stream,
+                                                    cell->hlcf->tools,
+                                                    cell->hlcf->tools_auto);
     if (st->request == NULL) {
         ngx_http_hermes_cell_ship_failed(cell);
         return;
@@ -483,6 +489,20 @@ ngx_http_hermes_cell_run(ngx_http_hermes_cell_t *cell)
 
     st->is_shipped = 0;
     st->waits_client = 0;
+
+    /* its tool calls, on their own (ngx_hermes_rpc.c); the transport
+     * watches rpc/ where it can */
+
+    if (st->rpc == NULL) {
+        st->rpc = ngx_http_hermes_rpc_create(cell->pool, cell->response.r,
+                                             cell->hlcf, &cell->ref,
+                                             ngx_http_hermes_cell_tool_event,
+                                             cell, cell->log);
+        if (st->rpc == NULL) {
+            ngx_http_hermes_cell_ship_failed(cell);
+            return;
+        }
+    }
 
     /* the turn is bounded from here, whatever the host does */
     ngx_add_timer(&cell->timer, cell->timeout);
@@ -699,6 +719,9 @@ ngx_http_hermes_cell_result(ngx_http_hermes_stream_t *st, u_char *data,
 {
     ngx_http_hermes_cell_t *cell = st->data;
 
+    /* the kernel is the next cell's from here: so is its rpc/ */
+    ngx_http_hermes_cell_tools_end(cell);
+
     if (ngx_http_hermes_json_parse_result(cell->pool, data, n, &cell->res)
         != NGX_OK)
     {
@@ -779,6 +802,7 @@ static void
 ngx_http_hermes_cell_fail(ngx_http_hermes_cell_t *cell, ngx_uint_t status,
     char *message)
 {
+    ngx_http_hermes_cell_tools_end(cell);
     ngx_http_hermes_cell_kill(cell);
     ngx_http_hermes_registry_release(cell->zone, &cell->ref,
                                      NGX_HTTP_HERMES_RELEASE_LOST, 0);
@@ -949,8 +973,11 @@ ngx_http_hermes_cell_events(u_char *p, u_char *last, ngx_buf_t *out,
 static void
 ngx_http_hermes_cell_answer(ngx_http_hermes_cell_t *cell)
 {
+    ngx_http_hermes_cell_tools_end(cell);
+
     cell->res.duration = ngx_current_msec - cell->turn;
     cell->res.queue = cell->turn - cell->started;
+    cell->res.tool_calls_made = cell->tool_calls;
 
     ngx_http_hermes_count(cell->zone, cells_total[cell->res.status]);
     ngx_http_hermes_registry_observe(cell->zone, NGX_HTTP_HERMES_HIST_CELL,
@@ -1090,6 +1117,12 @@ ngx_http_hermes_cell_gone(void *data)
     cell->stream.client = NULL;
     cell->stream.quiet = 1;
 
+    /* tool calls ran on its behalf: no more (see ngx_hermes_rpc.c) */
+
+    if (cell->stream.rpc) {
+        ngx_http_hermes_rpc_detach(cell->stream.rpc);
+    }
+
     if (cell->running) {
         ngx_post_event(&cell->resume, &ngx_posted_events);
     }
@@ -1134,6 +1167,8 @@ ngx_http_hermes_cell_stop(ngx_http_hermes_cell_t *cell)
 static void
 ngx_http_hermes_cell_end(ngx_http_hermes_cell_t *cell)
 {
+    ngx_http_hermes_cell_tools_end(cell);
+
     if (cell->wait.timer_set) {
         ngx_del_timer(&cell->wait);
     }
@@ -1154,6 +1189,41 @@ ngx_http_hermes_cell_end(ngx_http_hermes_cell_t *cell)
     ngx_http_hermes_response_release(&cell->response);
 
     ngx_destroy_pool(cell->pool);
+}
+
+
+/* a tool call's event line, between whole lines of the cell's output */
+
+static void
+ngx_http_hermes_cell_tool_event(void *data, u_char *line, size_t len)
+{
+    ngx_http_hermes_cell_t *cell = data;
+
+    if (cell->response.mid_line) {
+        return;
+    }
+
+    (void) ngx_http_hermes_response_output(&cell->response, line, len);
+}
+
+
+/* the cell's authority to call tools ends with its turn on the kernel */
+
+static void
+ngx_http_hermes_cell_tools_end(ngx_http_hermes_cell_t *cell)
+{
+    ngx_http_hermes_rpc_t  *rpc;
+
+    rpc = cell->stream.rpc;
+
+    if (rpc == NULL) {
+        return;
+    }
+
+    cell->stream.rpc = NULL;
+
+    ngx_http_hermes_rpc_end(rpc);
+    cell->tool_calls += ngx_http_hermes_rpc_calls(rpc);
 }
 
 

@@ -1528,10 +1528,13 @@ ngx_http_hermes_json_error(ngx_pool_t *pool, ngx_str_t *code,
 
 ngx_buf_t *
 ngx_http_hermes_json_cell_request(ngx_pool_t *pool, uint32_t id,
-    ngx_http_hermes_request_t *req, size_t max_output, size_t max_stream)
+    ngx_http_hermes_request_t *req, size_t max_output, size_t max_stream,
+    ngx_array_t *tools, ngx_uint_t tools_any)
 {
-    yajl_gen    g;
-    ngx_buf_t  *b;
+    yajl_gen     g;
+    ngx_buf_t   *b;
+    ngx_str_t   *name;
+    ngx_uint_t   i;
 
     g = yajl_gen_alloc(NULL);
     if (g == NULL) {
@@ -1549,6 +1552,31 @@ ngx_http_hermes_json_cell_request(ngx_pool_t *pool, uint32_t id,
     yajl_gen_integer(g, max_output);
     ngx_http_hermes_gen_key(g, "max_stream");
     yajl_gen_integer(g, max_stream);
+
+    /*
+     * the tools its code may call: hermes_tools.py offers these only;
+     * null: the module alone knows (an MCP server's list)
+     */
+
+    ngx_http_hermes_gen_key(g, "tools");
+
+    if (tools_any) {
+        yajl_gen_null(g);
+
+    } else {
+        yajl_gen_array_open(g);
+
+        if (tools) {
+            name = tools->elts;
+
+            for (i = 0; i < tools->nelts; i++) {
+                ngx_http_hermes_gen_str(g, &name[i]);
+            }
+        }
+
+        yajl_gen_array_close(g);
+    }
+
     yajl_gen_map_close(g);
 
     b = ngx_http_hermes_json_take(pool, g, 0);
@@ -1657,13 +1685,6 @@ ngx_http_hermes_json_kernel(ngx_pool_t *pool, ngx_http_hermes_listing_t *l)
 
     return b;
 }
-
-
-static ngx_str_t  ngx_http_hermes_reject_names[] = {
-    ngx_string("malformed"),
-    ngx_string("bad_token"),
-    ngx_string("bad_seq")
-};
 
 
 /* evictions_total{reason}: the order of ngx_http_hermes_stats_evictions() */
@@ -1887,7 +1908,7 @@ ngx_http_hermes_json_stats(ngx_pool_t *pool, ngx_http_hermes_stats_t *st,
     ngx_http_hermes_gen_key(g, "rpc_rejected_total");
     yajl_gen_map_open(g);
     for (i = 0; i < NGX_HTTP_HERMES_RPC_NREJECT; i++) {
-        ngx_http_hermes_gen_str(g, &ngx_http_hermes_reject_names[i]);
+        ngx_http_hermes_gen_str(g, &ngx_http_hermes_rpc_reject_names[i]);
         ngx_http_hermes_gen_number(g, st->rpc_rejected_total[i]);
     }
     yajl_gen_map_close(g);
@@ -2117,7 +2138,7 @@ ngx_http_hermes_prometheus_stats(ngx_pool_t *pool,
     for (i = 0; i < NGX_HTTP_HERMES_RPC_NREJECT; i++) {
         p = ngx_sprintf(p, "hermes_rpc_rejected_total{zone=\"%V\","
                         "reason=\"%V\"} %ui\n", &z,
-                        &ngx_http_hermes_reject_names[i],
+                        &ngx_http_hermes_rpc_reject_names[i],
                         st->rpc_rejected_total[i]);
     }
 

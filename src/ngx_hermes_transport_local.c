@@ -179,6 +179,16 @@ ngx_http_hermes_local_stream_run(ngx_http_hermes_stream_t *st)
     ngx_queue_insert_tail(&ngx_http_hermes_local_streams, &ls->queue);
     ls->queued = 1;
 
+    /* rpc/ too: the cell's tool calls (ngx_hermes_rpc.c) */
+
+    if (st->rpc
+        && ngx_http_hermes_rpc_open(st->rpc, ls->dir_fd,
+                                    ngx_http_hermes_inotify->fd)
+           != NGX_OK)
+    {
+        goto ship_failed;
+    }
+
     ngx_http_hermes_local_stream_name(ls, name, "cell_req");
 
     rc = ngx_http_hermes_local_write_at(ls->cells_fd, (char *) name,
@@ -446,6 +456,20 @@ ngx_http_hermes_local_stream_inotify_handler(ngx_event_t *ev)
             {
                 ls = ngx_queue_data(q, ngx_http_hermes_local_stream_t, queue);
 
+                if (ls->st->rpc && ngx_http_hermes_rpc_wd(ls->st->rpc) == e->wd)
+                {
+                    client = ls->st->client;
+
+                    ngx_http_hermes_rpc_notify(ls->st->rpc, (u_char *) e->name,
+                                               e->len);
+
+                    if (client) {
+                        ngx_http_run_posted_requests(client);
+                    }
+
+                    break;
+                }
+
                 if (ls->wd != e->wd || !ls->st->is_shipped) {
                     continue;
                 }
@@ -495,6 +519,10 @@ ngx_http_hermes_local_stream_inotify_overflow(ngx_log_t *log)
         /* a pump may end its own cell, no other */
         next = ngx_queue_next(q);
         ls = ngx_queue_data(q, ngx_http_hermes_local_stream_t, queue);
+
+        if (ls->st->rpc) {
+            ngx_http_hermes_rpc_scan(ls->st->rpc, 0);
+        }
 
         if (ls->st->is_shipped && ls->wd != -1 && !ls->draining) {
             ls->res_ready = 1;

@@ -215,7 +215,7 @@ ok($st->{cells_total}{error} >= 1, 'cells_total{error} counted');
 is($st->{max_kernels}, 2, 'max_kernels');
 ok($st->{zone_used_bytes} > 0 && $st->{zone_used_bytes} <= $st->{zone_size_bytes},
     'zone bytes');
-ok(exists $st->{rpc_rejected_total}{bad_token}, 'rpc_rejected_total by reason');
+ok(exists $st->{rpc_rejected_total}{token}, 'rpc_rejected_total by reason');
 $r = $t->http('GET', '/v1/status?format=prometheus');
 like($r->{headers}{'content-type'}, qr{^text/plain}, 'prometheus content type');
 like($r->{content}, qr/^hermes_kernels\{zone="kernels"\} \d+$/m, 'prometheus gauge');

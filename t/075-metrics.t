@@ -390,7 +390,7 @@ ok(pv($f2, 'hermes_zone_used_bytes') > 0
    'zone_used_bytes <= zone_size_bytes');
 is(pv($f2, 'hermes_zone_size_bytes'), 1048576, 'zone_size_bytes: 1m');
 is(pv($f2, 'hermes_max_kernels'), 64, 'max_kernels 64');
-ok(defined pv($f2, 'hermes_rpc_rejected_total', reason => 'bad_token'), 'rpc_rejected_total{reason}');
+ok(defined pv($f2, 'hermes_rpc_rejected_total', reason => 'token'), 'rpc_rejected_total{reason}');
 ok(defined pv($f2, 'hermes_tool_calls_total'), 'tool_calls_total');
 
 for my $name (qw(hermes_zone_used_bytes hermes_zone_size_bytes hermes_kernels hermes_running

@@ -4,12 +4,25 @@
     hermes_tools.call("web_search", {"query": "nginx"})
     hermes_tools.web_search(query="nginx")          # the same call
 
+Only the tools the gateway enables (hermes_tools) are there: the runner
+sets them before each cell; any other name raises at once, naming the
+enabled ones.
+
 A call writes D/rpc/req_NNNNNN (tmp + rename, 0600)
     {"tool": ..., "args": {...}, "seq": N, "token": ...}
 and waits for the module's D/rpc/res_NNNNNN
     {"seq": N, "ok": bool, "result": ..., "error": str|null}
 which it reads and deletes.  D is the directory holding this file.  The
-token is set by kernel_runner.py (it is not in the environment).
+token is set by kernel_runner.py (it is not in the environment).  The wait
+sleeps on an inotify watch of D/rpc (no polling); only where inotify is
+not available does it fall back to polling.
+
+An answer too large for the gateway's hermes_max_output comes as
+    {"seq": N, "ok": true, "result": null, "error": null,
+     "archived": {"path": "tool_results/...", "bytes": B, "head": str,
+                  "tail": str}}
+and the call returns a LargeResult: the file's absolute path, its size and
+a head/tail preview; .load() reads the whole answer.
 
 seq counts per process from 1.  A forked child continues its parent's
 count, so make tool calls from one process of a fork family at a time.
@@ -18,24 +31,74 @@ count, so make tool calls from one process of a fork family at a time.
 import errno
 import json
 import os
+import select
 import stat
 import threading
 import time
 
-__all__ = ["call", "ToolError"]
+__all__ = ["call", "ToolError", "ToolNotEnabled", "LargeResult"]
 
 _DIR = os.path.dirname(os.path.abspath(__file__))
 _RPC = os.path.join(_DIR, "rpc")
 # globals().get: importlib.reload() keeps the token and the count.
 _token = globals().get("_token")
 _seq = globals().get("_seq", 0)
+# The enabled tool names (a tuple), set by the runner for each cell; None
+# outside a hermes kernel (no check here: the gateway checks anyway).
+_allowed = globals().get("_allowed")
 _lock = threading.Lock()
 
-POLL_FIRST, POLL_MAX = 0.0005, 0.02
+POLL_FIRST, POLL_MAX = 0.0005, 0.02     # only without inotify
+
+_IN_CLOSE_WRITE, _IN_MOVED_TO = 0x8, 0x80
+_libc = None
 
 
 class ToolError(Exception):
     """The tool failed, was refused, or did not answer in time."""
+
+
+class ToolNotEnabled(ToolError, AttributeError):
+    """The name is not one of the tools the gateway enables."""
+
+
+class LargeResult(dict):
+    """A tool answer over the gateway's hermes_max_output, archived in the
+    kernel dir: path, bytes, head, tail.  load() gives the answer."""
+
+    path = property(lambda self: self["path"])
+
+    def load(self):
+        data = _read_regular(self["path"])
+        if data is None:
+            raise ToolError("the archived tool answer is not a regular file")
+        return json.loads(data)
+
+
+def _not_enabled(name):
+    names = ", ".join(_allowed) if _allowed else "none"
+    return ToolNotEnabled("tool %r is not enabled here; enabled tools: %s"
+                          % (name, names))
+
+
+def _watch():
+    """An inotify fd watching D/rpc for files renamed or written into it,
+    or -1 (no ctypes, no inotify: the caller polls instead)."""
+    global _libc
+    try:
+        import ctypes
+        if _libc is None:
+            _libc = ctypes.CDLL(None, use_errno=True)
+        fd = _libc.inotify_init1(os.O_NONBLOCK | os.O_CLOEXEC)
+        if fd < 0:
+            return -1
+        if _libc.inotify_add_watch(fd, os.fsencode(_RPC),
+                                   _IN_CLOSE_WRITE | _IN_MOVED_TO) < 0:
+            os.close(fd)
+            return -1
+        return fd
+    except Exception:
+        return -1
 
 
 def _write_atomic(path, data):
@@ -88,32 +151,26 @@ def call(tool, args=None, timeout=300):
         args = {}
     if not isinstance(args, dict):
         raise TypeError("args must be a dict")
+    if _allowed is not None and tool not in _allowed:
+        raise _not_enabled(tool)
     if _token is None:
         raise ToolError("no RPC token: not running in a hermes kernel")
     body = {"tool": tool, "args": args, "seq": 0, "token": _token}
     with _lock:
         _seq += 1
         seq = body["seq"] = _seq
+    data = json.dumps(body).encode()        # ASCII: no encoding trouble
     req = os.path.join(_RPC, "req_%06d" % seq)
     res = os.path.join(_RPC, "res_%06d" % seq)
-    _write_atomic(req, json.dumps(body).encode())   # ASCII: no encoding trouble
 
-    deadline = time.monotonic() + timeout
-    delay = POLL_FIRST
-    while True:
-        try:
-            data = _read_regular(res)
-            break
-        except FileNotFoundError:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                try:
-                    os.unlink(req)     # not picked up yet: withdraw it
-                except OSError:
-                    pass
-                raise ToolError("tool call timed out") from None
-            time.sleep(min(delay, left))
-            delay = min(delay * 2, POLL_MAX)
+    # The watch before the request: the answer cannot slip in between.
+    fd = _watch()
+    try:
+        _write_atomic(req, data)
+        data = _wait(req, res, fd, time.monotonic() + timeout)
+    finally:
+        if fd >= 0:
+            os.close(fd)
     try:
         os.unlink(res)
     except OSError:
@@ -132,8 +189,38 @@ def call(tool, args=None, timeout=300):
             or not isinstance(msg.get("error"), (str, type(None)))):
         raise ToolError("malformed tool response")
     if msg["ok"]:
+        a = msg.get("archived")
+        if isinstance(a, dict) and isinstance(a.get("path"), str):
+            return LargeResult(a, path=os.path.join(_DIR, a["path"]))
         return msg.get("result")
     raise ToolError(msg.get("error") or "tool call failed")
+
+
+def _wait(req, res, fd, deadline):
+    """The answer's bytes (None: not a regular file), woken by inotify."""
+    delay = POLL_FIRST
+    while True:
+        try:
+            return _read_regular(res)
+        except FileNotFoundError:
+            pass
+        left = deadline - time.monotonic()
+        if left <= 0:
+            try:
+                os.unlink(req)     # not picked up yet: withdraw it
+            except OSError:
+                pass
+            raise ToolError("tool call timed out")
+        if fd < 0:
+            time.sleep(min(delay, left))
+            delay = min(delay * 2, POLL_MAX)
+            continue
+        if select.select([fd], [], [], left)[0]:
+            try:
+                while os.read(fd, 65536):
+                    pass
+            except BlockingIOError:
+                pass
 
 
 def __getattr__(name):
@@ -141,6 +228,8 @@ def __getattr__(name):
     Use call() to pass a timeout."""
     if name.startswith("_"):   # __path__, __wrapped__, ...: not tools
         raise AttributeError("module 'hermes_tools' has no attribute %r" % name)
+    if _allowed is not None and name not in _allowed:
+        raise _not_enabled(name)
 
     def tool(args=None, /, **kwargs):
         if args is not None and kwargs:
@@ -149,3 +238,7 @@ def __getattr__(name):
 
     tool.__name__ = tool.__qualname__ = name
     return tool
+
+
+def __dir__():
+    return sorted(set(__all__) | set(_allowed or ()))

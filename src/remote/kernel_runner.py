@@ -12,6 +12,8 @@ the FIFO D/wake only says "look at cells/ now".
     D/cells/cell_out_N           NDJSON events, appended while the cell runs
     D/cells/cell_res_N.json      the result, written last (tmp + rename)
     D/cells/reserve.tmp          disk space kept for the next result
+    D/rpc/req_N, res_N           tool calls (hermes_tools.py); swept before
+                                 each cell: a call's authority is its cell's
 
 Files we write are 0600 and renamed into place; N is %06d (more digits past
 999999).  Python 3 stdlib only: this runs on any kernel host.
@@ -36,6 +38,7 @@ import traceback
 
 D = os.path.dirname(os.path.abspath(__file__))
 CELLS = os.path.join(D, "cells")
+RPC = os.path.join(D, "rpc")
 
 # Make `import hermes_tools` work in cells, and share its module object.
 # We run as `python3 -I`, so D is not on sys.path by itself; it goes last,
@@ -72,6 +75,7 @@ DISK_FULL = "the kernel host's disk is full"
 _FULL = (errno.ENOSPC, errno.EDQUOT)
 
 _REQ = re.compile(r"cell_req_(\d{6,})\.json")
+_RPC_FILE = re.compile(r"(?:req|res)_\d{6,}")
 _CELL_FILE = re.compile(r"cell_(?:req|out|res)_(\d{6,})(?:\.json)?(?:\.tmp)?")
 _SURROGATES = re.compile("[\ud800-\udfff]")
 
@@ -1006,6 +1010,30 @@ def _remove_older(n):
                 pass
 
 
+def _sweep_rpc():
+    # Requests and answers left by an earlier cell (a thread still calling
+    # after it ended): they are not this cell's to make or take.  A .tmp
+    # is nobody's request yet (and may be being written right now).
+    try:
+        names = os.listdir(RPC)
+    except OSError:
+        return
+    for name in names:
+        if _RPC_FILE.fullmatch(name):
+            try:
+                os.unlink(os.path.join(RPC, name))
+            except OSError:
+                pass
+
+
+def _tools(req):
+    """The tool names the gateway enables for this cell (None: not said)."""
+    tools = req.get("tools")
+    if not isinstance(tools, list):
+        return None
+    return tuple(t for t in tools if isinstance(t, str))
+
+
 def _open_out(n):
     path = _cell_path("out", n)
     flags = os.O_CREAT | os.O_EXCL | os.O_WRONLY | os.O_APPEND | os.O_CLOEXEC
@@ -1052,6 +1080,8 @@ def _process(n, path):
         req, bad = _read_req(path), None
     except (OSError, ValueError) as e:
         req, bad = {}, "bad cell request: %s" % e
+    hermes_tools._allowed = _tools(req)
+    _sweep_rpc()
     max_output = _int(req.get("max_output"), DEFAULT_MAX_OUTPUT)
     resv = _reserve(n, min(7 * max_output + RESULT_SLACK, RESERVE_MAX))
     sink = _Sink(_open_out(n), max_output,

@@ -698,7 +698,8 @@ class RunnerTest(unittest.TestCase):
                    "try:\n    hermes_tools.web_search(query='x')\n"
                    "except hermes_tools.ToolError as e:\n    print('ToolError:', e)\n"
                    "try:\n    hermes_tools.call('slow', timeout=0.05)\n"
-                   "except hermes_tools.ToolError as e:\n    print('ToolError:', e)\n")
+                   "except hermes_tools.ToolError as e:\n    print('ToolError:', e)\n",
+                   tools=["echo", "web_search", "slow"])
 
         def answer(seq, tool, args, reply):
             req = os.path.join(k.rpc, "req_%06d" % seq)
@@ -719,6 +720,34 @@ class RunnerTest(unittest.TestCase):
                                       "ToolError: tool call timed out\n")
         self.assertEqual(os.listdir(k.rpc), [])    # res read and removed,
                                                    # the timed-out req withdrawn
+
+    def test_only_enabled_tools_and_at_once(self):
+        k = self.kernel()
+        t0 = time.monotonic()
+        r = k.run("print(sorted(n for n in dir(hermes_tools) if n.islower()))\n"
+                  "try:\n    hermes_tools.rm_rf(path='/')\n"
+                  "except hermes_tools.ToolError as e:\n    print(e)\n"
+                  "print(hasattr(hermes_tools, 'rm_rf'))\n"
+                  "try:\n    hermes_tools.call('rm_rf', {})\n"
+                  "except hermes_tools.ToolNotEnabled as e:\n    print(e)\n",
+                  tools=["web_search", "echo"])
+        self.assertLess(time.monotonic() - t0, 3)
+        msg = "tool 'rm_rf' is not enabled here; enabled tools: web_search, echo\n"
+        self.assertEqual(r["output"], "['call', 'echo', 'web_search']\n" + msg
+                         + "False\n" + msg, r)
+        self.assertEqual(os.listdir(k.rpc), [])     # nothing was asked
+        r = k.run("try:\n    hermes_tools.echo()\n"
+                  "except hermes_tools.ToolError as e:\n    print(e)\n", tools=[])
+        self.assertEqual(r["output"],
+                         "tool 'echo' is not enabled here; enabled tools: none\n")
+
+    def test_leftover_rpc_files_are_swept_before_each_cell(self):
+        k = self.kernel()
+        for name in ("req_000007", "res_000003", "req_000009.tmp", "keep.txt"):
+            _write_atomic(os.path.join(k.rpc, name), b"{}")
+        r = k.run("print(1)", tools=[])
+        self.assertEqual(r["status"], "success")
+        self.assertEqual(sorted(os.listdir(k.rpc)), ["keep.txt", "req_000009.tmp"])
 
     def test_tools_client_outside_a_kernel(self):
         import importlib.util
@@ -787,6 +816,36 @@ class ToolsClientTest(unittest.TestCase):
                 self.fail("the client hung on a %s response" % kind)
             self.assertEqual(got, [("ToolError", "malformed tool response")], kind)
             self.assertFalse(os.path.lexists(res))
+
+    def test_the_wait_is_woken_not_polled(self):
+        import threading
+        mod, rpc = self.client()
+        mod.POLL_FIRST = mod.POLL_MAX = 30.0     # a poll would sleep 30 s
+
+        def answer():
+            time.sleep(0.2)
+            _write_atomic(os.path.join(rpc, "res_000001"),
+                          b'{"seq":1,"ok":true,"result":5,"error":null}')
+
+        threading.Thread(target=answer, daemon=True).start()
+        t0 = time.monotonic()
+        self.assertEqual(mod.call("t", {}, timeout=60), 5)
+        self.assertLess(time.monotonic() - t0, 5)
+
+    def test_archived_answer(self):
+        mod, rpc = self.client()
+        d = os.path.dirname(rpc)
+        os.mkdir(os.path.join(d, "tool_results"), 0o700)
+        _write_atomic(os.path.join(d, "tool_results", "a.json"), b'{"big": [1, 2]}')
+        _write_atomic(os.path.join(rpc, "res_000001"), json.dumps(
+            {"seq": 1, "ok": True, "result": None, "error": None,
+             "archived": {"path": "tool_results/a.json", "bytes": 15,
+                          "head": '{"big"', "tail": "2]}"}}).encode())
+        r = mod.call("t", {}, timeout=2)
+        self.assertIsInstance(r, mod.LargeResult)
+        self.assertEqual(r.path, os.path.join(d, "tool_results", "a.json"))
+        self.assertEqual((r["bytes"], r["head"], r["tail"]), (15, '{"big"', "2]}"))
+        self.assertEqual(r.load(), {"big": [1, 2]})
 
     def test_good_responses(self):
         self.assertEqual(self.answer(b'{"seq":1,"ok":true,"result":[1],"error":null}'),

@@ -1,0 +1,3049 @@
+
+/*
+ * ngx_hermes: tool calls from a cell's code, over its kernel's file RPC.
+ *
+ * hermes_tools.py writes rpc/req_N ({"tool","args","seq","token"}).  Each
+ * request is read once (non-blocking, no-follow, bounded), removed, then
+ * checked in this order: a well-formed JSON object, the kernel's token
+ * (constant time), seq a positive integer that is the file's own number,
+ * and not seen before in this cell.  A request failing any of these is
+ * never dispatched and never answered, only counted by reason: whoever
+ * wrote it does not hold the token, or is replaying.  Then the allow-list
+ * and the cell's budget, whose failures are answered (the code's own
+ * mistakes), then the call: a background subrequest to hermes_tools_pass,
+ * its answer captured in memory by the filters here, written to
+ * rpc/res_N (0600, tmp + rename) for hermes_tools.py to take.
+ *
+ * The calls run as subrequests of the cell's request: a call made after
+ * its client left, or one in flight when it leaves, is answered with a
+ * ToolError saying so (the cell goes on).  A cell's authority ends with
+ * the cell: calls still in flight then are forgotten, never answered.
+ */
+
+
+#include "ngx_hermes.h"
+
+#include <sodium.h>
+#include <sys/inotify.h>
+#include <yajl/yajl_gen.h>
+#include <yajl/yajl_parse.h>
+#include <yajl/yajl_tree.h>
+
+
+#define NGX_HTTP_HERMES_RPC_DEPTH      64     /* nesting of a request */
+#define NGX_HTTP_HERMES_RPC_TOOL_MAX   128
+#define NGX_HTTP_HERMES_RPC_ERROR_MAX  1024   /* of a message passed on */
+#define NGX_HTTP_HERMES_RPC_SCAN_MAX   1024   /* names a scan looks at */
+#define NGX_HTTP_HERMES_RPC_SEEN_MORE  64     /* seqs kept past the budget */
+
+#define NGX_HTTP_HERMES_RPC_PEERS      16     /* MCP servers a worker knows */
+
+#define NGX_HTTP_HERMES_MCP_VERSION    "2025-06-18"
+
+/* a call's MCP steps; 0: the hermes protocol, one POST */
+#define NGX_HTTP_HERMES_MCP_INIT       1
+#define NGX_HTTP_HERMES_MCP_NOTIFY     2
+#define NGX_HTTP_HERMES_MCP_LIST       3
+#define NGX_HTTP_HERMES_MCP_CALL       4
+
+#define NGX_HTTP_HERMES_RPC_KEY_TOOL   0x01
+#define NGX_HTTP_HERMES_RPC_KEY_ARGS   0x02
+#define NGX_HTTP_HERMES_RPC_KEY_SEQ    0x04
+#define NGX_HTTP_HERMES_RPC_KEY_TOKEN  0x08
+
+
+struct ngx_http_hermes_rpc_s {
+    ngx_pool_t                     *pool;
+    ngx_log_t                      *log;
+    ngx_http_request_t             *r;          /* NULL: the client left */
+    ngx_http_hermes_loc_conf_t     *hlcf;
+    ngx_http_hermes_zone_t         *zone;
+    ngx_http_hermes_kernel_ref_t   *ref;
+
+    ngx_fd_t                        dir_fd;     /* the cell's, verified */
+    ngx_fd_t                        rpc_fd;
+    int                             ifd;        /* the worker's inotify */
+    int                             wd;
+
+    u_char                          token[2 * NGX_HTTP_HERMES_TOKEN_LEN];
+
+    uint64_t                       *seen;
+    ngx_uint_t                      nseen;
+    ngx_uint_t                      seen_max;
+
+    ngx_uint_t                      calls;      /* dispatched */
+    ngx_queue_t                     inflight;   /* ngx_http_hermes_rpc_call_t */
+
+    ngx_http_hermes_rpc_event_pt    event;
+    void                           *data;
+};
+
+
+/*
+ * An MCP server as this worker knows it (by its hermes_tools_pass URI):
+ * its session, its protocol version, and its tools for "hermes_tools auto"
+ * (until the worker exits: a reload refreshes them).
+ */
+
+typedef struct {
+    ngx_str_t                       uri;
+    u_char                          session[256];
+    size_t                          session_len;
+    u_char                          version[32];
+    size_t                          version_len;
+    u_char                         *tools;      /* names, NUL-separated */
+    size_t                          tools_len;
+    unsigned                        ready:1;
+    unsigned                        listed:1;
+} ngx_http_hermes_rpc_peer_t;
+
+
+/* one call, in the request's pool: it lives as long as its subrequests */
+
+typedef struct {
+    ngx_queue_t                     queue;
+    ngx_http_hermes_rpc_t          *rpc;        /* NULL: nobody waits */
+    ngx_http_request_t             *sr;         /* the one running */
+    uint64_t                        seq;
+    ngx_str_t                       tool;
+    ngx_str_t                       args;
+    ngx_msec_t                      start;
+    ngx_uint_t                      status;     /* of the endpoint */
+    u_char                         *body;
+    size_t                          len;
+    size_t                          size;
+    size_t                          cap;
+    ngx_http_hermes_rpc_peer_t     *peer;       /* MCP */
+    ngx_uint_t                      step;
+    ngx_str_t                       session;    /* Mcp-Session-Id got */
+    ngx_str_t                       err;        /* an MCP step's word */
+    u_char                          err_buf[NGX_HTTP_HERMES_RPC_ERROR_MAX];
+    unsigned                        too_big:1;
+    unsigned                        sse:1;
+    unsigned                        used_session:1;
+    unsigned                        retried:1;
+} ngx_http_hermes_rpc_call_t;
+
+
+/* the parser's state: the top-level keys we know, raw */
+
+typedef struct {
+    yajl_handle                     h;
+    u_char                         *start;
+    ngx_uint_t                      depth;
+    ngx_uint_t                      key;        /* at depth 1: which */
+    ngx_uint_t                      keys;       /* seen, a bit each */
+    ngx_http_hermes_rpc_req_t      *req;
+    unsigned                        root_map:1;
+    unsigned                        in_args:1;
+} ngx_http_hermes_rpc_parse_t;
+
+
+static int ngx_http_hermes_rpc_p_null(void *ctx);
+static int ngx_http_hermes_rpc_p_bool(void *ctx, int b);
+static int ngx_http_hermes_rpc_p_number(void *ctx, const char *s, size_t len);
+static int ngx_http_hermes_rpc_p_string(void *ctx, const unsigned char *s,
+    size_t len);
+static int ngx_http_hermes_rpc_p_start(void *ctx);
+static int ngx_http_hermes_rpc_p_key(void *ctx, const unsigned char *s,
+    size_t len);
+static int ngx_http_hermes_rpc_p_end(void *ctx);
+static int ngx_http_hermes_rpc_p_scalar(ngx_http_hermes_rpc_parse_t *p,
+    ngx_uint_t type, const u_char *s, size_t len);
+static ngx_int_t ngx_http_hermes_rpc_seq_value(u_char *s, size_t len,
+    uint64_t *seq);
+static void ngx_http_hermes_rpc_close(ngx_http_hermes_rpc_t *rpc);
+static ngx_int_t ngx_http_hermes_rpc_file(ngx_http_hermes_rpc_t *rpc,
+    u_char *name);
+static void ngx_http_hermes_rpc_take(ngx_http_hermes_rpc_t *rpc,
+    ngx_http_hermes_rpc_req_t *req);
+static ngx_int_t ngx_http_hermes_rpc_dispatch(ngx_http_hermes_rpc_t *rpc,
+    ngx_http_hermes_rpc_req_t *req);
+static ngx_int_t ngx_http_hermes_rpc_subrequest(ngx_http_hermes_rpc_t *rpc,
+    ngx_http_hermes_rpc_call_t *call);
+static ngx_buf_t *ngx_http_hermes_rpc_body(ngx_http_hermes_rpc_t *rpc,
+    ngx_http_hermes_rpc_call_t *call);
+static ngx_int_t ngx_http_hermes_rpc_header(ngx_http_request_t *sr,
+    char *key, u_char *value, size_t len);
+static ngx_uint_t ngx_http_hermes_rpc_status(ngx_http_hermes_rpc_call_t *call,
+    ngx_int_t rc);
+static ngx_http_hermes_rpc_peer_t *ngx_http_hermes_rpc_peer(ngx_str_t *uri);
+static ngx_int_t ngx_http_hermes_rpc_peer_has(ngx_http_hermes_rpc_peer_t *peer,
+    ngx_str_t *name);
+static ngx_int_t ngx_http_hermes_rpc_mcp_next(ngx_http_hermes_rpc_t *rpc,
+    ngx_http_hermes_rpc_call_t *call, ngx_int_t rc);
+static ngx_int_t ngx_http_hermes_rpc_mcp_answer(ngx_http_hermes_rpc_t *rpc,
+    ngx_http_hermes_rpc_call_t *call);
+static yajl_val ngx_http_hermes_rpc_mcp_parse(ngx_http_hermes_rpc_t *rpc,
+    ngx_http_hermes_rpc_call_t *call);
+static yajl_val ngx_http_hermes_rpc_json(ngx_pool_t *pool, u_char *data,
+    size_t len);
+static void ngx_http_hermes_rpc_gen(yajl_gen g, yajl_val v);
+static void ngx_http_hermes_rpc_call_error(ngx_http_hermes_rpc_call_t *call,
+    const char *fmt, ...);
+static ngx_int_t ngx_http_hermes_rpc_done(ngx_http_request_t *sr, void *data,
+    ngx_int_t rc);
+static void ngx_http_hermes_rpc_outcome(ngx_http_hermes_rpc_t *rpc,
+    ngx_http_hermes_rpc_call_t *call, ngx_int_t rc);
+static void ngx_http_hermes_rpc_message(u_char *body, size_t len,
+    ngx_str_t *msg);
+static ngx_int_t ngx_http_hermes_rpc_answer_ok(ngx_http_hermes_rpc_t *rpc,
+    uint64_t seq, u_char *body, size_t len);
+static ngx_int_t ngx_http_hermes_rpc_archive(ngx_http_hermes_rpc_t *rpc,
+    uint64_t seq, u_char *body, size_t len);
+static void ngx_http_hermes_rpc_answer_error(ngx_http_hermes_rpc_t *rpc,
+    uint64_t seq, u_char *fmt, ...);
+static ngx_int_t ngx_http_hermes_rpc_write(ngx_http_hermes_rpc_t *rpc,
+    uint64_t seq, u_char *data, size_t len);
+static void ngx_http_hermes_rpc_emit(ngx_http_hermes_rpc_t *rpc,
+    const char *type, ngx_str_t *tool, uint64_t seq, ngx_int_t ok,
+    ngx_msec_t ms);
+static size_t ngx_http_hermes_rpc_utf8_cut(u_char *p, size_t len,
+    ngx_uint_t back);
+static ngx_http_hermes_rpc_call_t *ngx_http_hermes_rpc_call(
+    ngx_http_request_t *r);
+static ngx_int_t ngx_http_hermes_rpc_header_filter(ngx_http_request_t *r);
+static ngx_int_t ngx_http_hermes_rpc_body_filter(ngx_http_request_t *r,
+    ngx_chain_t *in);
+static void ngx_http_hermes_rpc_schema_function(yajl_gen g, u_char *desc,
+    size_t len, const char *params);
+static void ngx_http_hermes_rpc_schema_property(yajl_gen g, const char *name,
+    const char *type, const char *desc);
+
+
+static yajl_callbacks  ngx_http_hermes_rpc_callbacks = {
+    ngx_http_hermes_rpc_p_null,
+    ngx_http_hermes_rpc_p_bool,
+    NULL,
+    NULL,
+    ngx_http_hermes_rpc_p_number,
+    ngx_http_hermes_rpc_p_string,
+    ngx_http_hermes_rpc_p_start,
+    ngx_http_hermes_rpc_p_key,
+    ngx_http_hermes_rpc_p_end,
+    ngx_http_hermes_rpc_p_start,
+    ngx_http_hermes_rpc_p_end
+};
+
+
+ngx_str_t  ngx_http_hermes_rpc_reject_names[] = {
+    ngx_string("malformed"),
+    ngx_string("token"),
+    ngx_string("seq"),
+    ngx_string("replay"),
+    ngx_null_string
+};
+
+
+static ngx_http_output_header_filter_pt  ngx_http_next_header_filter;
+static ngx_http_output_body_filter_pt    ngx_http_next_body_filter;
+
+
+/*
+ * The checks, pure: NGX_OK, or NGX_DECLINED with req->reject the reason
+ * (ngx_http_hermes_rpc_reject_e), or NGX_ERROR (no memory).  token is the
+ * kernel's token as its hex text; seen holds the seqs of this cell.
+ */
+
+ngx_int_t
+ngx_http_hermes_rpc_check(u_char *data, size_t len, uint64_t name_seq,
+    u_char *token, size_t token_len, uint64_t *seen, ngx_uint_t nseen,
+    ngx_http_hermes_rpc_req_t *req)
+{
+    ngx_uint_t                   i;
+    yajl_status                  st;
+    ngx_http_hermes_rpc_parse_t  p;
+
+    ngx_memzero(req, sizeof(ngx_http_hermes_rpc_req_t));
+
+    /* 1. a JSON object, with each of our keys at most once */
+
+    req->reject = NGX_HTTP_HERMES_RPC_MALFORMED;
+
+    if (ngx_strlchr(data, data + len, '\0') != NULL) {
+        return NGX_DECLINED;
+    }
+
+    ngx_memzero(&p, sizeof(ngx_http_hermes_rpc_parse_t));
+    p.start = data;
+    p.req = req;
+
+    p.h = yajl_alloc(&ngx_http_hermes_rpc_callbacks, NULL, &p);
+    if (p.h == NULL) {
+        return NGX_ERROR;
+    }
+
+    st = yajl_parse(p.h, data, len);
+    if (st == yajl_status_ok) {
+        st = yajl_complete_parse(p.h);
+    }
+
+    yajl_free(p.h);
+
+    if (st != yajl_status_ok || !p.root_map) {
+        return NGX_DECLINED;
+    }
+
+    /* 2. the token: its length is no secret, its bytes are */
+
+    req->reject = NGX_HTTP_HERMES_RPC_BAD_TOKEN;
+
+    if (req->token_type != NGX_HTTP_HERMES_RPC_STRING
+        || req->token.len != token_len
+        || sodium_memcmp(req->token.data, token, token_len) != 0)
+    {
+        return NGX_DECLINED;
+    }
+
+    /* 3. seq: a JSON integer (not "1", 1.5, 1e0 or true), the file's */
+
+    req->reject = NGX_HTTP_HERMES_RPC_BAD_SEQ;
+
+    if (req->seq_type != NGX_HTTP_HERMES_RPC_NUMBER
+        || ngx_http_hermes_rpc_seq_value(req->seq_text.data,
+                                         req->seq_text.len, &req->seq)
+           != NGX_OK
+        || req->seq != name_seq)
+    {
+        return NGX_DECLINED;
+    }
+
+    /* 4. once in a cell */
+
+    req->reject = NGX_HTTP_HERMES_RPC_REPLAY;
+
+    for (i = 0; i < nseen; i++) {
+        if (seen[i] == req->seq) {
+            return NGX_DECLINED;
+        }
+    }
+
+    req->reject = NGX_HTTP_HERMES_RPC_NREJECT;
+
+    return NGX_OK;
+}
+
+
+/* digits only, no leading zero, at least 1: what hermes_tools.py writes */
+
+static ngx_int_t
+ngx_http_hermes_rpc_seq_value(u_char *s, size_t len, uint64_t *seq)
+{
+    size_t    i;
+    uint64_t  v;
+
+    if (len == 0 || len > 15 || s[0] < '1' || s[0] > '9') {
+        return NGX_DECLINED;
+    }
+
+    v = 0;
+
+    for (i = 0; i < len; i++) {
+        if (s[i] < '0' || s[i] > '9') {
+            return NGX_DECLINED;
+        }
+
+        v = v * 10 + (s[i] - '0');
+    }
+
+    *seq = v;
+
+    return NGX_OK;
+}
+
+
+/* the number a file name "req_NNNNNN" carries, or 0 for any other name */
+
+uint64_t
+ngx_http_hermes_rpc_name_seq(u_char *name, size_t len)
+{
+    uint64_t  seq;
+
+    if (len < sizeof("req_000000") - 1 || ngx_strncmp(name, "req_", 4) != 0) {
+        return 0;
+    }
+
+    name += 4;
+    len -= 4;
+
+    /* %06d: six digits at least, leading zeros only to pad */
+
+    if (len > 6) {
+        if (name[0] == '0') {
+            return 0;
+        }
+
+        return ngx_http_hermes_rpc_seq_value(name, len, &seq) == NGX_OK
+               ? seq : 0;
+    }
+
+    while (len > 1 && name[0] == '0') {
+        name++;
+        len--;
+    }
+
+    return ngx_http_hermes_rpc_seq_value(name, len, &seq) == NGX_OK ? seq : 0;
+}
+
+
+static int
+ngx_http_hermes_rpc_p_scalar(ngx_http_hermes_rpc_parse_t *p, ngx_uint_t type,
+    const u_char *s, size_t len)
+{
+    u_char                     *copy;
+    ngx_http_hermes_rpc_req_t  *req;
+
+    if (p->depth == 0) {
+        return 0;               /* not an object */
+    }
+
+    if (p->depth > 1) {
+        return 1;
+    }
+
+    req = p->req;
+
+    switch (p->key) {
+
+    case NGX_HTTP_HERMES_RPC_KEY_TOOL:
+        req->tool_type = type;
+
+        if (type == NGX_HTTP_HERMES_RPC_STRING) {
+            if (len > NGX_HTTP_HERMES_RPC_TOOL_MAX) {
+                len = NGX_HTTP_HERMES_RPC_TOOL_MAX + 1;     /* too long */
+            }
+
+            ngx_memcpy(req->tool_buf, s, ngx_min(len, sizeof(req->tool_buf)));
+            req->tool.data = req->tool_buf;
+            req->tool.len = len;
+        }
+
+        break;
+
+    case NGX_HTTP_HERMES_RPC_KEY_ARGS:
+        req->args_type = type;
+        break;
+
+    case NGX_HTTP_HERMES_RPC_KEY_SEQ:
+        req->seq_type = type;
+
+        if (type == NGX_HTTP_HERMES_RPC_NUMBER) {
+            if (len > sizeof(req->seq_buf)) {
+                len = sizeof(req->seq_buf);     /* too long to be ours */
+            }
+
+            ngx_memcpy(req->seq_buf, s, len);
+            req->seq_text.data = req->seq_buf;
+            req->seq_text.len = len;
+        }
+
+        break;
+
+    case NGX_HTTP_HERMES_RPC_KEY_TOKEN:
+        req->token_type = type;
+
+        if (type == NGX_HTTP_HERMES_RPC_STRING) {
+            copy = req->token_buf;
+            len = ngx_min(len, sizeof(req->token_buf));
+            ngx_memcpy(copy, s, len);
+            req->token.data = copy;
+            req->token.len = len;
+        }
+
+        break;
+    }
+
+    return 1;
+}
+
+
+static int
+ngx_http_hermes_rpc_p_null(void *ctx)
+{
+    return ngx_http_hermes_rpc_p_scalar(ctx, NGX_HTTP_HERMES_RPC_OTHER,
+                                        NULL, 0);
+}
+
+
+static int
+ngx_http_hermes_rpc_p_bool(void *ctx, int b)
+{
+    return ngx_http_hermes_rpc_p_scalar(ctx, NGX_HTTP_HERMES_RPC_OTHER,
+                                        NULL, 0);
+}
+
+
+static int
+ngx_http_hermes_rpc_p_number(void *ctx, const char *s, size_t len)
+{
+    return ngx_http_hermes_rpc_p_scalar(ctx, NGX_HTTP_HERMES_RPC_NUMBER,
+                                        (const u_char *) s, len);
+}
+
+
+static int
+ngx_http_hermes_rpc_p_string(void *ctx, const unsigned char *s, size_t len)
+{
+    return ngx_http_hermes_rpc_p_scalar(ctx, NGX_HTTP_HERMES_RPC_STRING,
+                                        s, len);
+}
+
+
+static int
+ngx_http_hermes_rpc_p_start(void *ctx)
+{
+    ngx_http_hermes_rpc_parse_t *p = ctx;
+
+    size_t  off;
+
+    if (p->depth == 0) {
+        /* the top: an object, not an array */
+        off = yajl_get_bytes_consumed(p->h);
+
+        if (off == 0 || p->start[off - 1] != '{') {
+            return 0;
+        }
+
+        p->root_map = 1;
+
+    } else if (p->depth == 1) {
+        off = yajl_get_bytes_consumed(p->h);
+
+        if (p->key == NGX_HTTP_HERMES_RPC_KEY_TOOL) {
+            p->req->tool_type = NGX_HTTP_HERMES_RPC_OTHER;
+
+        } else if (p->key == NGX_HTTP_HERMES_RPC_KEY_SEQ) {
+            p->req->seq_type = NGX_HTTP_HERMES_RPC_OTHER;
+
+        } else if (p->key == NGX_HTTP_HERMES_RPC_KEY_TOKEN) {
+            p->req->token_type = NGX_HTTP_HERMES_RPC_OTHER;
+
+        } else if (p->key == NGX_HTTP_HERMES_RPC_KEY_ARGS) {
+            if (off && p->start[off - 1] == '{') {
+                p->req->args_type = NGX_HTTP_HERMES_RPC_OBJECT;
+                p->req->args.data = p->start + off - 1;
+                p->in_args = 1;
+
+            } else {
+                p->req->args_type = NGX_HTTP_HERMES_RPC_OTHER;
+            }
+        }
+    }
+
+    if (++p->depth > NGX_HTTP_HERMES_RPC_DEPTH) {
+        return 0;
+    }
+
+    return 1;
+}
+
+
+static int
+ngx_http_hermes_rpc_p_end(void *ctx)
+{
+    ngx_http_hermes_rpc_parse_t *p = ctx;
+
+    size_t  off;
+
+    p->depth--;
+
+    if (p->depth == 1 && p->in_args) {
+        off = yajl_get_bytes_consumed(p->h);
+        p->req->args.len = p->start + off - p->req->args.data;
+        p->in_args = 0;
+    }
+
+    return 1;
+}
+
+
+static int
+ngx_http_hermes_rpc_p_key(void *ctx, const unsigned char *s, size_t len)
+{
+    ngx_http_hermes_rpc_parse_t *p = ctx;
+
+    ngx_uint_t  key;
+
+    if (p->depth != 1) {
+        return 1;
+    }
+
+    key = 0;
+
+    if (len == 4 && ngx_strncmp(s, "tool", 4) == 0) {
+        key = NGX_HTTP_HERMES_RPC_KEY_TOOL;
+
+    } else if (len == 4 && ngx_strncmp(s, "args", 4) == 0) {
+        key = NGX_HTTP_HERMES_RPC_KEY_ARGS;
+
+    } else if (len == 3 && ngx_strncmp(s, "seq", 3) == 0) {
+        key = NGX_HTTP_HERMES_RPC_KEY_SEQ;
+
+    } else if (len == 5 && ngx_strncmp(s, "token", 5) == 0) {
+        key = NGX_HTTP_HERMES_RPC_KEY_TOKEN;
+    }
+
+    if (key & p->keys) {
+        /* a key twice: which one would count is a matter of taste */
+        return 0;
+    }
+
+    p->keys |= key;
+    p->key = key;
+
+    return 1;
+}
+
+
+/* the cell's RPC: its request, its kernel, its callbacks */
+
+ngx_http_hermes_rpc_t *
+ngx_http_hermes_rpc_create(ngx_pool_t *pool, ngx_http_request_t *r,
+    ngx_http_hermes_loc_conf_t *hlcf, ngx_http_hermes_kernel_ref_t *ref,
+    ngx_http_hermes_rpc_event_pt event, void *data, ngx_log_t *log)
+{
+    u_char                  hex[2 * NGX_HTTP_HERMES_TOKEN_LEN + 1];
+    ngx_http_hermes_rpc_t  *rpc;
+
+    rpc = ngx_pcalloc(pool, sizeof(ngx_http_hermes_rpc_t));
+    if (rpc == NULL) {
+        return NULL;
+    }
+
+    rpc->pool = pool;
+    rpc->log = log;
+    rpc->r = r;
+    rpc->hlcf = hlcf;
+    rpc->zone = hlcf->shm_zone->data;
+    rpc->ref = ref;
+    rpc->dir_fd = NGX_INVALID_FILE;
+    rpc->rpc_fd = NGX_INVALID_FILE;
+    rpc->wd = -1;
+    rpc->event = event;
+    rpc->data = data;
+
+    ngx_queue_init(&rpc->inflight);
+
+    rpc->seen_max = hlcf->max_tool_calls + NGX_HTTP_HERMES_RPC_SEEN_MORE;
+    rpc->seen = ngx_palloc(pool, rpc->seen_max * sizeof(uint64_t));
+    if (rpc->seen == NULL) {
+        return NULL;
+    }
+
+    /* the token as hermes_tools.py writes it, for sodium_memcmp */
+
+    sodium_bin2hex((char *) hex, sizeof(hex), ref->token,
+                   NGX_HTTP_HERMES_TOKEN_LEN);
+    ngx_memcpy(rpc->token, hex, sizeof(rpc->token));
+    sodium_memzero(hex, sizeof(hex));
+
+    return rpc;
+}
+
+
+/*
+ * The kernel's rpc/, through its verified directory fd (the transport's):
+ * owner-only, watched, then swept of what an earlier cell left.  Again
+ * for a kernel started anew: the old one's is let go.
+ */
+
+ngx_int_t
+ngx_http_hermes_rpc_open(ngx_http_hermes_rpc_t *rpc, ngx_fd_t dir_fd, int ifd)
+{
+    u_char           name[2 * NGX_HTTP_HERMES_TOKEN_LEN + 1];
+    ngx_file_info_t  fi;
+
+    ngx_http_hermes_rpc_close(rpc);
+
+    /* the token of this kernel: a respawn made a new one */
+
+    sodium_bin2hex((char *) name, sizeof(name), rpc->ref->token,
+                   NGX_HTTP_HERMES_TOKEN_LEN);
+    ngx_memcpy(rpc->token, name, sizeof(rpc->token));
+    sodium_memzero(name, sizeof(name));
+
+    rpc->dir_fd = dir_fd;
+    rpc->ifd = ifd;
+
+    rpc->rpc_fd = openat(dir_fd, "rpc",
+                         O_RDONLY|O_DIRECTORY|O_NOFOLLOW|O_NONBLOCK|O_CLOEXEC);
+
+    if (rpc->rpc_fd == NGX_INVALID_FILE
+        || ngx_fd_info(rpc->rpc_fd, &fi) == NGX_FILE_ERROR
+        || !ngx_is_dir(&fi) || fi.st_uid != rpc->ref->uid
+        || (fi.st_mode & 07777) != 0700)
+    {
+        ngx_log_error(NGX_LOG_WARN, rpc->log, ngx_errno,
+                      "hermes: \"%s/rpc\" is not an owner-only directory",
+                      rpc->ref->dir);
+        ngx_http_hermes_rpc_close(rpc);
+        return NGX_ERROR;
+    }
+
+    /* the watch first: a request written after the sweep is seen */
+
+    ngx_sprintf(name, "/proc/self/fd/%d%Z", rpc->rpc_fd);
+
+    rpc->wd = inotify_add_watch(ifd, (char *) name,
+                                IN_MOVED_TO|IN_CLOSE_WRITE|IN_ONLYDIR);
+    if (rpc->wd == -1) {
+        ngx_log_error(NGX_LOG_ERR, rpc->log, ngx_errno,
+                      "hermes: inotify_add_watch(\"%s/rpc\") failed",
+                      rpc->ref->dir);
+        ngx_http_hermes_rpc_close(rpc);
+        return NGX_ERROR;
+    }
+
+    ngx_http_hermes_rpc_scan(rpc, 1);
+
+    return NGX_OK;
+}
+
+
+static void
+ngx_http_hermes_rpc_close(ngx_http_hermes_rpc_t *rpc)
+{
+    if (rpc->wd != -1) {
+        (void) inotify_rm_watch(rpc->ifd, rpc->wd);
+        rpc->wd = -1;
+    }
+
+    if (rpc->rpc_fd != NGX_INVALID_FILE) {
+        close(rpc->rpc_fd);
+        rpc->rpc_fd = NGX_INVALID_FILE;
+    }
+
+    rpc->dir_fd = NGX_INVALID_FILE;
+}
+
+
+int
+ngx_http_hermes_rpc_wd(ngx_http_hermes_rpc_t *rpc)
+{
+    return rpc->wd;
+}
+
+
+ngx_uint_t
+ngx_http_hermes_rpc_calls(ngx_http_hermes_rpc_t *rpc)
+{
+    return rpc->calls;
+}
+
+
+/* the watch said a name arrived in rpc/ */
+
+void
+ngx_http_hermes_rpc_notify(ngx_http_hermes_rpc_t *rpc, u_char *name,
+    size_t len)
+{
+    size_t  n;
+
+    if (rpc->rpc_fd == NGX_INVALID_FILE || len == 0) {
+        return;
+    }
+
+    n = ngx_strnlen(name, len);
+
+    if (ngx_http_hermes_rpc_name_seq(name, n) == 0) {
+        return;                 /* a .tmp, our answers, anything else */
+    }
+
+    (void) ngx_http_hermes_rpc_file(rpc, name);
+}
+
+
+/* every request there now: at the start (sweep), or events were lost */
+
+void
+ngx_http_hermes_rpc_scan(ngx_http_hermes_rpc_t *rpc, ngx_uint_t sweep)
+{
+    int              fd;
+    DIR             *dir;
+    size_t           len;
+    ngx_uint_t       n;
+    struct dirent   *de;
+    u_char           names[NGX_HTTP_HERMES_RPC_SCAN_MAX][32];
+
+    if (rpc->rpc_fd == NGX_INVALID_FILE) {
+        return;
+    }
+
+    fd = openat(rpc->rpc_fd, ".", O_RDONLY|O_DIRECTORY|O_CLOEXEC);
+    if (fd == -1) {
+        return;
+    }
+
+    dir = fdopendir(fd);
+    if (dir == NULL) {
+        close(fd);
+        return;
+    }
+
+    /* names first, then the files: no readdir across our own unlinks */
+
+    n = 0;
+
+    while (n < NGX_HTTP_HERMES_RPC_SCAN_MAX && (de = readdir(dir)) != NULL) {
+        len = ngx_strlen(de->d_name);
+
+        if (len >= sizeof(names[0])) {
+            continue;
+        }
+
+        /* requests; with sweep, answers too; a .tmp is nobody's yet */
+
+        if (ngx_http_hermes_rpc_name_seq((u_char *) de->d_name, len) == 0
+            && !(sweep && ngx_strncmp(de->d_name, "res_", 4) == 0
+                 && ngx_strlchr((u_char *) de->d_name,
+                                (u_char *) de->d_name + len, '.') == NULL))
+        {
+            continue;
+        }
+
+        ngx_memcpy(names[n], de->d_name, len + 1);
+        n++;
+    }
+
+    closedir(dir);
+
+    while (n--) {
+        if (sweep) {
+            /* an earlier cell's: no authority in this one */
+            (void) unlinkat(rpc->rpc_fd, (char *) names[n], 0);
+            continue;
+        }
+
+        if (ngx_http_hermes_rpc_file(rpc, names[n]) == NGX_DONE) {
+            return;
+        }
+    }
+}
+
+
+/* read a request once and remove it, whatever it is, then check it */
+
+static ngx_int_t
+ngx_http_hermes_rpc_file(ngx_http_hermes_rpc_t *rpc, u_char *name)
+{
+    off_t                       size;
+    u_char                     *data;
+    ssize_t                     n;
+    ngx_fd_t                    fd;
+    ngx_int_t                   rc;
+    ngx_pool_t                 *pool;
+    ngx_http_hermes_rpc_req_t   req;
+
+    fd = ngx_http_hermes_local_open_at(rpc->rpc_fd, (char *) name, &size);
+
+    if (fd == NGX_INVALID_FILE) {
+        if (ngx_errno == NGX_ENOENT) {
+            return NGX_OK;       /* taken already, or withdrawn */
+        }
+
+        /* a FIFO, a symlink, a directory: nothing to read, only to count */
+        (void) unlinkat(rpc->rpc_fd, (char *) name, 0);
+        req.reject = NGX_HTTP_HERMES_RPC_MALFORMED;
+        goto reject;
+    }
+
+    (void) unlinkat(rpc->rpc_fd, (char *) name, 0);
+
+    if (size > (off_t) rpc->hlcf->max_code) {
+        close(fd);
+        req.reject = NGX_HTTP_HERMES_RPC_MALFORMED;
+        goto reject;
+    }
+
+    pool = ngx_create_pool(4096, rpc->log);
+    if (pool == NULL) {
+        close(fd);
+        return NGX_ERROR;
+    }
+
+    data = ngx_pnalloc(pool, (size_t) size + 1);
+    if (data == NULL) {
+        close(fd);
+        ngx_destroy_pool(pool);
+        return NGX_ERROR;
+    }
+
+    n = pread(fd, data, (size_t) size + 1, 0);
+    close(fd);
+
+    if (n == -1 || n > size) {
+        /* it grew while we read: not a request written whole */
+        ngx_destroy_pool(pool);
+        req.reject = NGX_HTTP_HERMES_RPC_MALFORMED;
+        goto reject;
+    }
+
+    rc = ngx_http_hermes_rpc_check(data, n,
+                                   ngx_http_hermes_rpc_name_seq(name,
+                                                     ngx_strlen(name)),
+                                   rpc->token, sizeof(rpc->token),
+                                   rpc->seen, rpc->nseen, &req);
+
+    if (rc == NGX_OK) {
+        ngx_http_hermes_rpc_take(rpc, &req);
+    }
+
+    ngx_destroy_pool(pool);
+
+    if (rc == NGX_ERROR) {
+        return NGX_ERROR;
+    }
+
+    if (rc == NGX_OK) {
+        return rpc->rpc_fd == NGX_INVALID_FILE ? NGX_DONE : NGX_OK;
+    }
+
+reject:
+
+    ngx_http_hermes_count(rpc->zone, rpc_rejected_total[req.reject]);
+
+    ngx_log_error(NGX_LOG_WARN, rpc->log, 0,
+                  "hermes: kernel %*s: tool call request \"%s\" rejected "
+                  "(%V): removed, not answered",
+                  (size_t) NGX_HTTP_HERMES_ID_LEN, rpc->ref->kernel_id, name,
+                  &ngx_http_hermes_rpc_reject_names[req.reject]);
+
+    return NGX_OK;
+}
+
+
+/* an authenticated request: the allow-list, the budget, the call */
+
+static void
+ngx_http_hermes_rpc_take(ngx_http_hermes_rpc_t *rpc,
+    ngx_http_hermes_rpc_req_t *req)
+{
+    ngx_str_t                   *name;
+    ngx_uint_t                   i, allowed;
+    ngx_http_hermes_rpc_peer_t  *peer;
+
+    if (rpc->nseen == rpc->seen_max) {
+        ngx_http_hermes_rpc_answer_error(rpc, req->seq,
+                     (u_char *) "the cell's budget of %ui tool calls is spent "
+                     "(hermes_max_tool_calls)", rpc->hlcf->max_tool_calls);
+        return;
+    }
+
+    rpc->seen[rpc->nseen++] = req->seq;
+
+    if (req->tool_type != NGX_HTTP_HERMES_RPC_STRING || req->tool.len == 0
+        || req->tool.len > NGX_HTTP_HERMES_RPC_TOOL_MAX)
+    {
+        ngx_http_hermes_rpc_answer_error(rpc, req->seq,
+                     (u_char *) "a tool call needs \"tool\": a name of at "
+                     "most %d bytes", NGX_HTTP_HERMES_RPC_TOOL_MAX);
+        return;
+    }
+
+    if (req->args_type != 0 && req->args_type != NGX_HTTP_HERMES_RPC_OBJECT) {
+        ngx_http_hermes_rpc_answer_error(rpc, req->seq,
+                     (u_char *) "\"args\" of tool \"%V\" must be an object",
+                     &req->tool);
+        return;
+    }
+
+    allowed = 0;
+
+    if (rpc->hlcf->tools_auto) {
+        /* the MCP server's tools/list says, now (cached) or before the call */
+        peer = ngx_http_hermes_rpc_peer(&rpc->hlcf->tools_pass);
+        allowed = (peer == NULL || !peer->listed
+                   || ngx_http_hermes_rpc_peer_has(peer, &req->tool) == NGX_OK);
+
+    } else if (rpc->hlcf->tools) {
+        name = rpc->hlcf->tools->elts;
+
+        for (i = 0; i < rpc->hlcf->tools->nelts; i++) {
+            if (name[i].len == req->tool.len
+                && ngx_strncmp(name[i].data, req->tool.data, req->tool.len)
+                   == 0)
+            {
+                allowed = 1;
+                break;
+            }
+        }
+    }
+
+    if (!allowed) {
+        ngx_http_hermes_rpc_answer_error(rpc, req->seq,
+                     rpc->hlcf->tools_auto
+                     ? (u_char *) "tool \"%V\": not one of the MCP server's "
+                                  "tools (tools/list)"
+                     : (u_char *) "tool \"%V\" is not enabled here",
+                     &req->tool);
+        return;
+    }
+
+    if (rpc->calls >= rpc->hlcf->max_tool_calls) {
+        ngx_http_hermes_rpc_answer_error(rpc, req->seq,
+                     (u_char *) "the cell's budget of %ui tool calls is spent "
+                     "(hermes_max_tool_calls)", rpc->hlcf->max_tool_calls);
+        return;
+    }
+
+    if (rpc->r == NULL) {
+        ngx_http_hermes_rpc_answer_error(rpc, req->seq,
+                     (u_char *) "the client that started this cell has "
+                     "disconnected; tool calls run on its behalf, so there "
+                     "are no more in this cell");
+        return;
+    }
+
+    if (ngx_http_hermes_rpc_dispatch(rpc, req) != NGX_OK) {
+        ngx_http_hermes_rpc_answer_error(rpc, req->seq,
+                     (u_char *) "the gateway could not make the tool call");
+    }
+}
+
+
+/* the call: background subrequests, so the cell's stream goes on */
+
+static ngx_int_t
+ngx_http_hermes_rpc_dispatch(ngx_http_hermes_rpc_t *rpc,
+    ngx_http_hermes_rpc_req_t *req)
+{
+    ngx_str_t                    args;
+    ngx_http_request_t          *r;
+    ngx_http_hermes_rpc_call_t  *call;
+
+    r = rpc->r;
+
+    if (rpc->hlcf->tools_pass.len == 0) {
+        return NGX_ERROR;
+    }
+
+    call = ngx_pcalloc(r->pool, sizeof(ngx_http_hermes_rpc_call_t));
+    if (call == NULL) {
+        return NGX_ERROR;
+    }
+
+    if (req->args_type == NGX_HTTP_HERMES_RPC_OBJECT) {
+        args = req->args;
+
+    } else {
+        ngx_str_set(&args, "{}");
+    }
+
+    /* the request's buffer goes when this returns; the call stays */
+
+    call->tool.data = ngx_pstrdup(r->pool, &req->tool);
+    call->args.data = ngx_pstrdup(r->pool, &args);
+
+    if (call->tool.data == NULL || call->args.data == NULL) {
+        return NGX_ERROR;
+    }
+
+    call->tool.len = req->tool.len;
+    call->args.len = args.len;
+    call->rpc = rpc;
+    call->seq = req->seq;
+    call->start = ngx_current_msec;
+    call->cap = ngx_max(rpc->hlcf->max_stream, rpc->hlcf->max_output);
+
+    if (rpc->hlcf->tools_protocol == NGX_HTTP_HERMES_TOOLS_MCP) {
+        call->peer = ngx_http_hermes_rpc_peer(&rpc->hlcf->tools_pass);
+        if (call->peer == NULL) {
+            return NGX_ERROR;
+        }
+
+        if (!call->peer->ready) {
+            call->step = NGX_HTTP_HERMES_MCP_INIT;
+
+        } else if (rpc->hlcf->tools_auto && !call->peer->listed) {
+            call->step = NGX_HTTP_HERMES_MCP_LIST;
+
+        } else {
+            call->step = NGX_HTTP_HERMES_MCP_CALL;
+        }
+    }
+
+    if (ngx_http_hermes_rpc_subrequest(rpc, call) != NGX_OK) {
+        return NGX_ERROR;
+    }
+
+    ngx_queue_insert_tail(&rpc->inflight, &call->queue);
+
+    rpc->calls++;
+    ngx_http_hermes_count(rpc->zone, tool_calls_total);
+
+    ngx_http_hermes_rpc_emit(rpc, "tool_call", &call->tool, call->seq, -1, 0);
+
+    /* it may be over by the time this returns (a refused connection) */
+
+    if (rpc->r) {
+        ngx_http_run_posted_requests(r->connection);
+    }
+
+    return NGX_OK;
+}
+
+
+/* one subrequest of a call: the hermes POST, or an MCP step */
+
+static ngx_int_t
+ngx_http_hermes_rpc_subrequest(ngx_http_hermes_rpc_t *rpc,
+    ngx_http_hermes_rpc_call_t *call)
+{
+    u_char                       *p;
+    size_t                        len;
+    ngx_buf_t                    *b;
+    ngx_str_t                     owner, accept;
+    ngx_chain_t                  *cl;
+    ngx_http_request_t           *r, *sr;
+    ngx_http_request_body_t      *rb;
+    ngx_http_post_subrequest_t   *ps;
+    ngx_http_hermes_rpc_peer_t   *peer;
+
+    r = rpc->r;
+
+    if (r == NULL) {
+        return NGX_ERROR;
+    }
+
+    /* the owner of no hermes_owner is "\001anonymous": no header has that */
+
+    owner = rpc->ref->owner;
+
+    if (owner.len && owner.data[0] == '\001') {
+        owner.data++;
+        owner.len--;
+    }
+
+    b = ngx_http_hermes_rpc_body(rpc, call);
+    if (b == NULL) {
+        return NGX_ERROR;
+    }
+
+    ps = ngx_palloc(r->pool, sizeof(ngx_http_post_subrequest_t));
+    if (ps == NULL) {
+        return NGX_ERROR;
+    }
+
+    ps->handler = ngx_http_hermes_rpc_done;
+    ps->data = call;
+
+    if (ngx_http_subrequest(r, &rpc->hlcf->tools_pass, NULL, &sr, ps,
+                            NGX_HTTP_SUBREQUEST_BACKGROUND)
+        != NGX_OK)
+    {
+        return NGX_ERROR;
+    }
+
+    call->sr = sr;
+    call->status = 0;
+    call->len = 0;
+    call->too_big = 0;
+    call->sse = 0;
+    call->session.len = 0;
+
+    /* POST, our body and our headers only: not the client's */
+
+    sr->method = NGX_HTTP_POST;
+    ngx_str_set(&sr->method_name, "POST");
+
+    ngx_memzero(&sr->headers_in, sizeof(ngx_http_headers_in_t));
+    sr->headers_in.content_length_n = b->last - b->pos;
+    sr->headers_in.keep_alive_n = -1;
+
+    if (ngx_list_init(&sr->headers_in.headers, r->pool, 10,
+                      sizeof(ngx_table_elt_t))
+        != NGX_OK)
+    {
+        return NGX_ERROR;
+    }
+
+    p = ngx_pnalloc(r->pool, NGX_OFF_T_LEN);
+    if (p == NULL) {
+        return NGX_ERROR;
+    }
+
+    len = ngx_sprintf(p, "%O", sr->headers_in.content_length_n) - p;
+
+    if (call->step) {
+        ngx_str_set(&accept, "application/json, text/event-stream");
+
+    } else {
+        ngx_str_set(&accept, "application/json");
+    }
+
+    if (ngx_http_hermes_rpc_header(sr, "Content-Type",
+                                   (u_char *) "application/json",
+                                   sizeof("application/json") - 1)
+        != NGX_OK
+        || ngx_http_hermes_rpc_header(sr, "Content-Length", p, len) != NGX_OK
+        || ngx_http_hermes_rpc_header(sr, "Accept", accept.data, accept.len)
+           != NGX_OK
+        || ngx_http_hermes_rpc_header(sr, "X-Hermes-Owner", owner.data,
+                                      owner.len)
+           != NGX_OK
+        || ngx_http_hermes_rpc_header(sr, "X-Hermes-Session",
+                                      rpc->ref->session.data,
+                                      rpc->ref->session.len)
+           != NGX_OK
+        || ngx_http_hermes_rpc_header(sr, "X-Hermes-Kernel-Id",
+                                      rpc->ref->kernel_id,
+                                      NGX_HTTP_HERMES_ID_LEN)
+           != NGX_OK
+        || ngx_http_hermes_rpc_header(sr, "X-Hermes-Tool", call->tool.data,
+                                      call->tool.len)
+           != NGX_OK)
+    {
+        return NGX_ERROR;
+    }
+
+    peer = call->peer;
+
+    if (peer && peer->session_len) {
+        /* the peer's is this worker's, the header must live with sr */
+        p = ngx_pnalloc(r->pool, peer->session_len);
+        if (p == NULL) {
+            return NGX_ERROR;
+        }
+
+        ngx_memcpy(p, peer->session, peer->session_len);
+        call->used_session = 1;
+
+        if (ngx_http_hermes_rpc_header(sr, "Mcp-Session-Id", p,
+                                       peer->session_len)
+            != NGX_OK)
+        {
+            return NGX_ERROR;
+        }
+    }
+
+    if (peer && peer->version_len && call->step != NGX_HTTP_HERMES_MCP_INIT) {
+        p = ngx_pnalloc(r->pool, peer->version_len);
+        if (p == NULL) {
+            return NGX_ERROR;
+        }
+
+        ngx_memcpy(p, peer->version, peer->version_len);
+
+        if (ngx_http_hermes_rpc_header(sr, "MCP-Protocol-Version", p,
+                                       peer->version_len)
+            != NGX_OK)
+        {
+            return NGX_ERROR;
+        }
+    }
+
+    rb = ngx_pcalloc(r->pool, sizeof(ngx_http_request_body_t));
+    cl = ngx_alloc_chain_link(r->pool);
+
+    if (rb == NULL || cl == NULL) {
+        return NGX_ERROR;
+    }
+
+    cl->buf = b;
+    cl->next = NULL;
+    rb->bufs = cl;
+    rb->buf = b;
+    rb->rest = 0;
+
+    sr->request_body = rb;
+    sr->request_body_in_single_buf = 1;
+
+    return NGX_OK;
+}
+
+
+/* the body of a call's subrequest, by protocol and MCP step */
+
+static ngx_buf_t *
+ngx_http_hermes_rpc_body(ngx_http_hermes_rpc_t *rpc,
+    ngx_http_hermes_rpc_call_t *call)
+{
+    u_char              *p;
+    size_t               len;
+    ngx_buf_t           *b;
+    ngx_http_request_t  *r;
+
+    static u_char  init[] =
+        "{\"jsonrpc\":\"2.0\",\"id\":\"hermes-init\",\"method\":\"initialize\","
+        "\"params\":{\"protocolVersion\":\"" NGX_HTTP_HERMES_MCP_VERSION "\","
+        "\"capabilities\":{},\"clientInfo\":{\"name\":\"ngx_hermes\","
+        "\"version\":\"0.1\"}}}";
+    static u_char  notify[] =
+        "{\"jsonrpc\":\"2.0\",\"method\":\"notifications/initialized\"}";
+    static u_char  list[] =
+        "{\"jsonrpc\":\"2.0\",\"id\":\"hermes-list\",\"method\":\"tools/list\"}";
+
+    r = rpc->r;
+
+    switch (call->step) {
+
+    case NGX_HTTP_HERMES_MCP_INIT:
+        p = init;
+        len = sizeof(init) - 1;
+        goto fixed;
+
+    case NGX_HTTP_HERMES_MCP_NOTIFY:
+        p = notify;
+        len = sizeof(notify) - 1;
+        goto fixed;
+
+    case NGX_HTTP_HERMES_MCP_LIST:
+        p = list;
+        len = sizeof(list) - 1;
+        goto fixed;
+
+    case NGX_HTTP_HERMES_MCP_CALL:
+        len = sizeof("{\"jsonrpc\":\"2.0\",\"id\":,\"method\":\"tools/call\","
+                     "\"params\":{\"name\":\"\",\"arguments\":}}") - 1
+              + NGX_INT64_LEN + call->tool.len
+              + ngx_escape_json(NULL, call->tool.data, call->tool.len)
+              + call->args.len;
+
+        b = ngx_create_temp_buf(r->pool, len);
+        if (b == NULL) {
+            return NULL;
+        }
+
+        p = ngx_sprintf(b->last, "{\"jsonrpc\":\"2.0\",\"id\":%uL,"
+                        "\"method\":\"tools/call\",\"params\":{\"name\":\"",
+                        call->seq);
+        p = (u_char *) ngx_escape_json(p, call->tool.data, call->tool.len);
+        p = ngx_cpymem(p, "\",\"arguments\":", sizeof("\",\"arguments\":") - 1);
+        p = ngx_cpymem(p, call->args.data, call->args.len);
+        p = ngx_cpymem(p, "}}", 2);
+
+        b->last = p;
+        b->last_buf = 1;
+
+        return b;
+
+    default: /* the hermes protocol: {"tool","args","session","kernel_id"} */
+        break;
+    }
+
+    len = sizeof("{\"tool\":,\"args\":,\"session\":,\"kernel_id\":\"\"}") - 1
+          + ngx_escape_json(NULL, call->tool.data, call->tool.len)
+          + call->tool.len + 2 + call->args.len
+          + ngx_escape_json(NULL, rpc->ref->session.data,
+                            rpc->ref->session.len)
+          + rpc->ref->session.len + 2 + NGX_HTTP_HERMES_ID_LEN;
+
+    b = ngx_create_temp_buf(r->pool, len);
+    if (b == NULL) {
+        return NULL;
+    }
+
+    p = ngx_cpymem(b->last, "{\"tool\":\"", sizeof("{\"tool\":\"") - 1);
+    p = (u_char *) ngx_escape_json(p, call->tool.data, call->tool.len);
+    p = ngx_cpymem(p, "\",\"args\":", sizeof("\",\"args\":") - 1);
+    p = ngx_cpymem(p, call->args.data, call->args.len);
+    p = ngx_cpymem(p, ",\"session\":\"", sizeof(",\"session\":\"") - 1);
+    p = (u_char *) ngx_escape_json(p, rpc->ref->session.data,
+                                   rpc->ref->session.len);
+    p = ngx_cpymem(p, "\",\"kernel_id\":\"", sizeof("\",\"kernel_id\":\"") - 1);
+    p = ngx_cpymem(p, rpc->ref->kernel_id, NGX_HTTP_HERMES_ID_LEN);
+    p = ngx_cpymem(p, "\"}", 2);
+
+    b->last = p;
+    b->last_buf = 1;
+
+    return b;
+
+fixed:
+
+    b = ngx_calloc_buf(r->pool);
+    if (b == NULL) {
+        return NULL;
+    }
+
+    b->pos = p;
+    b->last = p + len;
+    b->memory = 1;
+    b->last_buf = 1;
+
+    return b;
+}
+
+
+static ngx_int_t
+ngx_http_hermes_rpc_header(ngx_http_request_t *sr, char *key, u_char *value,
+    size_t len)
+{
+    size_t            klen;
+    ngx_table_elt_t  *h;
+
+    h = ngx_list_push(&sr->headers_in.headers);
+    if (h == NULL) {
+        return NGX_ERROR;
+    }
+
+    klen = ngx_strlen(key);
+
+    h->key.data = (u_char *) key;
+    h->key.len = klen;
+    h->value.data = value;
+    h->value.len = len;
+
+    h->lowcase_key = ngx_pnalloc(sr->pool, klen);
+    if (h->lowcase_key == NULL) {
+        return NGX_ERROR;
+    }
+
+    h->hash = ngx_hash_strlow(h->lowcase_key, (u_char *) key, klen);
+
+    if (klen == sizeof("Content-Type") - 1
+        && ngx_strcmp(key, "Content-Type") == 0)
+    {
+        sr->headers_in.content_type = h;
+
+    } else if (klen == sizeof("Content-Length") - 1
+               && ngx_strcmp(key, "Content-Length") == 0)
+    {
+        sr->headers_in.content_length = h;
+    }
+
+    return NGX_OK;
+}
+
+
+/* a subrequest is over: the next MCP step, or the answer in res_N */
+
+static ngx_int_t
+ngx_http_hermes_rpc_done(ngx_http_request_t *sr, void *data, ngx_int_t rc)
+{
+    ngx_http_hermes_rpc_call_t *call = data;
+
+    ngx_http_hermes_rpc_t  *rpc;
+
+    if (sr != call->sr || rc == NGX_AGAIN) {
+        return NGX_OK;
+    }
+
+    call->sr = NULL;
+    rpc = call->rpc;
+
+    if (rpc == NULL) {
+        return NGX_OK;
+    }
+
+    if (call->step) {
+        rc = ngx_http_hermes_rpc_mcp_next(rpc, call, rc);
+
+        if (rc == NGX_AGAIN) {
+            return NGX_OK;
+        }
+    }
+
+    ngx_queue_remove(&call->queue);
+    call->rpc = NULL;
+
+    ngx_http_hermes_rpc_outcome(rpc, call, rc);
+
+    /*
+     * Whatever the endpoint did, it is the code's ToolError, never the
+     * client's error: an NGX_ERROR here would end the cell's request.
+     */
+
+    return NGX_OK;
+}
+
+
+/* the endpoint's status, as nginx or the endpoint gave it */
+
+static ngx_uint_t
+ngx_http_hermes_rpc_status(ngx_http_hermes_rpc_call_t *call, ngx_int_t rc)
+{
+    if (rc >= NGX_HTTP_SPECIAL_RESPONSE) {
+        /* nginx's own answer: the upstream failed or timed out */
+        return rc;
+    }
+
+    if (rc == NGX_ERROR || call->status == 0) {
+        return NGX_HTTP_BAD_GATEWAY;
+    }
+
+    return call->status;
+}
+
+
+static void
+ngx_http_hermes_rpc_outcome(ngx_http_hermes_rpc_t *rpc,
+    ngx_http_hermes_rpc_call_t *call, ngx_int_t rc)
+{
+    ngx_int_t   ok;
+    ngx_str_t   msg;
+    ngx_uint_t  status;
+
+    ok = 0;
+
+    if (rc == NGX_DONE) {
+        /* an MCP step said why */
+        ngx_http_hermes_rpc_answer_error(rpc, call->seq,
+                     (u_char *) "tool \"%V\": %V", &call->tool, &call->err);
+        goto done;
+    }
+
+    status = ngx_http_hermes_rpc_status(call, rc);
+
+    if (call->too_big) {
+        ngx_http_hermes_rpc_answer_error(rpc, call->seq,
+                     (u_char *) "tool \"%V\": its answer is larger than "
+                     "%uz bytes", &call->tool, call->cap);
+
+    } else if (status < 200 || status > 299) {
+        ngx_http_hermes_rpc_message(call->body, call->len, &msg);
+
+        if (msg.len) {
+            ngx_http_hermes_rpc_answer_error(rpc, call->seq,
+                     (u_char *) "tool \"%V\" failed (HTTP %ui): %V",
+                     &call->tool, status, &msg);
+
+        } else if (status == NGX_HTTP_GATEWAY_TIME_OUT) {
+            ngx_http_hermes_rpc_answer_error(rpc, call->seq,
+                     (u_char *) "tool \"%V\": the tool endpoint did not "
+                     "answer in time (HTTP 504)", &call->tool);
+
+        } else if (status == NGX_HTTP_BAD_GATEWAY
+                   || status == NGX_HTTP_SERVICE_UNAVAILABLE)
+        {
+            ngx_http_hermes_rpc_answer_error(rpc, call->seq,
+                     (u_char *) "tool \"%V\": the tool endpoint is "
+                     "unavailable (HTTP %ui)", &call->tool, status);
+
+        } else {
+            ngx_http_hermes_rpc_answer_error(rpc, call->seq,
+                     (u_char *) "tool \"%V\": the tool endpoint answered "
+                     "HTTP %ui", &call->tool, status);
+        }
+
+    } else if (call->step) {
+        ok = ngx_http_hermes_rpc_mcp_answer(rpc, call);
+
+    } else {
+        rc = ngx_http_hermes_rpc_answer_ok(rpc, call->seq, call->body,
+                                           call->len);
+
+        if (rc == NGX_DECLINED) {
+            ngx_http_hermes_rpc_answer_error(rpc, call->seq,
+                     (u_char *) "tool \"%V\": the tool endpoint's answer is "
+                     "not JSON", &call->tool);
+
+        } else if (rc != NGX_OK) {
+            /* tool_results/ not ours, no memory: the code must not wait */
+            ngx_http_hermes_rpc_answer_error(rpc, call->seq,
+                     (u_char *) "tool \"%V\": its answer could not be "
+                     "passed on (see the gateway's error log)", &call->tool);
+
+        } else {
+            ok = 1;
+        }
+    }
+
+done:
+
+    ngx_http_hermes_rpc_emit(rpc, "tool_done", &call->tool, call->seq, ok,
+                             ngx_current_msec - call->start);
+}
+
+
+/* an error answer's message: "error" (a string, or its "message"), or
+ * "message"; bounded, whole characters */
+
+typedef struct {
+    ngx_uint_t                      depth;
+    ngx_uint_t                      key;        /* 1: error, 2: message */
+    ngx_uint_t                      in_error;
+    ngx_str_t                      *msg;
+    u_char                         *buf;
+} ngx_http_hermes_rpc_msg_t;
+
+
+static int
+ngx_http_hermes_rpc_m_string(void *ctx, const unsigned char *s, size_t len)
+{
+    ngx_http_hermes_rpc_msg_t *m = ctx;
+
+    if (m->msg->len
+        || !((m->depth == 1 && m->key)
+             || (m->depth == 2 && m->in_error && m->key == 2)))
+    {
+        return 1;
+    }
+
+    len = ngx_min(len, NGX_HTTP_HERMES_RPC_ERROR_MAX);
+    len = ngx_http_hermes_rpc_utf8_cut((u_char *) s, len, 1);
+
+    ngx_memcpy(m->buf, s, len);
+    m->msg->data = m->buf;
+    m->msg->len = len;
+
+    return 1;
+}
+
+
+static int
+ngx_http_hermes_rpc_m_key(void *ctx, const unsigned char *s, size_t len)
+{
+    ngx_http_hermes_rpc_msg_t *m = ctx;
+
+    m->key = 0;
+
+    if (len == 5 && ngx_strncmp(s, "error", 5) == 0) {
+        m->key = 1;
+
+    } else if (len == 7 && ngx_strncmp(s, "message", 7) == 0) {
+        m->key = 2;
+    }
+
+    return 1;
+}
+
+
+static int
+ngx_http_hermes_rpc_m_start(void *ctx)
+{
+    ngx_http_hermes_rpc_msg_t *m = ctx;
+
+    m->in_error = (m->depth == 1 && m->key == 1);
+    m->depth++;
+    m->key = 0;
+
+    return m->depth <= NGX_HTTP_HERMES_RPC_DEPTH;
+}
+
+
+static int
+ngx_http_hermes_rpc_m_end(void *ctx)
+{
+    ngx_http_hermes_rpc_msg_t *m = ctx;
+
+    m->depth--;
+
+    if (m->depth <= 1) {
+        m->in_error = 0;
+    }
+
+    m->key = 0;
+
+    return 1;
+}
+
+
+static yajl_callbacks  ngx_http_hermes_rpc_msg_callbacks = {
+    NULL, NULL, NULL, NULL, NULL,
+    ngx_http_hermes_rpc_m_string,
+    ngx_http_hermes_rpc_m_start,
+    ngx_http_hermes_rpc_m_key,
+    ngx_http_hermes_rpc_m_end,
+    ngx_http_hermes_rpc_m_start,
+    ngx_http_hermes_rpc_m_end
+};
+
+
+static void
+ngx_http_hermes_rpc_message(u_char *body, size_t len, ngx_str_t *msg)
+{
+    yajl_handle                h;
+    ngx_http_hermes_rpc_msg_t  m;
+    static u_char              buf[NGX_HTTP_HERMES_RPC_ERROR_MAX];
+
+    msg->len = 0;
+
+    if (body == NULL || len == 0) {
+        return;
+    }
+
+    ngx_memzero(&m, sizeof(ngx_http_hermes_rpc_msg_t));
+    m.msg = msg;
+    m.buf = buf;
+
+    h = yajl_alloc(&ngx_http_hermes_rpc_msg_callbacks, NULL, &m);
+    if (h == NULL) {
+        return;
+    }
+
+    (void) yajl_parse(h, body, len);
+    yajl_free(h);
+}
+
+
+/* bytes up to a character boundary: back, the start of the last whole one */
+
+static size_t
+ngx_http_hermes_rpc_utf8_cut(u_char *p, size_t len, ngx_uint_t back)
+{
+    size_t  i, need;
+
+    if (!back) {
+        /* a tail: skip continuation bytes at its start */
+        for (i = 0; i < len && (p[i] & 0xc0) == 0x80; i++) { /* void */ }
+        return i;
+    }
+
+    /* the last lead byte, and whether its character is whole */
+
+    for (i = len; i > 0 && (p[i - 1] & 0xc0) == 0x80; i--) { /* void */ }
+
+    if (i == 0) {
+        return 0;
+    }
+
+    need = (p[i - 1] >= 0xf0) ? 4 : (p[i - 1] >= 0xe0) ? 3
+           : (p[i - 1] >= 0xc0) ? 2 : 1;
+
+    return (len - (i - 1) >= need) ? len : i - 1;
+}
+
+
+/* NGX_DECLINED: not JSON */
+
+static ngx_int_t
+ngx_http_hermes_rpc_answer_ok(ngx_http_hermes_rpc_t *rpc, uint64_t seq,
+    u_char *body, size_t len)
+{
+    u_char       *p, *data;
+    ngx_int_t     rc;
+    yajl_handle   h;
+    yajl_status   st;
+
+    if (body == NULL || len == 0) {
+        return NGX_DECLINED;
+    }
+
+    h = yajl_alloc(NULL, NULL, NULL);
+    if (h == NULL) {
+        return NGX_ERROR;
+    }
+
+    st = yajl_parse(h, body, len);
+    if (st == yajl_status_ok) {
+        st = yajl_complete_parse(h);
+    }
+
+    yajl_free(h);
+
+    if (st != yajl_status_ok) {
+        return NGX_DECLINED;
+    }
+
+    if (len > rpc->hlcf->max_output) {
+        return ngx_http_hermes_rpc_archive(rpc, seq, body, len);
+    }
+
+    data = ngx_pnalloc(rpc->pool, len + 64 + NGX_INT64_LEN);
+    if (data == NULL) {
+        return NGX_ERROR;
+    }
+
+    p = ngx_sprintf(data, "{\"seq\":%uL,\"ok\":true,\"error\":null,"
+                    "\"result\":", seq);
+    p = ngx_cpymem(p, body, len);
+    *p++ = '}';
+
+    rc = ngx_http_hermes_rpc_write(rpc, seq, data, p - data);
+
+    ngx_pfree(rpc->pool, data);
+
+    return rc;
+}
+
+
+/*
+ * An answer over hermes_max_output: the whole of it in the kernel dir,
+ * tool_results/ (0700) and a file of it (0600); the code gets its path,
+ * its size, and its head and tail (40% and 60% of hermes_max_output).
+ */
+
+static ngx_int_t
+ngx_http_hermes_rpc_archive(ngx_http_hermes_rpc_t *rpc, uint64_t seq,
+    u_char *body, size_t len)
+{
+    u_char                *p;
+    size_t                 h, t, n;
+    ngx_fd_t               fd;
+    ngx_int_t              rc;
+    yajl_gen               g;
+    ngx_uint_t             made;
+    ngx_file_info_t        fi;
+    u_char                 name[64], path[96];
+
+    made = 1;
+
+    if (mkdirat(rpc->dir_fd, "tool_results", 0700) == -1) {
+        if (ngx_errno != EEXIST) {
+            ngx_log_error(NGX_LOG_ERR, rpc->log, ngx_errno,
+                          "hermes: mkdir(\"%s/tool_results\") failed",
+                          rpc->ref->dir);
+            return NGX_ERROR;
+        }
+
+        made = 0;
+    }
+
+    /* the code may have made it, or a link in its place: not followed */
+
+    fd = openat(rpc->dir_fd, "tool_results",
+                O_RDONLY|O_DIRECTORY|O_NOFOLLOW|O_NONBLOCK|O_CLOEXEC);
+    if (fd == NGX_INVALID_FILE) {
+        ngx_log_error(NGX_LOG_ERR, rpc->log, ngx_errno,
+                      "hermes: \"%s/tool_results\" is not a directory",
+                      rpc->ref->dir);
+        return NGX_ERROR;
+    }
+
+    /* owner-only, the kernel's; one a root worker just made is given to it */
+
+    if (ngx_fd_info(fd, &fi) == NGX_FILE_ERROR
+        || !ngx_is_dir(&fi)
+        || (fi.st_mode & 07777) != 0700
+        || (fi.st_uid != rpc->ref->uid
+            && !(made && fi.st_uid == geteuid()
+                 && fchown(fd, rpc->ref->uid, (ngx_gid_t) -1) == 0)))
+    {
+        ngx_log_error(NGX_LOG_ERR, rpc->log, 0,
+                      "hermes: \"%s/tool_results\" is not an owner-only "
+                      "directory of the kernel's user", rpc->ref->dir);
+        close(fd);
+        return NGX_ERROR;
+    }
+
+    ngx_sprintf(name, "cell_%06uD_%06uL.json%Z", rpc->ref->cell_id, seq);
+
+    rc = ngx_http_hermes_local_write_at(fd, (char *) name, body, len,
+                                        (ngx_uid_t) rpc->ref->uid, rpc->log);
+    close(fd);
+
+    if (rc != NGX_OK) {
+        return NGX_ERROR;
+    }
+
+    h = ngx_http_hermes_rpc_utf8_cut(body, rpc->hlcf->max_output * 2 / 5, 1);
+    t = rpc->hlcf->max_output - rpc->hlcf->max_output * 2 / 5;
+    t = len - t;
+    t += ngx_http_hermes_rpc_utf8_cut(body + t, len - t, 0);
+
+    g = yajl_gen_alloc(NULL);
+    if (g == NULL) {
+        return NGX_ERROR;
+    }
+
+    p = ngx_sprintf(path, "tool_results/%s", name);
+
+    yajl_gen_map_open(g);
+    yajl_gen_string(g, (u_char *) "seq", 3);
+    yajl_gen_integer(g, (long long) seq);
+    yajl_gen_string(g, (u_char *) "ok", 2);
+    yajl_gen_bool(g, 1);
+    yajl_gen_string(g, (u_char *) "error", 5);
+    yajl_gen_null(g);
+    yajl_gen_string(g, (u_char *) "result", 6);
+    yajl_gen_null(g);
+    yajl_gen_string(g, (u_char *) "archived", 8);
+    yajl_gen_map_open(g);
+    yajl_gen_string(g, (u_char *) "path", 4);
+    yajl_gen_string(g, path, p - path);
+    yajl_gen_string(g, (u_char *) "bytes", 5);
+    yajl_gen_integer(g, (long long) len);
+    yajl_gen_string(g, (u_char *) "head", 4);
+    yajl_gen_string(g, body, h);
+    yajl_gen_string(g, (u_char *) "tail", 4);
+    yajl_gen_string(g, body + t, len - t);
+    yajl_gen_map_close(g);
+    yajl_gen_map_close(g);
+
+    if (yajl_gen_get_buf(g, (const unsigned char **) &p, &n)
+        != yajl_gen_status_ok)
+    {
+        yajl_gen_free(g);
+        return NGX_ERROR;
+    }
+
+    rc = ngx_http_hermes_rpc_write(rpc, seq, p, n);
+
+    yajl_gen_free(g);
+
+    return rc;
+}
+
+
+static void
+ngx_http_hermes_rpc_answer_error(ngx_http_hermes_rpc_t *rpc, uint64_t seq,
+    u_char *fmt, ...)
+{
+    u_char         *p, *last;
+    size_t          n;
+    va_list         args;
+    yajl_gen        g;
+    u_char          msg[NGX_HTTP_HERMES_RPC_ERROR_MAX + 512];
+
+    va_start(args, fmt);
+    last = ngx_vslprintf(msg, msg + sizeof(msg), (char *) fmt, args);
+    va_end(args);
+
+    g = yajl_gen_alloc(NULL);
+    if (g == NULL) {
+        return;
+    }
+
+    yajl_gen_map_open(g);
+    yajl_gen_string(g, (u_char *) "seq", 3);
+    yajl_gen_integer(g, (long long) seq);
+    yajl_gen_string(g, (u_char *) "ok", 2);
+    yajl_gen_bool(g, 0);
+    yajl_gen_string(g, (u_char *) "result", 6);
+    yajl_gen_null(g);
+    yajl_gen_string(g, (u_char *) "error", 5);
+    yajl_gen_string(g, msg, ngx_http_hermes_rpc_utf8_cut(msg, last - msg, 1));
+    yajl_gen_map_close(g);
+
+    if (yajl_gen_get_buf(g, (const unsigned char **) &p, &n)
+        == yajl_gen_status_ok)
+    {
+        (void) ngx_http_hermes_rpc_write(rpc, seq, p, n);
+    }
+
+    yajl_gen_free(g);
+
+    ngx_log_error(NGX_LOG_INFO, rpc->log, 0,
+                  "hermes: kernel %*s: tool call %uL: %*s",
+                  (size_t) NGX_HTTP_HERMES_ID_LEN, rpc->ref->kernel_id, seq,
+                  last - msg, msg);
+}
+
+
+/* res_N: tmp + rename on the verified rpc/ fd; hermes_tools.py watches */
+
+static ngx_int_t
+ngx_http_hermes_rpc_write(ngx_http_hermes_rpc_t *rpc, uint64_t seq,
+    u_char *data, size_t len)
+{
+    u_char  name[32];
+
+    if (rpc->rpc_fd == NGX_INVALID_FILE) {
+        return NGX_ERROR;
+    }
+
+    ngx_sprintf(name, "res_%06uL%Z", seq);
+
+    return ngx_http_hermes_local_write_at(rpc->rpc_fd, (char *) name, data,
+                                          len, (ngx_uid_t) rpc->ref->uid,
+                                          rpc->log);
+}
+
+
+/* a stream event: {"type":"tool_call"|"tool_done","seq","tool"[,"ok","ms"]} */
+
+static void
+ngx_http_hermes_rpc_emit(ngx_http_hermes_rpc_t *rpc, const char *type,
+    ngx_str_t *tool, uint64_t seq, ngx_int_t ok, ngx_msec_t ms)
+{
+    u_char  *p, line[NGX_HTTP_HERMES_RPC_TOOL_MAX * 6 + 128];
+
+    if (rpc->event == NULL) {
+        return;
+    }
+
+    p = ngx_sprintf(line, "{\"type\":\"%s\",\"seq\":%uL,\"tool\":\"", type,
+                    seq);
+    p = (u_char *) ngx_escape_json(p, tool->data, tool->len);
+    *p++ = '"';
+
+    if (ok >= 0) {
+        p = ngx_sprintf(p, ",\"ok\":%s,\"ms\":%M", ok ? "true" : "false", ms);
+    }
+
+    p = ngx_cpymem(p, "}\n", 2);
+
+    rpc->event(rpc->data, line, p - line);
+}
+
+
+/* the client left: calls in flight are answered, none is made any more */
+
+void
+ngx_http_hermes_rpc_detach(ngx_http_hermes_rpc_t *rpc)
+{
+    ngx_queue_t                 *q;
+    ngx_http_hermes_rpc_call_t  *call;
+
+    rpc->r = NULL;
+    rpc->event = NULL;
+
+    /* the calls are in the request's pool, about to go with it */
+
+    while (!ngx_queue_empty(&rpc->inflight)) {
+        q = ngx_queue_head(&rpc->inflight);
+        call = ngx_queue_data(q, ngx_http_hermes_rpc_call_t, queue);
+
+        ngx_queue_remove(q);
+        call->rpc = NULL;
+
+        ngx_http_hermes_rpc_answer_error(rpc, call->seq,
+                     (u_char *) "tool \"%V\": the client that started this "
+                     "cell disconnected while the tool ran; its answer is "
+                     "lost", &call->tool);
+    }
+}
+
+
+/* the cell is over: its authority too */
+
+void
+ngx_http_hermes_rpc_end(ngx_http_hermes_rpc_t *rpc)
+{
+    ngx_queue_t                 *q;
+    ngx_http_hermes_rpc_call_t  *call;
+
+    while (!ngx_queue_empty(&rpc->inflight)) {
+        q = ngx_queue_head(&rpc->inflight);
+        call = ngx_queue_data(q, ngx_http_hermes_rpc_call_t, queue);
+
+        ngx_queue_remove(q);
+        call->rpc = NULL;
+    }
+
+    rpc->event = NULL;
+
+    ngx_http_hermes_rpc_close(rpc);
+}
+
+
+/* the filters: our subrequests' answers go to memory, nowhere else */
+
+static ngx_http_hermes_rpc_call_t *
+ngx_http_hermes_rpc_call(ngx_http_request_t *r)
+{
+    if (r == r->main || r->post_subrequest == NULL
+        || r->post_subrequest->handler != ngx_http_hermes_rpc_done)
+    {
+        return NULL;
+    }
+
+    return r->post_subrequest->data;
+}
+
+
+static ngx_int_t
+ngx_http_hermes_rpc_header_filter(ngx_http_request_t *r)
+{
+    ngx_uint_t                   i;
+    ngx_list_part_t             *part;
+    ngx_table_elt_t             *h;
+    ngx_http_hermes_rpc_call_t  *call;
+
+    call = ngx_http_hermes_rpc_call(r);
+
+    if (call == NULL) {
+        return ngx_http_next_header_filter(r);
+    }
+
+    call->status = r->headers_out.status;
+
+    if (r->headers_out.content_length_n > (off_t) call->cap) {
+        call->too_big = 1;
+    }
+
+    if (call->step) {
+        /* MCP: an SSE answer, and the session the server gives */
+
+        if (r->headers_out.content_type.len >= sizeof("text/event-stream") - 1
+            && ngx_strncasecmp(r->headers_out.content_type.data,
+                               (u_char *) "text/event-stream",
+                               sizeof("text/event-stream") - 1) == 0)
+        {
+            call->sse = 1;
+        }
+
+        part = &r->headers_out.headers.part;
+        h = part->elts;
+
+        for (i = 0; /* void */ ; i++) {
+
+            if (i >= part->nelts) {
+                if (part->next == NULL) {
+                    break;
+                }
+
+                part = part->next;
+                h = part->elts;
+                i = 0;
+            }
+
+            if (h[i].hash == 0
+                || h[i].key.len != sizeof("Mcp-Session-Id") - 1
+                || ngx_strncasecmp(h[i].key.data, (u_char *) "Mcp-Session-Id",
+                                   sizeof("Mcp-Session-Id") - 1) != 0)
+            {
+                continue;
+            }
+
+            call->session.data = ngx_pnalloc(r->pool, h[i].value.len);
+            if (call->session.data == NULL) {
+                return NGX_ERROR;
+            }
+
+            ngx_memcpy(call->session.data, h[i].value.data, h[i].value.len);
+            call->session.len = h[i].value.len;
+        }
+    }
+
+    r->filter_need_in_memory = 1;
+    r->header_sent = 1;
+
+    return NGX_OK;
+}
+
+
+static ngx_int_t
+ngx_http_hermes_rpc_body_filter(ngx_http_request_t *r, ngx_chain_t *in)
+{
+    off_t                        size;
+    u_char                      *p;
+    ssize_t                      n;
+    ngx_buf_t                   *b;
+    ngx_chain_t                 *cl;
+    ngx_http_hermes_rpc_call_t  *call;
+
+    call = ngx_http_hermes_rpc_call(r);
+
+    if (call == NULL) {
+        return ngx_http_next_body_filter(r, in);
+    }
+
+    for (cl = in; cl; cl = cl->next) {
+        b = cl->buf;
+        size = ngx_buf_size(b);
+
+        if (size && !call->too_big) {
+
+            if (call->len + size > call->cap) {
+                call->too_big = 1;
+
+            } else {
+                if (call->len + size > call->size) {
+                    /* double, up to the cap */
+                    call->size = ngx_min(call->cap,
+                                         ngx_max(2 * call->size,
+                                                 call->len + (size_t) size
+                                                 + 4096));
+
+                    p = ngx_pnalloc(r->pool, call->size);
+                    if (p == NULL) {
+                        return NGX_ERROR;
+                    }
+
+                    if (call->len) {
+                        ngx_memcpy(p, call->body, call->len);
+                    }
+
+                    call->body = p;
+                }
+
+                if (ngx_buf_in_memory(b)) {
+                    ngx_memcpy(call->body + call->len, b->pos, size);
+
+                } else {
+                    /* the proxy's temp file: nginx's own, not the cell's */
+                    n = ngx_read_file(b->file, call->body + call->len,
+                                      size, b->file_pos);
+                    if (n != size) {
+                        return NGX_ERROR;
+                    }
+                }
+
+                call->len += size;
+            }
+        }
+
+        b->pos = b->last;
+        b->file_pos = b->file_last;
+    }
+
+    return NGX_OK;
+}
+
+
+ngx_int_t
+ngx_http_hermes_rpc_filter_init(ngx_conf_t *cf)
+{
+    ngx_http_next_header_filter = ngx_http_top_header_filter;
+    ngx_http_top_header_filter = ngx_http_hermes_rpc_header_filter;
+
+    ngx_http_next_body_filter = ngx_http_top_body_filter;
+    ngx_http_top_body_filter = ngx_http_hermes_rpc_body_filter;
+
+    return NGX_OK;
+}
+
+
+/*
+ * hermes_schema: the execute_code tool for agent authors, in OpenAI's and
+ * Anthropic's function formats, its description naming the tools its code
+ * may call (this location's hermes_tools).  ?format=openai|anthropic gives
+ * one of them alone.
+ */
+
+ngx_int_t
+ngx_http_hermes_rpc_schema_handler(ngx_http_request_t *r)
+{
+    u_char                      *p, *last, *desc, *t;
+    size_t                       len, n;
+    ngx_int_t                    rc;
+    ngx_buf_t                   *b;
+    ngx_str_t                    fmt, *name;
+    yajl_gen                     g;
+    ngx_uint_t                   i, which;
+    ngx_chain_t                  out;
+    ngx_http_hermes_loc_conf_t  *hlcf;
+    ngx_http_hermes_rpc_peer_t  *peer;
+
+    if (!(r->method & (NGX_HTTP_GET|NGX_HTTP_HEAD))) {
+        return NGX_HTTP_NOT_ALLOWED;
+    }
+
+    rc = ngx_http_discard_request_body(r);
+    if (rc != NGX_OK) {
+        return rc;
+    }
+
+    which = 3;                  /* 1: openai, 2: anthropic, 3: both */
+
+    if (ngx_http_arg(r, (u_char *) "format", 6, &fmt) == NGX_OK) {
+        if (fmt.len == 6 && ngx_strncmp(fmt.data, "openai", 6) == 0) {
+            which = 1;
+
+        } else if (fmt.len == 9 && ngx_strncmp(fmt.data, "anthropic", 9) == 0) {
+            which = 2;
+
+        } else {
+            return ngx_http_hermes_response_send_error(r,
+                                              NGX_HTTP_BAD_REQUEST,
+                                              "bad_format",
+                                              "format is openai or "
+                                              "anthropic");
+        }
+    }
+
+    hlcf = ngx_http_get_module_loc_conf(r, ngx_http_hermes_module);
+
+    /* the description: what the tool does, and the tools its code has */
+
+    len = 1024;
+
+    if (hlcf->tools) {
+        name = hlcf->tools->elts;
+
+        for (i = 0; i < hlcf->tools->nelts; i++) {
+            len += 2 * name[i].len + 32;
+        }
+    }
+
+    /* auto: the MCP server's tools as this worker last listed them */
+
+    peer = NULL;
+
+    if (hlcf->tools_auto && hlcf->tools_pass.len) {
+        peer = ngx_http_hermes_rpc_peer(&hlcf->tools_pass);
+
+        if (peer && peer->listed) {
+            len += 2 * peer->tools_len + 32 * (peer->tools_len / 2 + 1);
+        }
+    }
+
+    desc = ngx_pnalloc(r->pool, len);
+    if (desc == NULL) {
+        return NGX_HTTP_INTERNAL_SERVER_ERROR;
+    }
+
+    last = desc + len;
+
+    p = ngx_slprintf(desc, last,
+            "Run Python code in a persistent kernel; variables and imports "
+            "stay for the next call with the same session.  Returns the "
+            "output (stdout, then stderr and the traceback), the status "
+            "and the error.");
+
+    if (peer && !peer->listed) {
+        p = ngx_slprintf(p, last,
+                "  The code can call the tools of the gateway's MCP server "
+                "(module hermes_tools, imported already; dir(hermes_tools) "
+                "in the code lists them), each with keyword arguments, "
+                "returning the tool's answer as Python data and raising "
+                "hermes_tools.ToolError when it fails.");
+
+    } else if (peer) {
+        p = ngx_slprintf(p, last,
+                "  The code can call these tools (module hermes_tools, "
+                "imported already), each with keyword arguments, returning "
+                "the tool's answer as Python data and raising "
+                "hermes_tools.ToolError when it fails: ");
+
+        for (t = peer->tools, i = 0; t < peer->tools + peer->tools_len; i++) {
+            n = ngx_strlen(t);
+            p = ngx_slprintf(p, last, "%shermes_tools.%*s(...)",
+                             i ? ", " : "", n, t);
+            t += n + 1;
+        }
+
+        p = ngx_slprintf(p, last, ".  At most %ui tool calls per run.",
+                         hlcf->max_tool_calls);
+
+    } else if (hlcf->tools == NULL || hlcf->tools->nelts == 0
+               || hlcf->tools_pass.len == 0)
+    {
+        p = ngx_slprintf(p, last, "  No tools can be called from the code.");
+
+    } else {
+        p = ngx_slprintf(p, last,
+                "  The code can call these tools (module hermes_tools, "
+                "imported already), each with keyword arguments, returning "
+                "the tool's answer as Python data and raising "
+                "hermes_tools.ToolError when it fails: ");
+
+        name = hlcf->tools->elts;
+
+        for (i = 0; i < hlcf->tools->nelts; i++) {
+            p = ngx_slprintf(p, last, "%shermes_tools.%V(...)",
+                             i ? ", " : "", &name[i]);
+        }
+
+        p = ngx_slprintf(p, last, ".  At most %ui tool calls per run.",
+                         hlcf->max_tool_calls);
+    }
+
+    g = yajl_gen_alloc(NULL);
+    if (g == NULL) {
+        return NGX_HTTP_INTERNAL_SERVER_ERROR;
+    }
+
+    if (which == 3) {
+        yajl_gen_map_open(g);
+    }
+
+    if (which & 1) {
+        if (which == 3) {
+            yajl_gen_string(g, (u_char *) "openai", 6);
+        }
+
+        yajl_gen_map_open(g);
+        yajl_gen_string(g, (u_char *) "type", 4);
+        yajl_gen_string(g, (u_char *) "function", 8);
+        yajl_gen_string(g, (u_char *) "function", 8);
+        ngx_http_hermes_rpc_schema_function(g, desc, p - desc, "parameters");
+        yajl_gen_map_close(g);
+    }
+
+    if (which & 2) {
+        if (which == 3) {
+            yajl_gen_string(g, (u_char *) "anthropic", 9);
+        }
+
+        ngx_http_hermes_rpc_schema_function(g, desc, p - desc,
+                                            "input_schema");
+    }
+
+    if (which == 3) {
+        yajl_gen_map_close(g);
+    }
+
+    if (yajl_gen_get_buf(g, (const unsigned char **) &p, &len)
+        != yajl_gen_status_ok)
+    {
+        yajl_gen_free(g);
+        return NGX_HTTP_INTERNAL_SERVER_ERROR;
+    }
+
+    b = ngx_create_temp_buf(r->pool, len + 1);
+    if (b == NULL) {
+        yajl_gen_free(g);
+        return NGX_HTTP_INTERNAL_SERVER_ERROR;
+    }
+
+    b->last = ngx_cpymem(b->last, p, len);
+    *b->last++ = '\n';
+    b->last_buf = (r == r->main);
+    b->last_in_chain = 1;
+
+    yajl_gen_free(g);
+
+    r->headers_out.status = NGX_HTTP_OK;
+    r->headers_out.content_length_n = b->last - b->pos;
+    ngx_str_set(&r->headers_out.content_type, "application/json");
+    r->headers_out.content_type_len = r->headers_out.content_type.len;
+
+    rc = ngx_http_send_header(r);
+
+    if (rc == NGX_ERROR || rc > NGX_OK || r->header_only) {
+        return rc;
+    }
+
+    out.buf = b;
+    out.next = NULL;
+
+    return ngx_http_output_filter(r, &out);
+}
+
+
+static void
+ngx_http_hermes_rpc_schema_function(yajl_gen g, u_char *desc, size_t len,
+    const char *params)
+{
+    yajl_gen_map_open(g);
+    yajl_gen_string(g, (u_char *) "name", 4);
+    yajl_gen_string(g, (u_char *) "execute_code", 12);
+    yajl_gen_string(g, (u_char *) "description", 11);
+    yajl_gen_string(g, desc, len);
+    yajl_gen_string(g, (u_char *) params, ngx_strlen(params));
+
+    yajl_gen_map_open(g);
+    yajl_gen_string(g, (u_char *) "type", 4);
+    yajl_gen_string(g, (u_char *) "object", 6);
+    yajl_gen_string(g, (u_char *) "properties", 10);
+    yajl_gen_map_open(g);
+
+    ngx_http_hermes_rpc_schema_property(g, "code", "string",
+        "The Python code to run.  The value of a last expression is "
+        "printed.");
+    ngx_http_hermes_rpc_schema_property(g, "session", "string",
+        "The kernel to run it in: 1-128 of A-Z a-z 0-9 . _ : -.  The same "
+        "session keeps its variables; none: a fresh kernel for this run "
+        "only.");
+    ngx_http_hermes_rpc_schema_property(g, "timeout", "integer",
+        "Seconds the code may run (default and cap: the gateway's).");
+    ngx_http_hermes_rpc_schema_property(g, "reset", "boolean",
+        "Start the session's kernel afresh first.");
+
+    yajl_gen_map_close(g);
+    yajl_gen_string(g, (u_char *) "required", 8);
+    yajl_gen_array_open(g);
+    yajl_gen_string(g, (u_char *) "code", 4);
+    yajl_gen_array_close(g);
+    yajl_gen_map_close(g);
+
+    yajl_gen_map_close(g);
+}
+
+
+static void
+ngx_http_hermes_rpc_schema_property(yajl_gen g, const char *name,
+    const char *type, const char *desc)
+{
+    yajl_gen_string(g, (u_char *) name, ngx_strlen(name));
+    yajl_gen_map_open(g);
+    yajl_gen_string(g, (u_char *) "type", 4);
+    yajl_gen_string(g, (u_char *) type, ngx_strlen(type));
+    yajl_gen_string(g, (u_char *) "description", 11);
+    yajl_gen_string(g, (u_char *) desc, ngx_strlen(desc));
+    yajl_gen_map_close(g);
+}
+
+
+/* MCP over the streamable HTTP transport, through the same subrequests */
+
+static ngx_http_hermes_rpc_peer_t  ngx_http_hermes_rpc_peers[
+                                       NGX_HTTP_HERMES_RPC_PEERS];
+static ngx_uint_t                  ngx_http_hermes_rpc_npeers;
+
+
+static ngx_http_hermes_rpc_peer_t *
+ngx_http_hermes_rpc_peer(ngx_str_t *uri)
+{
+    ngx_uint_t                   i;
+    ngx_http_hermes_rpc_peer_t  *peer;
+
+    for (i = 0; i < ngx_http_hermes_rpc_npeers; i++) {
+        peer = &ngx_http_hermes_rpc_peers[i];
+
+        if (peer->uri.len == uri->len
+            && ngx_strncmp(peer->uri.data, uri->data, uri->len) == 0)
+        {
+            return peer;
+        }
+    }
+
+    if (ngx_http_hermes_rpc_npeers == NGX_HTTP_HERMES_RPC_PEERS) {
+        return NULL;
+    }
+
+    /* the URI is the configuration's: it lives as long as this worker */
+
+    peer = &ngx_http_hermes_rpc_peers[ngx_http_hermes_rpc_npeers++];
+    peer->uri = *uri;
+
+    return peer;
+}
+
+
+static ngx_int_t
+ngx_http_hermes_rpc_peer_has(ngx_http_hermes_rpc_peer_t *peer,
+    ngx_str_t *name)
+{
+    u_char  *p, *last;
+    size_t   len;
+
+    p = peer->tools;
+    last = p + peer->tools_len;
+
+    while (p && p < last) {
+        len = ngx_strlen(p);
+
+        if (len == name->len && ngx_strncmp(p, name->data, len) == 0) {
+            return NGX_OK;
+        }
+
+        p += len + 1;
+    }
+
+    return NGX_DECLINED;
+}
+
+
+/*
+ * The step after a subrequest: initialize, notifications/initialized,
+ * tools/list (auto), tools/call.  NGX_AGAIN: the next one is on its way;
+ * NGX_DONE: call->err says why the call failed; else rc, for the outcome.
+ */
+
+static ngx_int_t
+ngx_http_hermes_rpc_mcp_next(ngx_http_hermes_rpc_t *rpc,
+    ngx_http_hermes_rpc_call_t *call, ngx_int_t rc)
+{
+    u_char                      *p;
+    size_t                       len, n;
+    yajl_val                     root, v, tools, name;
+    ngx_uint_t                   i, status;
+    ngx_http_hermes_rpc_peer_t  *peer;
+
+    static const char  *presult[] = { "result", NULL };
+    static const char  *pversion[] = { "result", "protocolVersion", NULL };
+    static const char  *ptools[] = { "result", "tools", NULL };
+    static const char  *pname[] = { "name", NULL };
+    static const char  *perror[] = { "error", "message", NULL };
+
+    peer = call->peer;
+    status = ngx_http_hermes_rpc_status(call, rc);
+
+    if (call->step == NGX_HTTP_HERMES_MCP_CALL) {
+
+        if (status == NGX_HTTP_NOT_FOUND && call->used_session
+            && !call->retried)
+        {
+            /* the server forgot the session: a new one, once */
+            peer->ready = 0;
+            peer->session_len = 0;
+            call->retried = 1;
+            call->used_session = 0;
+            call->step = NGX_HTTP_HERMES_MCP_INIT;
+            goto next;
+        }
+
+        return rc;
+    }
+
+    if (call->too_big || status < 200 || status > 299) {
+        return rc;
+    }
+
+    switch (call->step) {
+
+    case NGX_HTTP_HERMES_MCP_INIT:
+        root = ngx_http_hermes_rpc_mcp_parse(rpc, call);
+        if (root == NULL) {
+            ngx_http_hermes_rpc_call_error(call, "the MCP server's answer to "
+                                           "initialize is not JSON-RPC");
+            return NGX_DONE;
+        }
+
+        v = yajl_tree_get(root, perror, yajl_t_string);
+
+        if (v || yajl_tree_get(root, presult, yajl_t_object) == NULL) {
+            ngx_http_hermes_rpc_call_error(call, "the MCP server refused "
+                                           "initialize: %s",
+                                           v ? v->u.string : "");
+            yajl_tree_free(root);
+            return NGX_DONE;
+        }
+
+        v = yajl_tree_get(root, pversion, yajl_t_string);
+
+        if (v && (len = ngx_strlen(v->u.string)) > 0
+            && len <= sizeof(peer->version))
+        {
+            ngx_memcpy(peer->version, v->u.string, len);
+            peer->version_len = len;
+
+        } else {
+            ngx_memcpy(peer->version, NGX_HTTP_HERMES_MCP_VERSION,
+                       sizeof(NGX_HTTP_HERMES_MCP_VERSION) - 1);
+            peer->version_len = sizeof(NGX_HTTP_HERMES_MCP_VERSION) - 1;
+        }
+
+        yajl_tree_free(root);
+
+        peer->session_len = 0;
+
+        if (call->session.len && call->session.len <= sizeof(peer->session)) {
+            ngx_memcpy(peer->session, call->session.data, call->session.len);
+            peer->session_len = call->session.len;
+        }
+
+        peer->ready = 1;
+        call->step = NGX_HTTP_HERMES_MCP_NOTIFY;
+        break;
+
+    case NGX_HTTP_HERMES_MCP_NOTIFY:
+        call->step = (rpc->hlcf->tools_auto && !peer->listed)
+                     ? NGX_HTTP_HERMES_MCP_LIST : NGX_HTTP_HERMES_MCP_CALL;
+        break;
+
+    default: /* NGX_HTTP_HERMES_MCP_LIST */
+        root = ngx_http_hermes_rpc_mcp_parse(rpc, call);
+        tools = root ? yajl_tree_get(root, ptools, yajl_t_array) : NULL;
+
+        if (tools == NULL) {
+            ngx_http_hermes_rpc_call_error(call, "the MCP server's answer to "
+                                           "tools/list has no tools");
+            if (root) {
+                yajl_tree_free(root);
+            }
+
+            return NGX_DONE;
+        }
+
+        len = 0;
+
+        for (i = 0; i < tools->u.array.len; i++) {
+            name = yajl_tree_get(tools->u.array.values[i], pname,
+                                 yajl_t_string);
+            if (name) {
+                len += ngx_strlen(name->u.string) + 1;
+            }
+        }
+
+        p = ngx_alloc(len + 1, rpc->log);
+        if (p == NULL) {
+            yajl_tree_free(root);
+            return NGX_ERROR;
+        }
+
+        if (peer->tools) {
+            ngx_free(peer->tools);
+        }
+
+        peer->tools = p;
+        peer->tools_len = len;
+
+        for (i = 0; i < tools->u.array.len; i++) {
+            name = yajl_tree_get(tools->u.array.values[i], pname,
+                                 yajl_t_string);
+            if (name) {
+                n = ngx_strlen(name->u.string);
+                p = ngx_cpymem(p, name->u.string, n);
+                *p++ = '\0';
+            }
+        }
+
+        yajl_tree_free(root);
+
+        peer->listed = 1;
+
+        if (ngx_http_hermes_rpc_peer_has(peer, &call->tool) != NGX_OK) {
+            ngx_http_hermes_rpc_call_error(call, "not one of the MCP "
+                                           "server's tools (tools/list)");
+            return NGX_DONE;
+        }
+
+        call->step = NGX_HTTP_HERMES_MCP_CALL;
+        break;
+    }
+
+next:
+
+    if (ngx_http_hermes_rpc_subrequest(rpc, call) != NGX_OK) {
+        ngx_http_hermes_rpc_call_error(call, "the gateway could not make the "
+                                       "tool call");
+        return NGX_DONE;
+    }
+
+    return NGX_AGAIN;
+}
+
+
+/*
+ * tools/call answered 2xx: its result to the code.  structuredContent as
+ * data, else the text content as a str (texts joined by "\n"), else the
+ * content list as it came; isError and JSON-RPC errors raise ToolError.
+ */
+
+static ngx_int_t
+ngx_http_hermes_rpc_mcp_answer(ngx_http_hermes_rpc_t *rpc,
+    ngx_http_hermes_rpc_call_t *call)
+{
+    u_char      *p, *text;
+    size_t       len, n;
+    yajl_gen     g;
+    yajl_val     root, result, v, content, item, t;
+    ngx_int_t    rc;
+    ngx_uint_t   i, texts;
+
+    static const char  *presult[] = { "result", NULL };
+    static const char  *perror[] = { "error", "message", NULL };
+    static const char  *pcode[] = { "error", "code", NULL };
+    static const char  *pstruct[] = { "structuredContent", NULL };
+    static const char  *pcontent[] = { "content", NULL };
+    static const char  *piserror[] = { "isError", NULL };
+    static const char  *ptype[] = { "type", NULL };
+    static const char  *ptext[] = { "text", NULL };
+
+    root = ngx_http_hermes_rpc_mcp_parse(rpc, call);
+
+    if (root == NULL) {
+        ngx_http_hermes_rpc_answer_error(rpc, call->seq,
+                     (u_char *) "tool \"%V\": the MCP server's answer is not "
+                     "JSON-RPC", &call->tool);
+        return 0;
+    }
+
+    result = yajl_tree_get(root, presult, yajl_t_object);
+
+    if (result == NULL) {
+        v = yajl_tree_get(root, perror, yajl_t_string);
+        t = yajl_tree_get(root, pcode, yajl_t_number);
+
+        ngx_http_hermes_rpc_answer_error(rpc, call->seq,
+                     (u_char *) "tool \"%V\" failed (MCP error %s): %s",
+                     &call->tool, t ? t->u.number.r : "?",
+                     v ? v->u.string : "no message");
+        yajl_tree_free(root);
+        return 0;
+    }
+
+    /* the text of the text items, for a str or an error's message */
+
+    content = yajl_tree_get(result, pcontent, yajl_t_array);
+    len = 0;
+    texts = 1;
+
+    for (i = 0; content && i < content->u.array.len; i++) {
+        item = content->u.array.values[i];
+        v = yajl_tree_get(item, ptype, yajl_t_string);
+        t = yajl_tree_get(item, ptext, yajl_t_string);
+
+        if (v == NULL || t == NULL || ngx_strcmp(v->u.string, "text")) {
+            texts = 0;
+            continue;
+        }
+
+        len += ngx_strlen(t->u.string) + 1;
+    }
+
+    text = ngx_pnalloc(rpc->pool, len + 1);
+    if (text == NULL) {
+        yajl_tree_free(root);
+        return 0;
+    }
+
+    p = text;
+
+    for (i = 0; content && i < content->u.array.len; i++) {
+        item = content->u.array.values[i];
+        v = yajl_tree_get(item, ptype, yajl_t_string);
+        t = yajl_tree_get(item, ptext, yajl_t_string);
+
+        if (v && t && ngx_strcmp(v->u.string, "text") == 0) {
+            if (p > text) {
+                *p++ = '\n';
+            }
+
+            n = ngx_strlen(t->u.string);
+            p = ngx_cpymem(p, t->u.string, n);
+        }
+    }
+
+    if (YAJL_IS_TRUE(yajl_tree_get(result, piserror, yajl_t_true))) {
+        ngx_http_hermes_rpc_answer_error(rpc, call->seq,
+                     (u_char *) "tool \"%V\" failed: %*s", &call->tool,
+                     ngx_min((size_t) (p - text),
+                             (size_t) NGX_HTTP_HERMES_RPC_ERROR_MAX),
+                     text);
+        yajl_tree_free(root);
+        return 0;
+    }
+
+    g = yajl_gen_alloc(NULL);
+    if (g == NULL) {
+        yajl_tree_free(root);
+        return 0;
+    }
+
+    v = yajl_tree_get(result, pstruct, yajl_t_any);
+
+    if (v) {
+        ngx_http_hermes_rpc_gen(g, v);
+
+    } else if (content && texts) {
+        yajl_gen_string(g, text, p - text);
+
+    } else if (content) {
+        ngx_http_hermes_rpc_gen(g, content);
+
+    } else {
+        yajl_gen_null(g);
+    }
+
+    yajl_tree_free(root);
+
+    if (yajl_gen_get_buf(g, (const unsigned char **) &p, &len)
+        != yajl_gen_status_ok)
+    {
+        yajl_gen_free(g);
+        return 0;
+    }
+
+    rc = ngx_http_hermes_rpc_answer_ok(rpc, call->seq, p, len);
+
+    yajl_gen_free(g);
+
+    if (rc != NGX_OK) {
+        ngx_http_hermes_rpc_answer_error(rpc, call->seq,
+                     (u_char *) "tool \"%V\": its answer could not be "
+                     "passed on", &call->tool);
+        return 0;
+    }
+
+    return 1;
+}
+
+
+/* the JSON-RPC response in a subrequest's answer: a JSON body, or the
+ * last response (an "id" and a result or an error) of an SSE stream */
+
+static yajl_val
+ngx_http_hermes_rpc_mcp_parse(ngx_http_hermes_rpc_t *rpc,
+    ngx_http_hermes_rpc_call_t *call)
+{
+    u_char    *p, *last, *nl, *data, *d;
+    yajl_val   v, found;
+
+    static const char  *pid[] = { "id", NULL };
+    static const char  *presult[] = { "result", NULL };
+    static const char  *perror[] = { "error", NULL };
+
+    if (call->body == NULL || call->len == 0) {
+        return NULL;
+    }
+
+    if (!call->sse) {
+        return ngx_http_hermes_rpc_json(rpc->pool, call->body, call->len);
+    }
+
+    /* events: "data:" lines joined by "\n", a blank line ends one */
+
+    data = ngx_pnalloc(rpc->pool, call->len + 1);
+    if (data == NULL) {
+        return NULL;
+    }
+
+    d = data;
+    found = NULL;
+    p = call->body;
+    last = p + call->len;
+
+    while (p <= last) {
+        nl = ngx_strlchr(p, last, '\n');
+        if (nl == NULL) {
+            nl = last;
+        }
+
+        if (nl > p && nl[-1] == '\r') {
+            nl--;
+        }
+
+        if (nl - p >= 5 && ngx_strncmp(p, "data:", 5) == 0) {
+            p += 5;
+
+            if (p < nl && *p == ' ') {
+                p++;
+            }
+
+            if (d > data) {
+                *d++ = '\n';
+            }
+
+            d = ngx_cpymem(d, p, nl - p);
+
+        } else if (nl == p && d > data) {
+            v = ngx_http_hermes_rpc_json(rpc->pool, data, d - data);
+
+            if (v && yajl_tree_get(v, pid, yajl_t_any)
+                && (yajl_tree_get(v, presult, yajl_t_any)
+                    || yajl_tree_get(v, perror, yajl_t_any)))
+            {
+                if (found) {
+                    yajl_tree_free(found);
+                }
+
+                found = v;
+
+            } else if (v) {
+                yajl_tree_free(v);
+            }
+
+            d = data;
+        }
+
+        p = (nl < last && *nl == '\r') ? nl + 2 : nl + 1;
+
+        if (nl == last && d > data) {
+            /* the last event, without its blank line */
+            p = last;
+            nl = last;
+            v = ngx_http_hermes_rpc_json(rpc->pool, data, d - data);
+
+            if (v && yajl_tree_get(v, pid, yajl_t_any)) {
+                if (found) {
+                    yajl_tree_free(found);
+                }
+
+                found = v;
+
+            } else if (v) {
+                yajl_tree_free(v);
+            }
+
+            break;
+        }
+    }
+
+    return found;
+}
+
+
+/* a JSON text as a yajl tree, its nesting bounded first (yajl's tree
+ * code recurses) */
+
+static yajl_val
+ngx_http_hermes_rpc_json(ngx_pool_t *pool, u_char *data, size_t len)
+{
+    u_char      *copy, *p, *last;
+    yajl_val     v;
+    ngx_uint_t   depth, str, esc;
+
+    depth = 0;
+    str = 0;
+    esc = 0;
+
+    for (p = data, last = data + len; p < last; p++) {
+        if (str) {
+            if (esc) {
+                esc = 0;
+
+            } else if (*p == '\\') {
+                esc = 1;
+
+            } else if (*p == '"') {
+                str = 0;
+            }
+
+            continue;
+        }
+
+        if (*p == '"') {
+            str = 1;
+
+        } else if (*p == '[' || *p == '{') {
+            if (++depth > NGX_HTTP_HERMES_RPC_DEPTH) {
+                return NULL;
+            }
+
+        } else if ((*p == ']' || *p == '}') && depth) {
+            depth--;
+
+        } else if (*p == '\0') {
+            return NULL;
+        }
+    }
+
+    copy = ngx_pnalloc(pool, len + 1);
+    if (copy == NULL) {
+        return NULL;
+    }
+
+    *ngx_cpymem(copy, data, len) = '\0';
+
+    v = yajl_tree_parse((const char *) copy, NULL, 0);
+
+    ngx_pfree(pool, copy);
+
+    return v;
+}
+
+
+static void
+ngx_http_hermes_rpc_gen(yajl_gen g, yajl_val v)
+{
+    size_t  i;
+
+    switch (v->type) {
+
+    case yajl_t_string:
+        yajl_gen_string(g, (u_char *) v->u.string, ngx_strlen(v->u.string));
+        break;
+
+    case yajl_t_number:
+        yajl_gen_number(g, v->u.number.r, ngx_strlen(v->u.number.r));
+        break;
+
+    case yajl_t_object:
+        yajl_gen_map_open(g);
+
+        for (i = 0; i < v->u.object.len; i++) {
+            yajl_gen_string(g, (u_char *) v->u.object.keys[i],
+                            ngx_strlen(v->u.object.keys[i]));
+            ngx_http_hermes_rpc_gen(g, v->u.object.values[i]);
+        }
+
+        yajl_gen_map_close(g);
+        break;
+
+    case yajl_t_array:
+        yajl_gen_array_open(g);
+
+        for (i = 0; i < v->u.array.len; i++) {
+            ngx_http_hermes_rpc_gen(g, v->u.array.values[i]);
+        }
+
+        yajl_gen_array_close(g);
+        break;
+
+    case yajl_t_true:
+        yajl_gen_bool(g, 1);
+        break;
+
+    case yajl_t_false:
+        yajl_gen_bool(g, 0);
+        break;
+
+    default:
+        yajl_gen_null(g);
+        break;
+    }
+}
+
+
+static void
+ngx_http_hermes_rpc_call_error(ngx_http_hermes_rpc_call_t *call,
+    const char *fmt, ...)
+{
+    u_char   *p;
+    va_list   args;
+
+    va_start(args, fmt);
+    p = ngx_vslprintf(call->err_buf, call->err_buf + sizeof(call->err_buf),
+                      fmt, args);
+    va_end(args);
+
+    call->err.data = call->err_buf;
+    call->err.len = ngx_http_hermes_rpc_utf8_cut(call->err_buf,
+                                                 p - call->err_buf, 1);
+}

@@ -1,0 +1,160 @@
+#!/usr/bin/perl
+# Tool calls to an MCP server: hermes_tools_pass URI protocol=mcp speaks
+# MCP's streamable HTTP transport (JSON-RPC 2.0: initialize,
+# notifications/initialized, tools/call, tools/list for "hermes_tools
+# auto") through subrequests, to a minimal real MCP server here.
+
+use strict;
+use warnings;
+
+use Test::More;
+use JSON::PP;
+use IO::Socket::INET;
+use Time::HiRes qw(time sleep);
+
+use Hermes::Test;
+
+$SIG{$_} = sub { exit 1 } for qw(INT TERM HUP);
+
+my $J = JSON::PP->new->canonical;
+my $t = Hermes::Test->new(workers => 1);
+my $p = $t->prefix;
+my $hitlog = "$p/logs/mcp-hits.log";
+
+my $mport = $t->port(1);
+my $srv = fork // die "fork: $!";
+if ($srv == 0) {
+    open STDOUT, '>', "$p/logs/mcp-server.out" or POSIX::_exit(1);
+    open STDERR, '>&', \*STDOUT;
+    exec '/usr/bin/python3', Hermes::Test::repo_root() . '/t/lib/hermes_mcp_server.py',
+        $mport, $hitlog or POSIX::_exit(127);
+}
+END { local $?; if ($srv) { kill 'TERM', $srv; waitpid $srv, 0; } }
+wait_until(sub { -s "$p/logs/mcp-server.out" }, 10) or die "MCP server did not start";
+
+$t->write_conf(<<'CONF');
+    hermes_zone kernels:1m;
+    hermes_backend local root=%%KROOT%%;
+
+    server {
+        listen 127.0.0.1:%%PORT_0%%;
+
+        hermes_tools_pass /mcp protocol=mcp;
+
+        location = /x { hermes_execute; hermes_tools add greet two oops stream missing; }
+        location = /auto { hermes_execute; hermes_tools auto; }
+        location = /schema { hermes_schema; hermes_tools auto; }
+
+        location /mcp {
+            internal;
+            proxy_pass http://127.0.0.1:%%PORT_1%%/mcp;
+            proxy_read_timeout 5s;
+        }
+    }
+CONF
+$t->run;
+
+sub hits {
+    open my $fh, '<', $hitlog or return [];
+    return [map { $J->decode($_) } <$fh>];
+}
+
+sub forget {
+    my $s = IO::Socket::INET->new(PeerAddr => "127.0.0.1:$mport") or die;
+    print $s "POST /forget HTTP/1.0\r\nContent-Length: 0\r\n\r\n";
+    local $/; <$s>;
+}
+
+like($t->http(GET => '/schema')->{json}{anthropic}{description},
+     qr/the tools of the gateway's MCP server/, 'hermes_schema with auto, before any list');
+
+my $r = $t->execute('/x', {session => 'm', code => <<'PY'});
+print(hermes_tools.add(a=1, b=2))
+print(repr(hermes_tools.greet(name="nginx")))
+print(repr(hermes_tools.two()))
+print(repr(hermes_tools.stream(x=7)))
+for name in ("oops", "missing"):
+    try:
+        getattr(hermes_tools, name)()
+    except hermes_tools.ToolError as e:
+        print("ToolError:", e)
+PY
+is($r->{result}{status}, 'success', 'MCP: the cell succeeds') or diag explain $r;
+is($r->{result}{output}, <<'OUT', 'structuredContent as data, text as str, SSE answers, isError and JSON-RPC errors as ToolError');
+{'sum': 3}
+'hello, nginx'
+'one\ntwo'
+'streamed: 7'
+ToolError: tool "oops" failed: it broke
+ToolError: tool "missing" failed (MCP error -32602): Unknown tool: missing
+OUT
+is($r->{result}{tool_calls_made}, 6, 'tool_calls_made');
+
+my $h = hits();
+is_deeply([map { $_->{method} } @$h[0 .. 2]],
+          ['initialize', 'notifications/initialized', 'tools/call'],
+          'initialize, notifications/initialized, then tools/call');
+my @calls = grep { $_->{method} eq 'tools/call' } @$h;
+is(scalar @calls, 6, 'one tools/call a call, one session for all');
+ok(!grep({ !$_->{known} || ($_->{version} // '') ne '2025-06-18' } @calls),
+   'every tools/call carries the Mcp-Session-Id and MCP-Protocol-Version');
+like($calls[0]{accept}, qr{application/json.*text/event-stream}, 'Accept: JSON and SSE');
+is_deeply($calls[0]{arguments}, {a => 1, b => 2}, 'arguments as the code passed them');
+is($calls[0]{owner}, 'anonymous', 'the owner header');
+
+# the session is the worker's: the next cell calls at once
+my $n = @$h;
+$r = $t->execute('/x', {session => 'm', code => 'print(hermes_tools.add(a=2, b=2)["sum"])'});
+is($r->{result}{output}, "4\n", 'a second cell');
+is_deeply([map { $_->{method} } @{ hits() }[$n .. $#{ hits() }]], ['tools/call'],
+          'the session is reused');
+
+# the server forgets it: 404, a new session, the call done once
+forget();
+$n = @{ hits() };
+$r = $t->execute('/x', {session => 'm', code => 'print(hermes_tools.add(a=5, b=5)["sum"])'});
+is($r->{result}{output}, "10\n", 'an expired session is replaced');
+is_deeply([map { $_->{method} } @{ hits() }[$n .. $#{ hits() }]],
+          ['tools/call', 'initialize', 'notifications/initialized', 'tools/call'],
+          '404, initialize again, the call again');
+
+# hermes_tools auto: the server's tools/list
+$n = @{ hits() };
+$r = $t->execute('/auto', {session => 'a', code => <<'PY'});
+for i in range(2):
+    try:
+        hermes_tools.nope()
+    except hermes_tools.ToolError as e:
+        print("ToolError:", e)
+    print(hermes_tools.add(a=3, b=i)["sum"])
+PY
+is($r->{result}{output}, <<'OUT', 'auto: the listed tools work, others raise');
+ToolError: tool "nope": not one of the MCP server's tools (tools/list)
+3
+ToolError: tool "nope": not one of the MCP server's tools (tools/list)
+4
+OUT
+is(scalar(grep { $_->{method} eq 'tools/list' } @{ hits() }[$n .. $#{ hits() }]), 1,
+   'tools/list once, cached');
+ok(!grep({ ($_->{name} // '') eq 'nope' } @{ hits() }), 'an unlisted tool is never called');
+
+like($t->http(GET => '/schema')->{json}{openai}{function}{description},
+     qr/hermes_tools\.add\(\.\.\.\), hermes_tools\.greet\(\.\.\.\)/,
+     'hermes_schema with auto: the listed tools');
+
+$t->stop;
+
+# nginx -t: auto needs protocol=mcp
+my $c = Hermes::Test->new(workers => 1);
+$c->write_conf(<<'CONF');
+    hermes_zone kernels:1m;
+    server {
+        listen 127.0.0.1:%%PORT_0%%;
+        location = /x { hermes_execute; hermes_tools auto; hermes_tools_pass /t; }
+    }
+CONF
+my ($rc, $out) = $c->test_config;
+isnt($rc, 0, 'hermes_tools auto without protocol=mcp: nginx -t fails');
+like($out, qr/"hermes_tools auto" needs "hermes_tools_pass URI protocol=mcp"/, 'and says why');
+
+done_testing;

@@ -1,0 +1,114 @@
+"""A minimal MCP server (streamable HTTP transport) for the tests:
+python3 hermes_mcp_server.py PORT HITLOG
+
+POST /mcp takes JSON-RPC 2.0: initialize (answers an Mcp-Session-Id),
+notifications/initialized (202), tools/list, tools/call.  Requests after
+initialize need a session it gave (else 404, as for an expired one) and
+the MCP-Protocol-Version header.  POST /forget (the test's, not nginx's)
+drops every session.  Each hit is logged to HITLOG as a JSON line.
+
+Tools: add {a,b} (structuredContent {"sum"} and a text), greet {name}
+(text), two (two texts), oops (isError), stream (answered as an SSE
+stream, a progress notification first), anything else: JSON-RPC error.
+"""
+
+import json
+import sys
+import uuid
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+PORT, LOG = int(sys.argv[1]), sys.argv[2]
+SESSIONS = set()
+TOOLS = ["add", "greet", "two", "oops", "stream"]
+
+
+class Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, *a):
+        pass
+
+    def send(self, code, body=None, ctype="application/json", headers=()):
+        data = b"" if body is None else (
+            body if isinstance(body, bytes) else json.dumps(body).encode())
+        self.send_response(code)
+        for k, v in headers:
+            self.send_header(k, v)
+        if body is not None:
+            self.send_header("Content-Type", ctype)
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def do_POST(self):
+        n = int(self.headers.get("Content-Length") or 0)
+        raw = self.rfile.read(n)
+        if self.path == "/forget":
+            SESSIONS.clear()
+            return self.send(200, {"forgot": True})
+        try:
+            msg = json.loads(raw)
+        except ValueError:
+            return self.send(400, {"error": "not json"})
+        method = msg.get("method")
+        params = msg.get("params") or {}
+        sid = self.headers.get("Mcp-Session-Id")
+        with open(LOG, "a") as f:
+            f.write(json.dumps({
+                "method": method, "name": params.get("name"),
+                "arguments": params.get("arguments"), "id": msg.get("id"),
+                "session": sid, "known": sid in SESSIONS,
+                "version": self.headers.get("MCP-Protocol-Version"),
+                "accept": self.headers.get("Accept"),
+                "owner": self.headers.get("X-Hermes-Owner")}) + "\n")
+        rid = msg.get("id")
+        if method == "initialize":
+            sid = uuid.uuid4().hex
+            SESSIONS.add(sid)
+            return self.send(200, {"jsonrpc": "2.0", "id": rid, "result": {
+                "protocolVersion": "2025-06-18", "capabilities": {"tools": {}},
+                "serverInfo": {"name": "test-mcp", "version": "1"}}},
+                headers=[("Mcp-Session-Id", sid)])
+        if sid not in SESSIONS:
+            return self.send(404 if sid else 400, {"error": "no such session"})
+        if self.headers.get("MCP-Protocol-Version") != "2025-06-18":
+            return self.send(400, {"error": "MCP-Protocol-Version"})
+        if method == "notifications/initialized":
+            return self.send(202)
+        if method == "tools/list":
+            return self.send(200, {"jsonrpc": "2.0", "id": rid, "result": {
+                "tools": [{"name": t, "inputSchema": {"type": "object"}}
+                          for t in TOOLS]}})
+        if method != "tools/call":
+            return self.send(200, {"jsonrpc": "2.0", "id": rid, "error": {
+                "code": -32601, "message": "Method not found"}})
+        name, args = params.get("name"), params.get("arguments") or {}
+        if name == "add":
+            s = args.get("a", 0) + args.get("b", 0)
+            res = {"content": [{"type": "text", "text": str(s)}],
+                   "structuredContent": {"sum": s}}
+        elif name == "greet":
+            res = {"content": [{"type": "text", "text": "hello, %s" % args.get("name")}]}
+        elif name == "two":
+            res = {"content": [{"type": "text", "text": "one"},
+                               {"type": "text", "text": "two"}]}
+        elif name == "oops":
+            res = {"content": [{"type": "text", "text": "it broke"}], "isError": True}
+        elif name == "stream":
+            note = {"jsonrpc": "2.0", "method": "notifications/progress",
+                    "params": {"progress": 1}}
+            resp = {"jsonrpc": "2.0", "id": rid, "result": {
+                "content": [{"type": "text", "text": "streamed: %s" % args.get("x")}]}}
+            body = ("event: message\ndata: %s\n\nevent: message\ndata: %s\n\n"
+                    % (json.dumps(note), json.dumps(resp))).encode()
+            return self.send(200, body, "text/event-stream")
+        else:
+            return self.send(200, {"jsonrpc": "2.0", "id": rid, "error": {
+                "code": -32602, "message": "Unknown tool: %s" % name}})
+        return self.send(200, {"jsonrpc": "2.0", "id": rid, "result": res})
+
+
+ThreadingHTTPServer.daemon_threads = True
+srv = ThreadingHTTPServer(("127.0.0.1", PORT), Handler)
+print("ready", flush=True)
+srv.serve_forever()
