@@ -313,6 +313,36 @@ ngx_http_hermes_registry_owner_next(ngx_http_hermes_zone_t *zone,
 
 
 /*
+ * Called locked: the owner's entry after kn (NULL: its first) that is the
+ * session's and not a tombstone, in any backend.
+ */
+
+static ngx_http_hermes_node_t *
+ngx_http_hermes_registry_session_next(ngx_http_hermes_zone_t *zone,
+    ngx_str_t *owner, uint32_t ohash, ngx_str_t *session,
+    ngx_http_hermes_node_t *kn)
+{
+    u_char  *p;
+
+    for (kn = ngx_http_hermes_registry_owner_next(zone, owner, ohash, kn);
+         kn;
+         kn = ngx_http_hermes_registry_owner_next(zone, owner, ohash, kn))
+    {
+        p = ngx_http_hermes_node_session(kn);
+
+        if (kn->state != NGX_HTTP_HERMES_STATE_LOST
+            && (size_t) (kn->data + kn->key_len - p) == session->len
+            && ngx_memcmp(p, session->data, session->len) == 0)
+        {
+            return kn;
+        }
+    }
+
+    return NULL;
+}
+
+
+/*
  * A new kernel for an owner at max_kernels_per_owner: its own least
  * recently used idle kernel makes room, never another owner's.
  * NGX_DECLINED: all of its kernels are busy (running, queued, spawning).
@@ -1092,7 +1122,6 @@ ngx_http_hermes_registry_running(ngx_http_hermes_zone_t *zone,
     ngx_str_t *owner, ngx_str_t *session, ngx_http_hermes_victim_t *v,
     uint32_t *cell)
 {
-    u_char                     *p;
     uint32_t                    ohash;
     ngx_int_t                   rc;
     ngx_http_hermes_node_t     *kn;
@@ -1103,19 +1132,12 @@ ngx_http_hermes_registry_running(ngx_http_hermes_zone_t *zone,
 
     ngx_shmtx_lock(&zone->shpool->mutex);
 
-    for (kn = ngx_http_hermes_registry_owner_next(zone, owner, ohash, NULL);
+    for (kn = ngx_http_hermes_registry_session_next(zone, owner, ohash,
+                                                    session, NULL);
          kn;
-         kn = ngx_http_hermes_registry_owner_next(zone, owner, ohash, kn))
+         kn = ngx_http_hermes_registry_session_next(zone, owner, ohash,
+                                                    session, kn))
     {
-        p = ngx_http_hermes_node_session(kn);
-
-        if (kn->state == NGX_HTTP_HERMES_STATE_LOST
-            || (size_t) (kn->data + kn->key_len - p) != session->len
-            || ngx_memcmp(p, session->data, session->len) != 0)
-        {
-            continue;
-        }
-
         if (kn->state != NGX_HTTP_HERMES_STATE_RUNNING || !kn->claimed
             || kn->pid == 0)
         {
@@ -1149,7 +1171,6 @@ ngx_http_hermes_registry_kernel(ngx_http_hermes_zone_t *zone,
     ngx_str_t *owner, ngx_str_t *session, ngx_http_hermes_victim_t *v,
     uint32_t *uid)
 {
-    u_char                     *p;
     uint32_t                    ohash;
     ngx_int_t                   rc;
     ngx_http_hermes_node_t     *kn;
@@ -1160,18 +1181,13 @@ ngx_http_hermes_registry_kernel(ngx_http_hermes_zone_t *zone,
 
     ngx_shmtx_lock(&zone->shpool->mutex);
 
-    for (kn = ngx_http_hermes_registry_owner_next(zone, owner, ohash, NULL);
+    for (kn = ngx_http_hermes_registry_session_next(zone, owner, ohash,
+                                                    session, NULL);
          kn;
-         kn = ngx_http_hermes_registry_owner_next(zone, owner, ohash, kn))
+         kn = ngx_http_hermes_registry_session_next(zone, owner, ohash,
+                                                    session, kn))
     {
-        p = ngx_http_hermes_node_session(kn);
-
-        if (kn->state == NGX_HTTP_HERMES_STATE_LOST
-            || kn->state == NGX_HTTP_HERMES_STATE_SPAWNING
-            || kn->pid == 0
-            || (size_t) (kn->data + kn->key_len - p) != session->len
-            || ngx_memcmp(p, session->data, session->len) != 0)
-        {
+        if (kn->state == NGX_HTTP_HERMES_STATE_SPAWNING || kn->pid == 0) {
             continue;
         }
 
