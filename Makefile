@@ -20,7 +20,7 @@ PKGS       := nginx nginx-dev libssh-dev libyajl-dev libsodium-dev \
 SRCS       := config ngx_hermes_module.c $(wildcard src/*.c src/*.h)
 # shipped into each kernel's directory, and carried only (see embed.sh)
 REMOTE_SHIP  := src/remote/kernel_runner.py src/remote/hermes_tools.py
-REMOTE_CARRY := src/remote/hermes_relay.py
+REMOTE_CARRY := src/remote/hermes_agent.py
 REMOTE_PY    := $(REMOTE_SHIP) $(REMOTE_CARRY)
 GEN        := build/gen/ngx_hermes_remote.c
 

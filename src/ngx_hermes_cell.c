@@ -1039,8 +1039,7 @@ ngx_http_hermes_cell_run_relay(ngx_http_hermes_cell_t *cell)
 
     ngx_http_hermes_conn_take(&conn, cell->hlcf->backend, cell->ref.host);
 
-    rc = ngx_http_hermes_ssh_relay(cell->hlcf->thread_pool, &conn,
-                                   &cell->ref, cell->out_limit,
+    rc = ngx_http_hermes_ssh_relay(&conn, &cell->ref, cell->out_limit,
                                    6 * (off_t) cell->hlcf->max_output + 65536,
                                    cell->timeout, b->pos, b->last - b->pos,
                                    sv[1], cell->log);
