@@ -1,6 +1,7 @@
 #!/usr/bin/perl
 # The kernel host's Python (src/remote), tested as Python: the runner, the
-# tools client and the ssh relay driven through their files.
+# tools client, the ssh relay and the kernel-host agent driven through their
+# files and frames.
 
 use strict;
 use warnings;
@@ -9,7 +10,7 @@ use Test::More;
 use Hermes::Test;
 
 my $dir = Hermes::Test::repo_root() . '/src/remote';
-for my $m (qw(test_remote test_relay)) {
+for my $m (qw(test_remote test_relay test_agent)) {
     my $out = `cd '$dir' && PYTHONDONTWRITEBYTECODE=1 /usr/bin/python3 -m unittest $m 2>&1`;
     is($?, 0, "python3 -m unittest $m") or diag $out;
     like($out, qr/^OK/m, "$m: all Python tests passed");

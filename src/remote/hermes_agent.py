@@ -1,0 +1,1104 @@
+"""The kernel-host agent: one per connection, many cells and commands.
+
+The module runs it once per (worker, kernel host) connection, from its own
+copy, never from a kernel directory (a cell, with the kernel's uid, may
+rewrite anything there):
+
+    exec python3 -I -c 'LOADER'
+
+with on stdin the length of this text, a newline, this text, then frames.
+LOADER reads the text (through sys.stdin.buffer, which may already hold
+the first frames: they are taken from its buffer) and runs it.  The first
+bytes on stdout are the magic line "\\0HERMES-AGENT-1\\n" (the login
+shell's rc may print junk before it), then a HELLO frame, then frames
+both ways until stdin ends or stdout breaks; then the agent exits at once
+(its EXEC children's process groups killed; kernels run on: the files are
+the truth, and a new agent resumes every cell from the offset reached).
+
+A frame is u32 BE length (at most 1 MiB + 64), u32 BE stream, one type
+letter, the payload (docs/protocol.md, "The kernel-host agent"):
+
+    P PING -> p PONG                    X EXEC {"cmd","timeout","out_max"}
+    C CELL {"dir","cell","pid","start","ino","uid","offset","out_limit",
+            "res_limit","window"} (+ the request when offset is -1)
+    A ACK u64 offset                    Q CANCEL
+    a RPC_ANSWER {"name":"res_N"} + the answer
+    H HELLO  x EXIT  S SHIPPED  O OUT  R RESULT  r RPC_REQ (agent -> module)
+
+A CELL does for cell N of a kernel what hermes_relay.py did over a
+channel of its own, with the same checks and the same words.  The kernel
+must still be the one the module started: PID's start time (field 22 of
+/proc/PID/stat) is START, DIR (not followed if a link) has inode INO, and
+DIR and DIR/cells are UID's and 0700.  Everything after is opened relative
+to those directories, without following links, without blocking on a
+FIFO, regular files only, reads bounded.  Offset -1 ships the request
+(cells/cell_req_N.json.tmp O_EXCL|O_NOFOLLOW 0600, renamed into place,
+one byte into the wake FIFO) and answers S; then, from the offset, OUT
+frames carry cell_out_N's whole lines as the runner appends them (a
+complete line longer than the window in pieces), never more than
+OUT_LIMIT + 1 bytes in all and never past the module's last ACK + WINDOW;
+once cell_res_N.json is there, the rest of cell_out (a tail without
+newline too), then R with the result, refused when larger than RES_LIMIT
+(or than a frame).  The relay's own words, as R payloads:
+
+    {"relay":"dead"}     not shipped: the kernel is gone, or is not ours
+    {"relay":"full"}     not shipped: the disk is full, the kernel is fine
+    {"relay":"failed","error":...}   not shipped, for another reason
+    {"relay":"died"}     the kernel died during the cell
+    {"relay":"unreadable","status":"error","error":...}   a file of the
+                         cell is not a regular file, or too big
+
+While a CELL stream of a kernel is open, complete tool call requests
+rpc/req_N (renamed into place) are read (regular files, at most 1 MiB),
+removed and sent as r frames on that stream; an a frame writes
+rpc/res_N atomically (tmp O_EXCL|O_NOFOLLOW 0600, then rename).
+
+The agent never polls.  It sleeps in one poll() over stdin, stdout (when
+frames wait to be written), one inotify instance (ctypes on libc: watches
+on the cells/ and rpc/ directories of the kernels it streams), a pidfd per
+streamed runner (readable when it exits: a final read, then "died") and
+its EXEC children's pidfds and pipes.  Fallbacks, used only where the host
+lacks the mechanism: without os.pidfd_open (Python 3.8, Linux < 5.3) an
+EXEC child's exit is seen through SIGCHLD (signal.set_wakeup_fd) and a
+runner's liveness is checked every 0.1 s while its cell streams; without
+inotify (no ctypes, no libc symbol, or the watch limit reached) a stream
+looks at its files every 10 ms.  HELLO says which of the two it has.
+"""
+
+import errno
+import json
+import os
+import re
+import select
+import signal
+import stat
+import struct
+import subprocess
+import sys
+import time
+
+MAGIC = b"\0HERMES-AGENT-1\n"
+MAX_PAYLOAD = (1 << 20) + 64
+FRAME_DATA = 1 << 20              # cell_out bytes in one OUT frame at most
+CHUNK = 65536
+RPC_MAX = 1 << 20
+RPC_BACKLOG = 8 << 20             # frames waiting on stdout: requests wait
+EXEC_OUT_MAX = 1 << 20
+DEFAULT_WINDOW = 1 << 20
+TICK_NO_INOTIFY = 0.01
+TICK_NO_PIDFD = 0.1
+
+READ = os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC
+DIRS = (os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_NONBLOCK
+        | os.O_CLOEXEC)
+CREATE = (os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_NONBLOCK
+          | os.O_CLOEXEC)
+
+UNREADABLE_OUT = "reading the cell's output failed"
+UNREADABLE_RES = "the kernel wrote an unreadable result"
+
+IN_MODIFY = 0x2
+IN_CLOSE_WRITE = 0x8
+IN_MOVED_TO = 0x80
+IN_CREATE = 0x100
+IN_Q_OVERFLOW = 0x4000
+IN_IGNORED = 0x8000
+IN_ONLYDIR = 0x1000000
+IN_NONBLOCK = os.O_NONBLOCK
+IN_CLOEXEC = os.O_CLOEXEC
+WATCH = IN_MODIFY | IN_CLOSE_WRITE | IN_MOVED_TO | IN_CREATE | IN_ONLYDIR
+EVENT = struct.Struct("iIII")
+
+RPC_REQ = re.compile(r"req_[0-9]{1,12}\Z")
+RPC_RES = re.compile(r"res_[0-9]{1,12}\Z")
+
+HEADER = struct.Struct(">IIB")
+U32 = struct.Struct(">I")
+U64 = struct.Struct(">Q")
+
+
+class Quit(Exception):
+    """stdin ended, stdout broke, or the module spoke nonsense."""
+
+
+class Unreadable(Exception):
+    pass
+
+
+def log(msg):
+    try:
+        os.write(2, b"hermes_agent: " + msg.encode("utf-8", "replace") + b"\n")
+    except OSError:
+        pass
+
+
+def dumps(obj):
+    return json.dumps(obj, separators=(",", ":")).encode()
+
+
+def jb(obj, data=b""):
+    j = dumps(obj)
+    return U32.pack(len(j)) + j + data
+
+
+def parse_jb(payload):
+    """The JSON object and the bytes after it; ValueError if malformed."""
+    if len(payload) < 4:
+        raise ValueError("short payload")
+    n = U32.unpack_from(payload)[0]
+    if n > len(payload) - 4:
+        raise ValueError("JSON length past the payload")
+    obj = json.loads(bytes(payload[4:4 + n]))
+    if not isinstance(obj, dict):
+        raise ValueError("not a JSON object")
+    return obj, bytes(payload[4 + n:])
+
+
+def want_int(obj, key, lo, default=None):
+    v = obj.get(key, default)
+    if type(v) is not int or v < lo:
+        raise ValueError("%s must be an integer >= %d" % (key, lo))
+    return v
+
+
+class Inotify:
+    """inotify through ctypes on libc; ok is False where there is none."""
+
+    def __init__(self):
+        self.fd = -1
+        try:
+            import ctypes
+            self.ctypes = ctypes
+            libc = ctypes.CDLL(None, use_errno=True)
+            self.add = libc.inotify_add_watch
+            self.add.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_uint32]
+            self.rm = libc.inotify_rm_watch
+            self.rm.argtypes = [ctypes.c_int, ctypes.c_int]
+            fd = libc.inotify_init1(IN_NONBLOCK | IN_CLOEXEC)
+        except (ImportError, OSError, AttributeError) as e:
+            log("no inotify (%s): streams look at their files every %g s"
+                % (e, TICK_NO_INOTIFY))
+            return
+        if fd < 0:
+            log("inotify_init1: %s" % os.strerror(ctypes.get_errno()))
+            return
+        self.fd = fd
+
+    @property
+    def ok(self):
+        return self.fd >= 0
+
+    def watch(self, dirfd):
+        """A watch on the directory open as dirfd (its very inode, not a
+        path that may have been replaced since); -1 if none."""
+        if self.fd < 0:
+            return -1
+        wd = self.add(self.fd, b"/proc/self/fd/%d" % dirfd, WATCH)
+        if wd < 0:
+            log("inotify_add_watch: %s" % os.strerror(self.ctypes.get_errno()))
+        return wd
+
+    def unwatch(self, wd):
+        self.rm(self.fd, wd)
+
+    def events(self):
+        """(wd, mask, name) of every event queued."""
+        out = []
+        while True:
+            try:
+                buf = os.read(self.fd, 65536)
+            except BlockingIOError:
+                return out
+            pos = 0
+            while pos + EVENT.size <= len(buf):
+                wd, mask, _, n = EVENT.unpack_from(buf, pos)
+                pos += EVENT.size
+                name = buf[pos:pos + n].rstrip(b"\0")
+                pos += n
+                out.append((wd, mask, name.decode("utf-8", "replace")))
+
+
+def pidfd_open(pid):
+    """A pidfd for pid; None where the host has none (ENOSYS, old Python);
+    raises ProcessLookupError when it is gone."""
+    f = getattr(os, "pidfd_open", None)
+    if f is None:
+        return None
+    try:
+        return f(pid)
+    except ProcessLookupError:
+        raise
+    except OSError as e:
+        if e.errno not in (errno.ENOSYS, errno.EPERM, errno.EMFILE,
+                           errno.ENFILE, errno.ENOMEM):
+            raise
+        return None
+
+
+def proc_start(pid):
+    """The pid's start time in clock ticks; None if it is gone or a zombie."""
+    try:
+        with open("/proc/%d/stat" % pid, "rb") as f:
+            fields = f.read().rsplit(b")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+    if len(fields) < 20 or fields[0] in (b"Z", b"X"):
+        return None
+    return int(fields[19])
+
+
+def private(st, uid):
+    return (stat.S_ISDIR(st.st_mode) and st.st_uid == uid
+            and stat.S_IMODE(st.st_mode) == 0o700)
+
+
+def open_regular(name, dirfd):
+    """A regular file of the directory, or None while there is none."""
+    try:
+        fd = os.open(name, READ, dir_fd=dirfd)
+    except FileNotFoundError:
+        return None
+    except OSError as e:
+        raise Unreadable("%s: %s" % (name, e.strerror))
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise Unreadable("%s is not a regular file" % name)
+    return fd
+
+
+def read_bounded(fd, limit):
+    size = os.fstat(fd).st_size
+    if size > limit:
+        raise Unreadable("%d bytes, more than %d" % (size, limit))
+    parts, pos = [], 0
+    while pos < size:
+        data = os.pread(fd, size - pos, pos)
+        if not data:
+            break
+        parts.append(data)
+        pos += len(data)
+    return b"".join(parts)
+
+
+def close(fd):
+    if fd is not None and fd >= 0:
+        try:
+            os.close(fd)
+        except OSError:
+            pass
+
+
+class Kernel:
+    """The kernel's process and directories, verified once."""
+
+    def __init__(self, path, pid, start, ino, uid):
+        self.pid, self.start = pid, start
+        self.dir = self.cells = self.rpc = None
+        euid = os.geteuid()
+        try:
+            fd = os.open(path, DIRS)
+        except OSError:
+            return
+        st = os.fstat(fd)
+        # as root, the kernel is its directory's user (the spawn handed it
+        # over); the inode says the directory is the kernel's
+        if uid is None:
+            uid = euid or st.st_uid
+        self.uid = uid
+        if (st.st_ino != ino or (euid and uid != euid)
+                or not private(st, uid)):
+            os.close(fd)
+            return
+        try:
+            cells = os.open("cells", DIRS, dir_fd=fd)
+        except OSError:
+            os.close(fd)
+            return
+        if not private(os.fstat(cells), uid):
+            os.close(cells)
+            os.close(fd)
+            return
+        self.dir, self.cells = fd, cells
+        try:
+            rpc = os.open("rpc", DIRS, dir_fd=fd)
+        except OSError:
+            return          # no tool calls; the cell itself goes on
+        if private(os.fstat(rpc), uid):
+            self.rpc = rpc
+        else:
+            os.close(rpc)
+
+    def ours(self):
+        return self.dir is not None
+
+    def alive(self):
+        return proc_start(self.pid) == self.start
+
+    def exists(self, name):
+        try:
+            os.stat(name, dir_fd=self.cells, follow_symlinks=False)
+        except OSError:
+            return False
+        return True
+
+    def close(self):
+        for fd in (self.rpc, self.cells, self.dir):
+            close(fd)
+        self.dir = self.cells = self.rpc = None
+
+    def write_new(self, dirfd, name, data, where):
+        """name.tmp made anew (O_EXCL: a name already there, planted or a
+        link, is not ours), written, renamed to name; None or the error."""
+        tmp = name + ".tmp"
+        try:
+            fd = os.open(tmp, CREATE, 0o600, dir_fd=dirfd)
+        except OSError as e:
+            return e, "%s/%s: %s" % (where, tmp, e.strerror)
+        try:
+            if self.uid != os.geteuid():     # root writes for the kernel's user
+                os.fchown(fd, self.uid, -1)
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view):]
+        except OSError as e:
+            os.close(fd)
+            try:
+                os.unlink(tmp, dir_fd=dirfd)
+            except OSError:
+                pass
+            return e, "%s/%s: %s" % (where, tmp, e.strerror)
+        os.close(fd)
+        try:
+            os.rename(tmp, name, src_dir_fd=dirfd, dst_dir_fd=dirfd)
+        except OSError as e:
+            return e, "%s/%s: %s" % (where, name, e.strerror)
+        return None
+
+
+def ship(k, cell, req):
+    """Write the request as a new file, wake the runner; the relay's word
+    when the cell was not shipped, else None."""
+    if not k.ours() or not k.alive():
+        return {"relay": "dead"}
+    err = k.write_new(k.cells, "cell_req_%06d.json" % cell, req, "cells")
+    if err is not None:
+        if err[0].errno in (errno.ENOSPC, errno.EDQUOT):
+            return {"relay": "full"}
+        return {"relay": "failed", "error": err[1]}
+    try:
+        fd = os.open("wake", os.O_WRONLY | os.O_NONBLOCK | os.O_NOFOLLOW
+                     | os.O_CLOEXEC, dir_fd=k.dir)
+    except OSError as e:
+        if e.errno in (errno.ENXIO, errno.ENOENT):
+            return {"relay": "dead"}
+        return {"relay": "failed", "error": "wake: %s" % e.strerror}
+    try:
+        if not stat.S_ISFIFO(os.fstat(fd).st_mode):
+            return {"relay": "failed", "error": "wake: not a FIFO"}
+        os.write(fd, b"\0")
+    except BlockingIOError:
+        pass  # a full FIFO already holds a wake-up
+    except OSError as e:
+        return {"relay": "failed", "error": "wake: %s" % e.strerror}
+    finally:
+        os.close(fd)
+    return None
+
+
+class Output:
+    """cell_out from an offset: whole lines while the cell runs."""
+
+    def __init__(self, offset, limit):
+        self.offset = offset
+        self.limit = limit + 1          # one past the module's bound
+        self.fd = None
+        self.clean = offset             # scanned for newlines up to here
+        self.nl = offset                # just past the last newline seen
+
+    def scan(self):
+        """The end of what there is; finds the last newline before it."""
+        end = min(os.fstat(self.fd).st_size, self.limit)
+        if end < self.clean:
+            self.clean = self.nl = self.offset   # cut back: look again
+        pos = max(self.clean, self.offset)
+        while pos < end:
+            data = os.pread(self.fd, min(CHUNK, end - pos), pos)
+            if not data:
+                break
+            i = data.rfind(b"\n")
+            if i >= 0:
+                self.nl = pos + i + 1
+            pos += len(data)
+        self.clean = pos
+        return end
+
+    def send(self, agent, sid, stop):
+        """OUT frames for [offset, stop)."""
+        while self.offset < stop:
+            data = os.pread(self.fd, min(FRAME_DATA, stop - self.offset),
+                            self.offset)
+            if not data:
+                break
+            agent.send(sid, b"O", U64.pack(self.offset) + data)
+            self.offset += len(data)
+
+
+class Cell:
+    """One CELL stream: a cell of a kernel, shipped or resumed, streamed."""
+
+    def __init__(self, agent, sid, k, cell, offset, out_limit, res_limit,
+                 window):
+        self.agent, self.sid, self.k = agent, sid, k
+        self.out_name = "cell_out_%06d" % cell
+        self.res_name = "cell_res_%06d.json" % cell
+        self.o = Output(offset, out_limit)
+        self.res_limit = min(res_limit, MAX_PAYLOAD)
+        self.acked, self.window = offset, window
+        self.dead = False
+        self.pidfd = None
+        self.wd = self.rpc_wd = -1
+        self.open = True
+        self.tick = None
+
+    def start(self):
+        a = self.agent
+        try:
+            self.pidfd = pidfd_open(self.k.pid)
+        except ProcessLookupError:
+            self.dead = True
+        except OSError as e:
+            log("pidfd_open: %s: the runner is looked at every %g s"
+                % (e.strerror, TICK_NO_PIDFD))
+        if not self.k.alive():      # gone, or the pid is another's now
+            self.dead = True
+        if self.pidfd is not None:
+            if self.dead:
+                close(self.pidfd)
+                self.pidfd = None
+            else:
+                a.on(self.pidfd, select.POLLIN, self.exited)
+        self.wd = a.watch(self, self.k.cells)
+        if self.k.rpc is not None:
+            self.rpc_wd = a.watch(self, self.k.rpc)
+        if self.wd < 0:
+            self.tick = TICK_NO_INOTIFY
+        elif self.pidfd is None and not self.dead:
+            self.tick = TICK_NO_PIDFD
+        self.pump()
+        if self.open:
+            self.rpc_scan()
+
+    def exited(self, ev):
+        a = self.agent
+        a.off(self.pidfd)
+        close(self.pidfd)
+        self.pidfd = None
+        self.dead = True
+        a.dirty[self] = True
+
+    def check(self):
+        """The periodic look of a stream without pidfd or without watch."""
+        if self.pidfd is None and not self.dead and not self.k.alive():
+            self.dead = True
+        self.pump()
+
+    def ack(self, offset):
+        if offset > self.acked:
+            self.acked = offset
+            self.pump()
+
+    def word(self, w):
+        self.finish(dumps(w))
+
+    def finish(self, payload):
+        self.agent.send(self.sid, b"R", payload)
+        self.cancel()
+
+    def cancel(self):
+        a = self.agent
+        if not self.open:
+            return
+        self.open = False
+        a.streams.pop(self.sid, None)
+        a.dirty.pop(self, None)
+        if self.pidfd is not None:
+            a.off(self.pidfd)
+            close(self.pidfd)
+            self.pidfd = None
+        for wd in (self.wd, self.rpc_wd):
+            a.unwatch(self, wd)
+        close(self.o.fd)
+        self.o.fd = None
+        self.k.close()
+
+    def pump(self):
+        """Send what the files hold and the window allows; end the stream
+        when the result is there or the kernel is gone."""
+        if not self.open:
+            return
+        try:
+            self.step()
+        except OSError as e:
+            # whatever a cell did to its files, it ends its stream only
+            log("cell stream %d: %s" % (self.sid, e))
+            self.word({"relay": "unreadable", "status": "error",
+                       "error": UNREADABLE_OUT})
+
+    def step(self):
+        o, k = self.o, self.k
+        cap = self.acked + self.window
+        if o.fd is None:
+            try:
+                o.fd = open_regular(self.out_name, k.cells)
+            except Unreadable:
+                return self.word({"relay": "unreadable", "status": "error",
+                                  "error": UNREADABLE_OUT})
+        if o.fd is not None:
+            o.scan()
+            # bytes before a newline are final: a line the runner is still
+            # writing, or drops again when its write fails half-way, waits
+            o.send(self.agent, self.sid, min(o.nl, cap))
+        try:
+            res = open_regular(self.res_name, k.cells)
+        except Unreadable:
+            return self.word({"relay": "unreadable", "status": "error",
+                              "error": UNREADABLE_RES})
+        if res is not None:
+            try:
+                if o.fd is not None:
+                    # the runner closed cell_out before renaming the result
+                    # into place: what is left of it is final, a tail
+                    # without newline too
+                    end = o.scan()
+                    o.send(self.agent, self.sid, min(end, cap))
+                    if cap <= o.offset < end:
+                        return      # the window is full: wait for an ACK
+                data = read_bounded(res, self.res_limit)
+            except Unreadable:
+                return self.word({"relay": "unreadable", "status": "error",
+                                  "error": UNREADABLE_RES})
+            finally:
+                os.close(res)
+            return self.finish(data)
+        if self.dead:
+            if o.fd is not None and cap <= o.offset < o.nl:
+                return              # whole lines still to send: wait for ACK
+            if k.exists(self.res_name):
+                return self.step()  # the result came as the runner went
+            self.word({"relay": "died"})
+
+    def rpc_scan(self):
+        if self.k.rpc is None:
+            return
+        try:
+            names = sorted(os.listdir(self.k.rpc))
+        except OSError:
+            return
+        for name in names:
+            if RPC_REQ.match(name):
+                self.rpc_req(name)
+
+    def rpc_req(self, name):
+        rpc = self.k.rpc
+        if len(self.agent.outq) > RPC_BACKLOG:
+            self.agent.rpc_later = True     # looked for again once sent
+            return
+        try:
+            fd = open_regular(name, rpc)
+            if fd is None:
+                return          # taken already
+            try:
+                data = read_bounded(fd, RPC_MAX)
+            finally:
+                os.close(fd)
+        except (Unreadable, OSError) as e:
+            log("rpc/%s refused: %s" % (name, e))
+            data = None
+        try:
+            os.unlink(name, dir_fd=rpc)
+        except OSError:
+            pass
+        if data is not None:
+            self.agent.send(self.sid, b"r", jb({"name": name}, data))
+
+    def rpc_answer(self, payload):
+        try:
+            obj, data = parse_jb(payload)
+            name = obj.get("name")
+            if not isinstance(name, str) or not RPC_RES.match(name):
+                raise ValueError("bad name")
+        except ValueError as e:
+            log("bad RPC_ANSWER on stream %d: %s" % (self.sid, e))
+            return
+        if self.k.rpc is None:
+            log("rpc/%s: the kernel has no rpc directory" % name)
+            return
+        try:
+            # a tmp left by an agent that died writing it (unlink takes
+            # the name, never what a link points to)
+            os.unlink(name + ".tmp", dir_fd=self.k.rpc)
+        except OSError:
+            pass
+        err = self.k.write_new(self.k.rpc, name, data, "rpc")
+        if err is not None:
+            log(err[1])
+
+
+class Exec:
+    """One EXEC stream: /bin/sh -c in its own process group."""
+
+    def __init__(self, agent, sid, req, data):
+        self.agent, self.sid = agent, sid
+        self.out = bytearray()
+        self.open = True
+        self.proc = None
+        self.pidfd = None
+        self.answered = False
+        cmd = req.get("cmd")
+        if not isinstance(cmd, str):
+            raise ValueError("cmd must be a string")
+        self.timeout = want_int(req, "timeout", 1) / 1000.0
+        self.out_max = min(want_int(req, "out_max", 0, EXEC_OUT_MAX),
+                           EXEC_OUT_MAX)
+        self.data = memoryview(data)
+        self.cmd = cmd
+
+    def start(self):
+        a = self.agent
+        try:
+            self.proc = subprocess.Popen(
+                ["/bin/sh", "-c", self.cmd], stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE, start_new_session=True)
+        except OSError as e:
+            return self.answer({"status": -1, "error": "spawn: %s" % e})
+        self.deadline = time.monotonic() + self.timeout
+        a.execs[self] = True
+        try:
+            self.pidfd = pidfd_open(self.proc.pid)
+        except ProcessLookupError:
+            self.pidfd = None
+        if self.pidfd is not None:
+            a.on(self.pidfd, select.POLLIN, self.exited)
+        fd = self.proc.stdout.fileno()
+        os.set_blocking(fd, False)
+        a.on(fd, select.POLLIN, self.readable)
+        fd = self.proc.stdin.fileno()
+        os.set_blocking(fd, False)
+        a.on(fd, select.POLLOUT, self.writable)
+        self.writable(0)
+        if self.pidfd is None:
+            a.sigchld()
+            self.reap()     # it may have exited before SIGCHLD was caught
+
+    def writable(self, ev):
+        fd = self.proc.stdin.fileno()
+        try:
+            while self.data:
+                self.data = self.data[os.write(fd, self.data[:CHUNK]):]
+        except BlockingIOError:
+            return
+        except OSError:
+            pass                # it does not read its stdin: fine
+        self.agent.off(fd)
+        self.proc.stdin.close()
+
+    def readable(self, ev, drain=False):
+        """Take what the pipe holds; bounded when the shell has exited
+        (a child of it may hold the pipe and write on)."""
+        fd = self.proc.stdout.fileno()
+        n = 16 if drain else 1
+        while n:
+            n -= 1
+            try:
+                b = os.read(fd, CHUNK)
+            except BlockingIOError:
+                return
+            except OSError:
+                b = b""
+            if not b:
+                self.agent.off(fd)
+                self.proc.stdout.close()
+                return
+            keep = self.out_max - len(self.out)
+            if keep > 0:
+                self.out += b[:keep]
+
+    def exited(self, ev):
+        self.reap()
+
+    def reap(self):
+        """The shell has exited (or may have, on SIGCHLD): answer."""
+        if self.proc.poll() is None:
+            return
+        a = self.agent
+        if self.pidfd is not None:
+            a.off(self.pidfd)
+            close(self.pidfd)
+            self.pidfd = None
+        a.execs.pop(self, None)
+        if not self.proc.stdout.closed:
+            self.readable(0, drain=True)
+        self.release()
+        rc = self.proc.returncode
+        self.answer({"status": rc if rc >= 0 else 128 - rc})
+
+    def release(self):
+        a = self.agent
+        for f in (self.proc.stdin, self.proc.stdout):
+            if not f.closed:
+                a.off(f.fileno())
+                f.close()
+
+    def expire(self):
+        self.answer({"status": -1, "error": "timeout after %d ms"
+                     % round(self.timeout * 1000)})
+        self.kill()
+
+    def kill(self):
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except OSError:
+            pass
+        self.release()
+        # reaped when its pidfd (or SIGCHLD) says so; nothing more is sent
+        self.open = False
+        self.agent.streams.pop(self.sid, None)
+
+    def cancel(self):
+        if self.proc is not None and self.proc.returncode is None:
+            self.kill()
+        self.open = False
+        self.agent.streams.pop(self.sid, None)
+
+    def answer(self, status):
+        if self.open and not self.answered:
+            self.answered = True
+            self.agent.send(self.sid, b"x", jb(status, bytes(self.out)))
+        self.open = False
+        self.agent.streams.pop(self.sid, None)
+
+
+class Agent:
+
+    def __init__(self, inbuf):
+        self.inbuf = bytearray(inbuf)
+        self.outq = bytearray()
+        self.poller = select.poll()
+        self.handlers = {}
+        self.streams = {}
+        self.dirty = {}             # Cell -> True, in the order marked
+        self.execs = {}             # Exec -> True, until reaped
+        self.watches = {}           # wd -> {stream: True}
+        self.wakeup = None
+        self.rpc_later = False
+        self.ino = Inotify()
+        if self.ino.ok:
+            self.on(self.ino.fd, select.POLLIN, self.inotified)
+        self.on(0, select.POLLIN, self.readable)
+        self.on(1, 0, self.writable)
+        self.out_waiting = False
+
+    # -- the loop ------------------------------------------------------------
+
+    def on(self, fd, events, cb):
+        self.handlers[fd] = cb
+        self.poller.register(fd, events)
+
+    def off(self, fd):
+        if self.handlers.pop(fd, None) is not None:
+            self.poller.unregister(fd)
+
+    def run(self):
+        self.frames()
+        while True:
+            self.flush()
+            timeout = self.timeout()
+            try:
+                ready = self.poller.poll(None if timeout is None
+                                         else max(0, int(timeout * 1000) + 1))
+            except InterruptedError:
+                ready = []
+            # a handler may close an fd whose number the next one reuses
+            batch = [(fd, ev, self.handlers.get(fd)) for fd, ev in ready]
+            for fd, ev, cb in batch:
+                if cb is not None and self.handlers.get(fd) is cb:
+                    cb(ev)
+            self.timers()
+            while self.dirty:
+                s = next(iter(self.dirty))
+                del self.dirty[s]
+                s.pump()
+
+    def timeout(self):
+        t = None
+        now = time.monotonic()
+        for e in self.execs:
+            if e.open:
+                t = e.deadline - now if t is None else min(t, e.deadline - now)
+        for s in self.streams.values():
+            if getattr(s, "tick", None) is not None:
+                t = s.tick if t is None else min(t, s.tick)
+        return t
+
+    def timers(self):
+        now = time.monotonic()
+        for e in list(self.execs):
+            if e.open and e.deadline <= now:
+                e.expire()
+        for s in list(self.streams.values()):
+            if getattr(s, "tick", None) is not None and s.open:
+                s.check()
+
+    # -- frames --------------------------------------------------------------
+
+    def readable(self, ev):
+        try:
+            data = os.read(0, 1 << 18)
+        except BlockingIOError:
+            return
+        except OSError:
+            data = b""
+        if not data:
+            raise Quit("stdin closed")
+        self.inbuf += data
+        self.frames()
+
+    def frames(self):
+        buf = self.inbuf
+        pos = 0
+        while len(buf) - pos >= HEADER.size:
+            n, sid, typ = HEADER.unpack_from(buf, pos)
+            if n > MAX_PAYLOAD:
+                raise Quit("a frame of %d bytes" % n)
+            if len(buf) - pos < HEADER.size + n:
+                break
+            payload = bytes(buf[pos + HEADER.size:pos + HEADER.size + n])
+            pos += HEADER.size + n
+            self.frame(sid, typ, payload)
+        del buf[:pos]
+
+    def frame(self, sid, typ, payload):
+        s = self.streams.get(sid)
+        if typ == ord("P"):
+            self.send(sid, b"p", b"")
+        elif typ in (ord("X"), ord("C")):
+            if sid == 0 or s is not None:
+                raise Quit("stream %d is in use" % sid)
+            (self.exec_ if typ == ord("X") else self.cell)(sid, payload)
+        elif s is None:
+            return                  # ended or cancelled: late, ignored
+        elif typ == ord("A"):
+            if isinstance(s, Cell) and len(payload) == 8:
+                s.ack(U64.unpack(payload)[0])
+        elif typ == ord("Q"):
+            s.cancel()
+        elif typ == ord("a"):
+            if isinstance(s, Cell):
+                s.rpc_answer(payload)
+
+    def send(self, sid, typ, payload):
+        self.outq += HEADER.pack(len(payload), sid, typ[0])
+        self.outq += payload
+        if len(self.outq) >= 1 << 22:
+            self.flush()
+
+    def flush(self):
+        q = self.outq
+        while q:
+            try:
+                n = os.write(1, q)
+            except BlockingIOError:
+                break
+            except OSError:
+                raise Quit("stdout closed")
+            del q[:n]
+        want = bool(q)
+        if not want and self.rpc_later:
+            self.rpc_later = False
+            for s in list(self.streams.values()):
+                if isinstance(s, Cell) and s.open:
+                    s.rpc_scan()
+            want = bool(q)
+        if want != self.out_waiting:
+            self.out_waiting = want
+            self.poller.modify(1, select.POLLOUT if want else 0)
+
+    def writable(self, ev):
+        if ev & (select.POLLERR | select.POLLHUP):
+            raise Quit("stdout closed")
+        self.flush()
+
+    # -- streams -------------------------------------------------------------
+
+    def exec_(self, sid, payload):
+        try:
+            req, data = parse_jb(payload)
+            e = Exec(self, sid, req, data)
+        except ValueError as err:
+            self.send(sid, b"x", jb({"status": -1,
+                                     "error": "bad EXEC: %s" % err}))
+            return
+        self.streams[sid] = e
+        e.start()
+
+    def cell(self, sid, payload):
+        try:
+            req, data = parse_jb(payload)
+            path = req.get("dir")
+            if not isinstance(path, str) or not path:
+                raise ValueError("dir must be a non-empty string")
+            cell = want_int(req, "cell", 0)
+            pid = want_int(req, "pid", 1)
+            start = want_int(req, "start", 0)
+            ino = want_int(req, "ino", 0)
+            uid = req.get("uid")
+            if uid is not None:
+                uid = want_int(req, "uid", 0)
+            offset = want_int(req, "offset", -1)
+            out_limit = want_int(req, "out_limit", 0)
+            res_limit = want_int(req, "res_limit", 0)
+            window = want_int(req, "window", 1, DEFAULT_WINDOW)
+        except ValueError as err:
+            self.send(sid, b"R", dumps({"relay": "failed",
+                                        "error": "bad CELL: %s" % err}))
+            return
+        k = Kernel(path, pid, start, ino, uid)
+        if offset < 0:
+            w = ship(k, cell, data)
+            if w is not None:
+                k.close()
+                self.send(sid, b"R", dumps(w))
+                return
+            self.send(sid, b"S", b"")
+            offset = 0
+        elif not k.ours():
+            # the directory went, or is another: the kernel is gone
+            self.send(sid, b"R", dumps({"relay": "died"}))
+            return
+        s = Cell(self, sid, k, cell, offset, out_limit, res_limit, window)
+        self.streams[sid] = s
+        s.start()
+
+    # -- inotify, SIGCHLD ----------------------------------------------------
+
+    def watch(self, s, dirfd):
+        wd = self.ino.watch(dirfd)
+        if wd >= 0:
+            self.watches.setdefault(wd, {})[s] = True
+        return wd
+
+    def unwatch(self, s, wd):
+        w = self.watches.get(wd)
+        if w is None:
+            return
+        w.pop(s, None)
+        if not w:
+            del self.watches[wd]
+            self.ino.unwatch(wd)
+
+    def inotified(self, ev):
+        for wd, mask, name in self.ino.events():
+            if mask & IN_Q_OVERFLOW:
+                log("inotify queue overflow: every stream looks again")
+                for s in list(self.streams.values()):
+                    if isinstance(s, Cell):
+                        self.dirty[s] = True
+                        s.rpc_scan()
+                continue
+            w = self.watches.get(wd)
+            if w is None:
+                continue
+            if mask & IN_IGNORED:
+                # the directory is gone: its streams look on a clock
+                del self.watches[wd]
+                for s in w:
+                    s.tick = TICK_NO_INOTIFY
+                    self.dirty[s] = True
+                continue
+            for s in list(w):
+                if not s.open:
+                    continue
+                if wd == s.rpc_wd:
+                    if mask & IN_MOVED_TO and RPC_REQ.match(name):
+                        s.rpc_req(name)
+                        break       # one stream of the kernel takes it
+                elif name in (s.out_name, s.res_name):
+                    self.dirty[s] = True
+
+    def sigchld(self):
+        """Without pidfds: EXEC children's exits through SIGCHLD."""
+        if self.wakeup is not None:
+            return
+        r, w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+        self.wakeup = r
+        signal.signal(signal.SIGCHLD, lambda *a: None)
+        signal.set_wakeup_fd(w, warn_on_full_buffer=False)
+        self.on(r, select.POLLIN, self.children)
+
+    def children(self, ev):
+        try:
+            while os.read(self.wakeup, 4096):
+                pass
+        except BlockingIOError:
+            pass
+        for e in list(self.execs):
+            e.reap()
+
+    def close(self):
+        """Leaving: every EXEC's process group is killed; cells run on."""
+        for e in list(self.execs):
+            if e.proc is not None and e.proc.returncode is None:
+                try:
+                    os.killpg(e.proc.pid, signal.SIGKILL)
+                except OSError:
+                    pass
+
+
+def main():
+    os.umask(0o077)
+    try:
+        import resource
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        if soft < hard:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    except (ImportError, ValueError, OSError):
+        pass
+    # what the loader's buffered reader took past this text: first frames
+    inbuf = b""
+    stdin = getattr(sys.stdin, "buffer", None)
+    if stdin is not None:
+        os.set_blocking(0, False)
+        try:
+            inbuf = stdin.peek(1 << 20) or b""
+            inbuf = stdin.read(len(inbuf)) if inbuf else b""
+        except (OSError, ValueError):
+            inbuf = b""
+        os.set_blocking(0, True)
+    ag = Agent(inbuf)
+    pidfd = getattr(os, "pidfd_open", None) is not None
+    if pidfd:
+        try:
+            close(os.pidfd_open(os.getpid()))
+        except OSError:
+            pidfd = False
+    hello = dumps({"v": 1, "pid": os.getpid(), "uid": os.geteuid(),
+                   "python": "%d.%d.%d" % sys.version_info[:3],
+                   "inotify": ag.ino.ok, "pidfd": pidfd})
+    try:
+        out = MAGIC + HEADER.pack(len(hello), 0, ord("H")) + hello
+        while out:
+            out = out[os.write(1, out):]
+        os.set_blocking(1, False)
+        ag.run()
+    except Quit as e:
+        if str(e) not in ("stdin closed", "stdout closed"):
+            log(str(e))
+    except OSError as e:
+        log("stopped: %s" % e)
+    finally:
+        ag.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,676 @@
+"""Tests for hermes_agent.py, run as the module runs it: a loader on the
+command line, the agent's text then frames on stdin, frames on stdout,
+against real kernel dirs with real runners (test_remote.Kernel).
+
+    cd src/remote && /usr/bin/python3 -m unittest -v test_agent
+"""
+
+import json
+import os
+import signal
+import struct
+import subprocess
+import tempfile
+import threading
+import time
+import unittest
+
+from test_remote import HERE, Kernel, PYTHON, _wait_for
+
+AGENT = os.path.join(HERE, "hermes_agent.py")
+LOADER = ('import sys;i=sys.stdin.buffer;'
+          'exec(compile(i.read(int(i.readline())),"hermes_agent.py","exec"))')
+MAGIC = b"\0HERMES-AGENT-1\n"
+OUT_LIMIT = 6 * 65536 + 65536
+RES_LIMIT = 6 * 65536 + 65536
+HEADER = struct.Struct(">IIB")
+
+
+def frame(sid, typ, payload=b""):
+    return HEADER.pack(len(payload), sid, ord(typ)) + payload
+
+
+def jb(obj, data=b""):
+    j = json.dumps(obj).encode()
+    return struct.pack(">I", len(j)) + j + data
+
+
+def unjb(payload):
+    n = struct.unpack_from(">I", payload)[0]
+    return json.loads(payload[4:4 + n]), payload[4 + n:]
+
+
+def _start(pid):
+    with open("/proc/%d/stat" % pid, "rb") as f:
+        return int(f.read().rsplit(b")", 1)[1].split()[19])
+
+
+def _exited(pid):
+    try:
+        with open("/proc/%d/stat" % pid) as f:
+            return f.read().rsplit(")", 1)[1].split()[0] in ("Z", "X")
+    except OSError:
+        return True
+
+
+def _proc(pid):
+    """(utime + stime in ticks, voluntary context switches) of pid."""
+    with open("/proc/%d/stat" % pid) as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    with open("/proc/%d/status" % pid) as f:
+        sw = [int(line.split()[1]) for line in f
+              if line.startswith("voluntary_ctxt_switches")][0]
+    return int(fields[11]) + int(fields[12]), sw
+
+
+def request(n, code):
+    return json.dumps({"id": n, "code": code}).encode()
+
+
+class Agent:
+    """An agent process and a thread that reads its frames."""
+
+    def __init__(self, first=b"", shell=None, autoack=True, reader=True,
+                 prelude=b""):
+        with open(AGENT, "rb") as f:
+            src = prelude + f.read()
+        self.err = tempfile.TemporaryFile()
+        argv = [PYTHON, "-I", "-c", LOADER]
+        if shell is not None:       # a login shell's rc, printing junk
+            argv = ["sh", "-c", shell + "; exec \"$@\"", "sh"] + argv
+        self.p = subprocess.Popen(argv, stdin=subprocess.PIPE,
+                                  stdout=subprocess.PIPE, stderr=self.err,
+                                  cwd="/")
+        self.pid = self.p.pid
+        self.wlock = threading.Lock()
+        self.cv = threading.Condition()
+        self.frames = []
+        self.eof = False
+        self.autoack = autoack
+        # the text and the first frames in one write: the loader's buffered
+        # reader takes some frames with the text
+        self.write(b"%d\n" % len(src) + src + first)
+        self.junk = b""
+        while not self.junk.endswith(MAGIC):
+            b = self.p.stdout.read(1)
+            if not b:
+                raise AssertionError("no magic; stderr: %s" % self.stderr())
+            self.junk += b
+        self.junk = self.junk[:-len(MAGIC)]
+        self.thread = threading.Thread(target=self._read, daemon=True)
+        if reader:
+            self.thread.start()
+
+    def write(self, data):
+        with self.wlock:
+            self.p.stdin.write(data)
+            self.p.stdin.flush()
+
+    def send(self, sid, typ, payload=b""):
+        self.write(frame(sid, typ, payload))
+
+    def _read(self):
+        f = self.p.stdout
+        while True:
+            h = f.read(HEADER.size)
+            if len(h) < HEADER.size:
+                break
+            n, sid, typ = HEADER.unpack(h)
+            payload = f.read(n)
+            if len(payload) < n:
+                break
+            typ = chr(typ)
+            if typ == "O" and self.autoack:
+                off = struct.unpack_from(">Q", payload)[0] + n - 8
+                try:
+                    self.send(sid, "A", struct.pack(">Q", off))
+                except (OSError, ValueError):
+                    pass
+            with self.cv:
+                self.frames.append((sid, typ, payload))
+                self.cv.notify_all()
+        with self.cv:
+            self.eof = True
+            self.cv.notify_all()
+
+    def wait(self, pred, timeout=10.0):
+        end = time.monotonic() + timeout
+        with self.cv:
+            while True:
+                v = pred()
+                if v or self.eof:
+                    return v
+                left = end - time.monotonic()
+                if left <= 0:
+                    return v
+                self.cv.wait(left)
+
+    def of(self, sid):
+        with self.cv:
+            return [(t, p) for s, t, p in self.frames if s == sid]
+
+    def end(self, sid, timeout=10.0):
+        """The stream's frames once its R or x came."""
+        ok = self.wait(lambda: any(t in "Rx" for t, _ in self.of(sid)), timeout)
+        if not ok:
+            raise AssertionError("stream %d did not end: %r; stderr: %s"
+                                 % (sid, self.of(sid)[-3:], self.stderr()))
+        return self.of(sid)
+
+    def cell(self, sid, k, n, offset=-1, code=None, window=1 << 20,
+             out_limit=OUT_LIMIT, res_limit=RES_LIMIT, **kw):
+        req = {"dir": kw.get("path", k.dir), "cell": n, "pid": k.pid,
+               "start": kw.get("start", _start(k.pid)),
+               "ino": kw.get("ino", os.stat(k.dir).st_ino),
+               "uid": kw.get("uid", os.geteuid()), "offset": offset,
+               "out_limit": out_limit, "res_limit": res_limit,
+               "window": window}
+        body = request(n, code) if offset < 0 else b""
+        self.send(sid, "C", jb(req, body))
+
+    def exec_(self, sid, cmd, timeout=5000, out_max=1 << 20, stdin=b""):
+        self.send(sid, "X", jb({"cmd": cmd, "timeout": timeout,
+                                "out_max": out_max}, stdin))
+
+    def ping(self, sid=77):
+        before = len(self.of(sid))
+        self.send(sid, "P")
+        return self.wait(lambda: len(self.of(sid)) > before, 5.0)
+
+    def stderr(self):
+        self.err.seek(0)
+        return self.err.read().decode(errors="replace")
+
+    def close(self):
+        try:
+            self.p.stdin.close()
+        except OSError:
+            pass
+        try:
+            self.p.wait(5)
+        except subprocess.TimeoutExpired:
+            self.p.kill()
+            self.p.wait()
+        if self.thread.is_alive():
+            self.thread.join(5)
+        if not self.p.stdout.closed:
+            self.p.stdout.close()
+        self.err.close()
+
+
+def out_bytes(frames, offset=0):
+    """The OUT frames' bytes, checked to follow each other from offset."""
+    data = b""
+    for t, p in frames:
+        if t == "O":
+            off = struct.unpack_from(">Q", p)[0]
+            assert off == offset + len(data), (off, offset + len(data))
+            data += p[8:]
+    return data
+
+
+def result(frames):
+    rs = [p for t, p in frames if t == "R"]
+    assert len(rs) == 1, rs
+    assert frames[-1][0] == "R", "R ends the stream"
+    return rs[0]
+
+
+class AgentTest(unittest.TestCase):
+
+    def agent(self, **kw):
+        a = Agent(**kw)
+        self.addCleanup(a.close)
+        return a
+
+    def kernel(self):
+        k = Kernel()
+        self.addCleanup(k.close)
+        self.assertTrue(k.ready, "no ready file; runner.log: " + k.log())
+        return k
+
+    def file(self, k, name):
+        with open(k.path("cells", name), "rb") as f:
+            return f.read()
+
+    # -- the connection ---------------------------------------------------
+
+    def test_magic_first_then_hello_then_frames_that_came_with_the_text(self):
+        a = self.agent(first=frame(3, "P") + frame(4, "P"))
+        self.assertEqual(a.junk, b"", "the agent's first bytes are the magic")
+        a.wait(lambda: len(a.frames) >= 3)
+        sid, t, p = a.frames[0]
+        self.assertEqual((sid, t), (0, "H"))
+        hello = json.loads(p)
+        self.assertEqual(hello["v"], 1)
+        self.assertEqual(hello["pid"], a.pid)
+        self.assertEqual(hello["uid"], os.geteuid())
+        self.assertTrue(hello["inotify"])
+        self.assertRegex(hello["python"], r"^3\.\d+\.\d+$")
+        self.assertEqual(a.frames[1:3], [(3, "p", b""), (4, "p", b"")])
+
+    def test_junk_from_the_shell_rc_comes_before_the_magic(self):
+        a = self.agent(shell="echo 'Welcome!'; printf '\\0\\033[0m'")
+        self.assertEqual(a.junk, b"Welcome!\n\0\033[0m")
+        self.assertEqual(a.wait(lambda: a.frames)[0][:2], (0, "H"))
+
+    def test_a_frame_in_pieces_is_whole_before_it_counts(self):
+        a = self.agent()
+        data = frame(9, "Z", b"unknown type: ignored") + frame(8, "P")
+        for i in range(len(data)):
+            a.write(data[i:i + 1])
+            time.sleep(0.002)
+        self.assertTrue(a.wait(lambda: a.of(8)))
+        self.assertEqual(a.of(8), [("p", b"")])
+        self.assertEqual(a.of(9), [])
+
+    def test_stdin_eof_ends_the_agent_and_its_commands(self):
+        a = self.agent()
+        mark = os.path.join(tempfile.mkdtemp(prefix="hermes_ragent_"), "pid")
+        self.addCleanup(os.rmdir, os.path.dirname(mark))
+        self.addCleanup(os.unlink, mark)
+        a.exec_(1, "sleep 30 & echo $! >%s; wait" % mark, timeout=60000)
+        self.assertTrue(_wait_for(lambda: os.path.exists(mark)
+                                  and os.path.getsize(mark)))
+        a.p.stdin.close()
+        self.assertEqual(a.p.wait(5), 0)
+        self.assertEqual(a.of(1), [], "nothing answered")
+        with open(mark) as f:
+            pid = int(f.read())
+        self.assertTrue(_wait_for(lambda: _exited(pid)),
+                        "its commands' process groups are killed")
+
+    def test_a_broken_stdout_ends_the_agent(self):
+        a = self.agent(reader=False)
+        mark = os.path.join(tempfile.mkdtemp(prefix="hermes_ragent_"), "pid")
+        self.addCleanup(os.rmdir, os.path.dirname(mark))
+        self.addCleanup(os.unlink, mark)
+        a.exec_(1, "sleep 30 & echo $! >%s; wait" % mark, timeout=60000)
+        self.assertTrue(_wait_for(lambda: os.path.exists(mark)
+                                  and os.path.getsize(mark)))
+        a.p.stdout.close()          # the connection broke: nobody reads
+        self.assertEqual(a.p.wait(5), 0, "the agent left at once, idle")
+        with open(mark) as f:
+            pid = int(f.read())
+        self.assertTrue(_wait_for(lambda: _exited(pid)),
+                        "its commands' process groups are killed")
+
+    def test_a_frame_too_long_closes_the_connection(self):
+        a = self.agent()
+        a.write(HEADER.pack((1 << 20) + 65, 1, ord("P")))
+        self.assertEqual(a.p.wait(5), 0)
+        self.assertIn("frame", a.stderr())
+
+    # -- EXEC -------------------------------------------------------------
+
+    def test_exec_status_stdout_stdin(self):
+        a = self.agent()
+        a.exec_(1, "echo hi; echo err >&2; exit 3")
+        big = os.urandom(600000)
+        a.exec_(2, "cat", stdin=big)
+        a.exec_(3, "head -c 100000 /dev/zero", out_max=10)
+        a.exec_(4, "kill -9 $$")
+        a.send(5, "X", jb({"timeout": 100}))
+        (t, p), = a.end(1)
+        self.assertEqual(t, "x")
+        self.assertEqual(unjb(p), ({"status": 3}, b"hi\n"))
+        self.assertIn("err\n", a.stderr())
+        self.assertEqual(unjb(a.end(2)[0][1]), ({"status": 0}, big))
+        self.assertEqual(unjb(a.end(3)[0][1]), ({"status": 0}, bytes(10)))
+        self.assertEqual(unjb(a.end(4)[0][1]), ({"status": 137}, b""))
+        st, _ = unjb(a.end(5)[0][1])
+        self.assertEqual(st["status"], -1)
+        self.assertIn("cmd", st["error"])
+
+    def test_exec_timeout_kills_the_process_group(self):
+        a = self.agent()
+        t0 = time.monotonic()
+        a.exec_(1, "sleep 30 & echo $!; wait", timeout=300)
+        (t, p), = a.end(1)
+        self.assertLess(time.monotonic() - t0, 3)
+        st, out = unjb(p)
+        self.assertEqual(st, {"status": -1, "error": "timeout after 300 ms"})
+        pid = int(out)
+        self.assertTrue(_wait_for(lambda: _exited(pid)), "the group is killed")
+        self.assertTrue(a.ping())
+        time.sleep(0.1)
+        self.assertEqual(len(a.of(1)), 1, "one answer")
+
+    def test_a_slow_exec_does_not_delay_a_fast_one(self):
+        a = self.agent()
+        a.exec_(1, "sleep 2; echo slow")
+        t0 = time.monotonic()
+        a.exec_(2, "echo fast")
+        self.assertEqual(unjb(a.end(2)[0][1]), ({"status": 0}, b"fast\n"))
+        self.assertLess(time.monotonic() - t0, 1.0)
+        self.assertEqual(a.of(1), [], "the slow one still runs")
+        self.assertEqual(unjb(a.end(1)[0][1]), ({"status": 0}, b"slow\n"))
+
+    def test_cancel_kills_a_command(self):
+        a = self.agent()
+        a.exec_(1, "echo $$; exec sleep 30", timeout=60000, out_max=100)
+        time.sleep(0.3)
+        a.send(1, "Q")
+        self.assertTrue(a.ping())
+        self.assertEqual(a.of(1), [])
+
+    # -- cells ------------------------------------------------------------
+
+    def test_ship_stream_result_exact(self):
+        a = self.agent()
+        k = self.kernel()
+        a.cell(1, k, 1, code="import time\nprint('a', flush=True)\n"
+                             "time.sleep(0.3)\nprint('b' * 70000)\nprint('\u00e9')")
+        fr = a.end(1)
+        self.assertEqual(fr[0], ("S", b""))
+        self.assertEqual(out_bytes(fr), self.file(k, "cell_out_000001"))
+        res = result(fr)
+        self.assertEqual(res, self.file(k, "cell_res_000001.json"))
+        self.assertEqual(json.loads(res)["status"], "success")
+        st = os.stat(k.path("cells", "cell_req_000001.json"))
+        self.assertEqual(st.st_mode & 0o777, 0o600)
+        self.assertNotIn("cell_req_000001.json.tmp", os.listdir(k.cells))
+
+    def test_many_cells_on_several_kernels_at_once(self):
+        a = self.agent()
+        ks = [self.kernel() for _ in range(4)]
+        code = ("import time\nfor i in range(100):\n"
+                "    print(%d, i, 'x' * (i * 37 %% 300), flush=True)\n"
+                "    time.sleep(0.003)\n")
+        for n in (1, 2):            # two cells in a row on each kernel
+            for i, k in enumerate(ks):
+                a.cell(10 * i + n, k, n, code=code % i)
+            for i, k in enumerate(ks):
+                fr = a.end(10 * i + n)
+                self.assertEqual(out_bytes(fr[1:]),
+                                 self.file(k, "cell_out_%06d" % n))
+                self.assertEqual(result(fr), self.file(k, "cell_res_%06d.json" % n))
+
+    def test_window_stops_the_stream_until_ack(self):
+        a = self.agent(autoack=False)
+        k = self.kernel()
+        a.cell(1, k, 1, window=1000,
+               code="for i in range(30):\n    print('%03d' % i + 'y' * 100)\n"
+                    "print('z' * 5000)\nprint('end')")
+        self.assertTrue(_wait_for(lambda: os.path.exists(k.res_path(1))))
+        whole = self.file(k, "cell_out_000001")
+        self.assertGreater(len(whole), 8000)
+        acked = rounds = 0
+        while True:
+            time.sleep(0.2)        # more would have come by now
+            fr = a.of(1)
+            got = out_bytes(fr)
+            self.assertLessEqual(len(got), acked + 1000, "never past the window")
+            if fr[-1][0] == "R":
+                break
+            self.assertGreater(len(got), acked, "the window is used")
+            acked = len(got)
+            rounds += 1
+            a.send(1, "A", struct.pack(">Q", acked))
+        self.assertGreaterEqual(rounds, len(whole) // 1000)
+        self.assertEqual(got, whole)
+        self.assertEqual(result(fr), self.file(k, "cell_res_000001.json"))
+
+    def test_resume_after_the_agent_dies(self):
+        k = self.kernel()
+        a = Agent()
+        code = ("import time\nfor i in range(300):\n"
+                "    print('line', i, flush=True)\n    time.sleep(0.005)\n")
+        a.cell(1, k, 1, code=code)
+        a.wait(lambda: len(out_bytes(a.of(1))) > 200)
+        a.p.kill()                  # the connection breaks mid-cell
+        a.close()
+        first = out_bytes(a.of(1))
+        self.assertFalse([t for t, _ in a.of(1) if t == "R"])
+        self.assertFalse(os.path.exists(k.res_path(1)), "the cell still runs")
+        b = self.agent()
+        b.cell(1, k, 1, offset=len(first))
+        fr = b.end(1)
+        self.assertNotIn("S", [t for t, _ in fr], "a resume ships nothing")
+        rest = out_bytes(fr, len(first))
+        self.assertEqual(first + rest, self.file(k, "cell_out_000001"))
+        self.assertEqual(json.loads(result(fr))["status"], "success")
+        self.assertEqual(len(self.file(k, "cell_out_000001").splitlines()), 300)
+        # the files are the truth: after the end too, from any offset
+        whole = self.file(k, "cell_out_000001")
+        for off in (0, 17, len(whole)):
+            b.cell(10 + off, k, 1, offset=off)
+            fr = b.end(10 + off)
+            self.assertEqual(out_bytes(fr[:-1], off), whole[off:])
+            self.assertEqual(result(fr), self.file(k, "cell_res_000001.json"))
+
+    def test_runner_killed_mid_cell_is_died(self):
+        a = self.agent()
+        k = self.kernel()
+        a.cell(1, k, 1, code="import time\nprint('bye', flush=True)\ntime.sleep(30)")
+        a.wait(lambda: b"bye" in out_bytes(a.of(1)))
+        t0 = time.monotonic()
+        k.proc.kill()
+        fr = a.end(1, timeout=5)
+        self.assertLess(time.monotonic() - t0, 2)
+        self.assertEqual(result(fr), b'{"relay":"died"}')
+        self.assertIn(b'"bye\\n"', out_bytes(fr[1:]))
+
+    def test_runner_that_kills_itself_is_died_after_its_output(self):
+        a = self.agent()
+        k = self.kernel()
+        a.cell(1, k, 1, code="import os, signal\nprint('last', flush=True)\n"
+                             "os.kill(os.getpid(), signal.SIGKILL)")
+        fr = a.end(1)
+        self.assertEqual(result(fr), b'{"relay":"died"}')
+        self.assertEqual(out_bytes(fr[1:]), self.file(k, "cell_out_000001"))
+
+    def test_not_the_kernel_is_dead_and_nothing_ships(self):
+        a = self.agent()
+        k = self.kernel()
+        a.cell(1, k, 1, code="1", start=_start(k.pid) + 1)
+        a.cell(2, k, 1, code="1", ino=os.stat(k.dir).st_ino + 1)
+        a.cell(3, k, 1, code="1", uid=os.geteuid() + 1)
+        os.symlink(k.dir, k.dir + ".link")
+        self.addCleanup(os.unlink, k.dir + ".link")
+        a.cell(4, k, 1, code="1", path=k.dir + ".link")
+        for sid in (1, 2, 3, 4):
+            self.assertEqual(a.end(sid), [("R", b'{"relay":"dead"}')], sid)
+        self.assertEqual([x for x in os.listdir(k.cells) if "req" in x], [])
+        a.cell(5, k, 1, offset=0, ino=os.stat(k.dir).st_ino + 1)
+        self.assertEqual(a.end(5), [("R", b'{"relay":"died"}')])
+
+    def test_planted_request_tmp_fails_the_ship(self):
+        a = self.agent()
+        k = self.kernel()
+        os.symlink(k.path("target"), k.path("cells", "cell_req_000001.json.tmp"))
+        a.cell(1, k, 1, code="1")
+        w = json.loads(result(a.end(1)))
+        self.assertEqual(w["relay"], "failed")
+        self.assertFalse(os.path.exists(k.path("target")))
+
+    def test_hostile_files_are_unreadable_and_others_flow_on(self):
+        a = self.agent()
+        good = self.kernel()
+        a.cell(100, good, 1, code="import time\nfor i in range(150):\n"
+                                  "    print(i, flush=True)\n    time.sleep(0.01)\n")
+        ks = []
+        for kind in ("fifo", "dir", "symlink"):
+            k = self.kernel()
+            p = k.path("cells", "cell_out_000001")
+            if kind == "fifo":
+                os.mkfifo(p, 0o600)
+            elif kind == "dir":
+                os.mkdir(p, 0o700)
+            else:
+                os.symlink("/dev/zero", p)
+            ks.append(k)
+        for i, k in enumerate(ks):
+            a.cell(i + 1, k, 1, offset=0)
+        for i in range(3):
+            self.assertEqual(json.loads(result(a.end(i + 1))),
+                             {"relay": "unreadable", "status": "error",
+                              "error": "reading the cell's output failed"})
+        # a result that is a FIFO, a link or too big, made while streaming
+        bad = []
+        for kind in ("fifo", "big", "symlink", "made in place"):
+            k = self.kernel()
+            code = "import os, time\nprint('x', flush=True)\ntime.sleep(0.2)\n"
+            if kind == "made in place":     # no rename: only IN_CREATE says it
+                code += ("os.mkfifo('cells/cell_res_000001.json', 0o600)\n"
+                         "time.sleep(5)\n")
+            elif kind == "fifo":
+                code += "os.mkfifo('cells/x', 0o600)\n"
+            elif kind == "big":
+                code += ("open('cells/x', 'w').write('{\"id\":1,\"output\":\"%s\"}')\n"
+                         % ("y" * RES_LIMIT))
+            else:
+                code += "os.symlink('/dev/zero', 'cells/x')\n"
+            code += "os.rename('cells/x', 'cells/cell_res_000001.json')\ntime.sleep(5)\n"
+            bad.append(k)
+            a.cell(10 + len(bad), k, 1, code=code)
+        t0 = time.monotonic()
+        for i in range(len(bad)):
+            self.assertEqual(json.loads(result(a.end(11 + i)))["error"],
+                             "the kernel wrote an unreadable result")
+        self.assertLess(time.monotonic() - t0, 3)
+        fr = a.end(100)
+        self.assertEqual(out_bytes(fr[1:]), self.file(good, "cell_out_000001"))
+        self.assertEqual(json.loads(result(fr))["status"], "success")
+
+    def test_sparse_output_is_read_to_one_byte_past_the_bound(self):
+        a = self.agent()
+        k = self.kernel()
+        a.cell(1, k, 1, out_limit=100000,
+               code="import os\nprint('before', flush=True)\n"
+                    "os.truncate('cells/cell_out_000001', 300 * 2**20)\n")
+        fr = a.end(1)
+        self.assertEqual(len(out_bytes(fr[1:])), 100001)
+        self.assertEqual(json.loads(result(fr))["status"], "success")
+
+    def test_cancel_forgets_the_stream(self):
+        a = self.agent()
+        k = self.kernel()
+        a.cell(1, k, 1, code="import time\nprint(1, flush=True)\ntime.sleep(0.5)\nprint(2)")
+        a.wait(lambda: out_bytes(a.of(1)))
+        a.send(1, "Q")
+        self.assertTrue(_wait_for(lambda: os.path.exists(k.res_path(1))))
+        time.sleep(0.1)
+        self.assertTrue(a.ping())
+        self.assertEqual(out_bytes(a.of(1)), b'{"type":"stdout","text":"1\\n"}\n')
+        self.assertNotIn("R", [t for t, _ in a.of(1)])
+
+    # -- tool calls -------------------------------------------------------
+
+    def test_rpc_request_and_answer_files(self):
+        a = self.agent()
+        k = self.kernel()
+        a.cell(1, k, 1, code="import time\ntime.sleep(3)")
+        a.wait(lambda: a.of(1))
+        req = k.path("rpc", "req_000007")
+        with open(req + ".tmp", "wb") as f:
+            f.write(b'{"tool":"t"}')
+        time.sleep(0.1)
+        self.assertEqual(a.of(1), [("S", b"")], "a tmp is not a request yet")
+        os.rename(req + ".tmp", req)
+        a.wait(lambda: len(a.of(1)) > 1)
+        (t, p), = a.of(1)[1:]
+        self.assertEqual(t, "r")
+        self.assertEqual(unjb(p), ({"name": "req_000007"}, b'{"tool":"t"}'))
+        self.assertFalse(os.path.exists(req), "taken: removed")
+        # hostile requests: a FIFO, a link; neither hangs the agent
+        os.mkfifo(k.path("rpc", "x"), 0o600)
+        os.rename(k.path("rpc", "x"), k.path("rpc", "req_000008"))
+        os.symlink("/dev/zero", k.path("rpc", "x"))
+        os.rename(k.path("rpc", "x"), k.path("rpc", "req_000009"))
+        with open(k.path("rpc", "x"), "wb") as f:
+            f.truncate(300 << 20)
+        os.rename(k.path("rpc", "x"), k.path("rpc", "req_000010"))
+        self.assertTrue(a.ping())
+        self.assertEqual(len(a.of(1)), 2)
+        a.send(1, "a", jb({"name": "res_000007"}, b'{"seq":7}'))
+        a.send(1, "a", jb({"name": "../cells/res_000007"}, b"no"))
+        self.assertTrue(a.ping())
+        res = k.path("rpc", "res_000007")
+        st = os.lstat(res)
+        self.assertEqual(st.st_mode & 0o777, 0o600)
+        with open(res, "rb") as f:
+            self.assertEqual(f.read(), b'{"seq":7}')
+        self.assertEqual(sorted(os.listdir(k.rpc)), ["res_000007"])
+
+    def test_tool_call_round_trip(self):
+        a = self.agent()
+        k = self.kernel()
+        a.cell(1, k, 1, code="import hermes_tools\n"
+                             "print(hermes_tools.call('echo', {'x': 1}, timeout=5))")
+        a.wait(lambda: [1 for t, _ in a.of(1) if t == "r"])
+        (p,) = [p for t, p in a.of(1) if t == "r"]
+        meta, body = unjb(p)
+        self.assertEqual(meta, {"name": "req_000001"})
+        call = json.loads(body)
+        self.assertEqual((call["tool"], call["args"], call["seq"]), ("echo", {"x": 1}, 1))
+        a.send(1, "a", jb({"name": "res_000001"}, json.dumps(
+            {"seq": 1, "ok": True, "result": {"y": 2}, "error": None}).encode()))
+        fr = a.end(1)
+        self.assertIn(b"{'y': 2}", out_bytes([f for f in fr if f[0] == "O"]))
+        self.assertEqual(json.loads(result(fr))["status"], "success")
+
+    # -- never polls ------------------------------------------------------
+
+    def test_idle_agent_sleeps(self):
+        a = self.agent()
+        k = self.kernel()
+        a.cell(1, k, 1, code="import time\nprint(1, flush=True)\ntime.sleep(3)")
+        a.exec_(2, "sleep 3")
+        a.wait(lambda: out_bytes(a.of(1)))
+        time.sleep(0.1)
+        cpu0, sw0 = _proc(a.pid)
+        time.sleep(1.0)
+        cpu1, sw1 = _proc(a.pid)
+        self.assertLessEqual(cpu1 - cpu0, 2, "CPU ticks while idle")
+        self.assertLessEqual(sw1 - sw0, 3, "wake-ups while idle")
+        self.assertEqual(json.loads(result(a.end(1)))["status"], "success")
+
+
+# A host without pidfds (Python 3.8, Linux < 5.3) and without inotify (no
+# ctypes): the agent's text run after a prelude that takes them away.
+NO_PIDFD = b"import os\ndel os.pidfd_open\n"
+NO_INOTIFY = b"import sys\nsys.modules['ctypes'] = None\n"
+
+
+class FallbackTest(unittest.TestCase):
+
+    def agent(self, prelude):
+        a = Agent(prelude=prelude)
+        self.addCleanup(a.close)
+        return a
+
+    def test_without_pidfd_or_inotify(self):
+        for prelude in (NO_PIDFD, NO_INOTIFY, NO_PIDFD + NO_INOTIFY):
+            a = self.agent(prelude)
+            hello = json.loads(a.wait(lambda: a.frames)[0][2])
+            self.assertEqual((hello["pidfd"], hello["inotify"]),
+                             (b"pidfd" not in prelude, b"ctypes" not in prelude))
+            a.exec_(1, "sleep 1; echo slow")
+            a.exec_(2, "exit 4")
+            a.exec_(3, "exec sleep 30", timeout=200)
+            t0 = time.monotonic()
+            self.assertEqual(unjb(a.end(2)[0][1]), ({"status": 4}, b""))
+            self.assertLess(time.monotonic() - t0, 0.5, prelude)
+            self.assertEqual(unjb(a.end(3)[0][1])[0]["status"], -1)
+            self.assertEqual(unjb(a.end(1)[0][1]), ({"status": 0}, b"slow\n"))
+            k = Kernel()
+            self.addCleanup(k.close)
+            a.cell(4, k, 1, code="import time\nfor i in range(20):\n"
+                                 "    print(i, flush=True)\n    time.sleep(0.01)\n")
+            fr = a.end(4)
+            self.assertEqual(out_bytes(fr[1:]), _file(k, "cell_out_000001"))
+            self.assertEqual(result(fr), _file(k, "cell_res_000001.json"))
+            a.cell(5, k, 2, code="import time\nprint('bye', flush=True)\ntime.sleep(30)")
+            a.wait(lambda: out_bytes(a.of(5)))
+            k.proc.kill()
+            self.assertEqual(result(a.end(5, timeout=3)), b'{"relay":"died"}')
+
+
+def _file(k, name):
+    with open(k.path("cells", name), "rb") as f:
+        return f.read()
+
+
+if __name__ == "__main__":
+    unittest.main()
