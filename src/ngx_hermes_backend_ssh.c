@@ -463,6 +463,9 @@ ngx_http_hermes_ssh_exec(ngx_http_hermes_conn_t *conn,
     ngx_http_hermes_ssh_link_t    *l;
     ngx_http_hermes_ssh_exec_t     x;
     ngx_http_hermes_ssh_stream_t  *s;
+#if (NGX_DEBUG)
+    u_char                         text[NGX_MAX_ERROR_STR];
+#endif
 
     static u_char                  merge[] = "exec 2>&1\n";
 
@@ -509,6 +512,21 @@ ngx_http_hermes_ssh_exec(ngx_http_hermes_conn_t *conn,
         ngx_snprintf(conn->err, sizeof(conn->err), "command too long%Z");
         return NGX_ERROR;
     }
+
+#if (NGX_DEBUG)
+
+    /* what runs on the host; payloads, the token too, go on stdin */
+
+    if (ngx_cycle->log->log_level & NGX_LOG_DEBUG_HTTP) {
+        *ngx_http_hermes_log_escape(text, text + sizeof(text) - 1,
+                                    (u_char *) cmd->cmd,
+                                    ngx_strlen(cmd->cmd), 0) = '\0';
+
+        ngx_log_debug2(NGX_LOG_DEBUG_HTTP, ngx_cycle->log, 0,
+                       "hermes: ssh exec on %V: %s", &l->h->name, text);
+    }
+
+#endif
 
     s->fd = -1;
     s->exec = &x;
