@@ -819,10 +819,14 @@ ngx_http_hermes_ssh_thread(void *data)
                 pfd[1].events |= POLLOUT;
             }
 
-            /* what libssh holds already is not on the socket */
+            /*
+             * what libssh holds already is not on the socket; stdout last:
+             * polling stderr may read packets of stdout into libssh's
+             * buffer, and the reverse costs a complaint's delay only
+             */
 
-            if (ssh_channel_poll(l->channel, 0) != 0
-                || ssh_channel_poll(l->channel, 1) != 0)
+            if (ssh_channel_poll(l->channel, 1) != 0
+                || ssh_channel_poll(l->channel, 0) != 0)
             {
                 next = 0;
             }
@@ -1258,6 +1262,10 @@ ngx_http_hermes_ssh_read(ngx_http_hermes_ssh_link_t *l)
                 break;
             }
 
+            ngx_log_debug3(NGX_LOG_DEBUG_HTTP, l->log, 0,
+                           "hermes: ssh frame '%c' of stream %uD, %uD bytes",
+                           f.type, f.stream, f.len);
+
             ngx_http_hermes_ssh_frame(l, &f);
             p += NGX_HTTP_HERMES_FRAME_HEADER + f.len;
         }
@@ -1676,6 +1684,9 @@ ngx_http_hermes_ssh_cell_write(ngx_http_hermes_ssh_link_t *l,
         (void) ngx_http_hermes_frames_put_u64(p, (uint64_t) s->taken);
         (void) ngx_http_hermes_ssh_append(l, ack, sizeof(ack));
         s->acked = s->taken;
+
+        ngx_log_debug2(NGX_LOG_DEBUG_HTTP, l->log, 0,
+                       "hermes: ssh ACK of stream %uD at %O", s->id, s->taken);
     }
 
     if (s->hdr == 0 && s->out_pos == s->out_len && s->res == NULL) {
