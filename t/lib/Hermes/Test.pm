@@ -480,21 +480,6 @@ sub error_log {
     return _slurp("$self->{prefix}/logs/error.log") // '';
 }
 
-# the commands the ssh backend ran on its kernel hosts (EXEC frames to the
-# agent), from the debug log (error_log_level => 'debug'), in order; from
-# byte $off of error.log on
-sub ssh_execs {
-    my ($self, $off) = @_;
-    my $log = substr($self->error_log, $off // 0);
-    my @cmds;
-    for my $line (split /\n/, $log) {
-        next unless $line =~ /\[debug\] .*?hermes: ssh exec on \S+: (.*)$/;
-        (my $cmd = $1) =~ s/\\x([0-9a-f]{2})/chr hex $1/ge;
-        push @cmds, $cmd;
-    }
-    return @cmds;
-}
-
 sub _bad_log_lines {
     my ($self) = @_;
     my $allow = $self->{allow_log_re};
