@@ -972,8 +972,8 @@ ngx_http_hermes_cell_ship_failed(ngx_http_hermes_cell_t *cell)
 
 
 /*
- * The ssh backend: a relay task ships the cell and copies what
- * hermes_relay.py prints into a socketpair read here: "\x1f\n" when the
+ * The ssh backend: the host's link ships the cell and writes what the
+ * kernel-host agent sends into a socketpair read here: "\x1f\n" when the
  * cell is shipped, cell_out's event lines, then "\x1e" and the result.
  */
 

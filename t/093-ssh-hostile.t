@@ -291,8 +291,6 @@ sub recreate {
     mkdir "$dir/cells", 0700;
     mkdir "$dir/rpc", 0700;
     system('mkfifo', '-m', '600', "$dir/wake") == 0 or die;
-    # what it finds there, copied: the directory looks like a kernel's
-    system('cp', "$dir.old/hermes_relay.py", $dir) if -e "$dir.old/hermes_relay.py";
 }
 
 # a child holding $dir/wake open for reading, with pid $want if asked
