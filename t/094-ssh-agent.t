@@ -38,7 +38,7 @@ $s->start;
 my $ssh = "host=127.0.0.1:$P known_hosts=" . $s->known_hosts
     . " user=root identity=" . $s->identity . " connect_timeout=3s";
 $t->write_conf(<<"CONF", main => 'thread_pool hermes4 threads=4;');
-    hermes_zone kernels:1m;
+    hermes_zone kernels:1m max_kernels=64 max_kernels_per_owner=64;
 
     server {
         listen 127.0.0.1:%%PORT_0%%;
@@ -142,7 +142,7 @@ sub dir_of { $t->kroot . "/hermes_rkernel_$_[0]" }
         my $rr = $bg{$sess}->wait;
         my $want = join('', map { "$sess $_ " . ('x' x $_) . "\n" } 0 .. 3) . "$sess done\n";
         $exact++ if stdout_of($rr) eq $want && ($rr->{result} // {})->{output} eq $want;
-        diag "$sess: " . (stdout_of($rr) // '') if stdout_of($rr) ne $want;
+        diag "$sess: " . stdout_of($rr) if stdout_of($rr) ne $want;
     }
     is($exact, 20, 'the 20 cells: each its exact output');
     is(logins(), 1, 'still one ssh login');
