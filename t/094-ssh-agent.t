@@ -27,10 +27,10 @@ my $p = $t->prefix;
 my $s = Hermes::Sshd->new(dir => "$p/ssh", port => $t->port(5));
 my $P = $s->port;
 
-# the login shell's rc: a line each time it runs, and junk on stdout
+# the login shell's rc: a line each time it runs
 my $rc_log = "$p/rc.log";
 open my $rc, '>', $s->home . '/.bashrc' or die "write .bashrc: $!";
-print $rc "echo \"rc \$\$\" >>'$rc_log'\necho 'junk from the rc file'\n";
+print $rc "echo \"rc \$\$\" >>'$rc_log'\n";
 close $rc;
 
 $s->start;
