@@ -539,8 +539,16 @@ ngx_http_hermes_ssh_exec(ngx_http_hermes_conn_t *conn,
     x.rc = NGX_ERROR;
     x.done = 0;
 
+    /* once the I/O thread was told to quit, it takes nothing more */
+
     pthread_mutex_lock(&l->mutex);
+
     quit = l->quit;
+
+    if (!quit) {
+        ngx_queue_insert_tail(&l->posted, &s->queue);
+    }
+
     pthread_mutex_unlock(&l->mutex);
 
     if (quit) {
@@ -549,7 +557,7 @@ ngx_http_hermes_ssh_exec(ngx_http_hermes_conn_t *conn,
         return NGX_ERROR;
     }
 
-    ngx_http_hermes_ssh_post(l, s);
+    ngx_http_hermes_ssh_post(l, NULL);
 
     /* the I/O thread answers every EXEC by its deadline */
 
