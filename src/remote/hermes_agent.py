@@ -58,11 +58,12 @@ frames wait to be written), one inotify instance (ctypes on libc: watches
 on the cells/ and rpc/ directories of the kernels it streams), a pidfd per
 streamed runner (readable when it exits: a final read, then "died") and
 its EXEC children's pidfds and pipes.  Fallbacks, used only where the host
-lacks the mechanism: without os.pidfd_open (Python 3.8, Linux < 5.3) an
+lacks the mechanism: without os.pidfd_open (Python < 3.9, Linux < 5.3) an
 EXEC child's exit is seen through SIGCHLD (signal.set_wakeup_fd) and a
 runner's liveness is checked every 0.1 s while its cell streams; without
 inotify (no ctypes, no libc symbol, or the watch limit reached) a stream
 looks at its files every 10 ms.  HELLO says which of the two it has.
+Python 3.7 or later (test_agent.py runs it with HERMES_AGENT_PYTHON).
 """
 
 import errno
@@ -154,10 +155,10 @@ def parse_jb(payload):
     return obj, bytes(payload[4 + n:])
 
 
-def want_int(obj, key, lo, default=None):
+def want_int(obj, key, lo, hi=(1 << 62), default=None):
     v = obj.get(key, default)
-    if type(v) is not int or v < lo:
-        raise ValueError("%s must be an integer >= %d" % (key, lo))
+    if type(v) is not int or not lo <= v <= hi:
+        raise ValueError("%s must be an integer from %d to %d" % (key, lo, hi))
     return v
 
 
@@ -503,7 +504,7 @@ class Cell:
         self.pump()
 
     def ack(self, offset):
-        if offset > self.acked:
+        if self.acked < offset < 1 << 62:
             self.acked = offset
             self.pump()
 
@@ -657,8 +658,10 @@ class Exec:
         cmd = req.get("cmd")
         if not isinstance(cmd, str):
             raise ValueError("cmd must be a string")
-        self.timeout = want_int(req, "timeout", 1) / 1000.0
-        self.out_max = min(want_int(req, "out_max", 0, EXEC_OUT_MAX),
+        if "\0" in cmd:
+            raise ValueError("cmd holds a NUL")
+        self.timeout = want_int(req, "timeout", 1, 1 << 31) / 1000.0
+        self.out_max = min(want_int(req, "out_max", 0, default=EXEC_OUT_MAX),
                            EXEC_OUT_MAX)
         self.data = memoryview(data)
         self.cmd = cmd
@@ -669,14 +672,14 @@ class Exec:
             self.proc = subprocess.Popen(
                 ["/bin/sh", "-c", self.cmd], stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE, start_new_session=True)
-        except OSError as e:
+        except (OSError, ValueError, subprocess.SubprocessError) as e:
             return self.answer({"status": -1, "error": "spawn: %s" % e})
         self.deadline = time.monotonic() + self.timeout
         a.execs[self] = True
         try:
             self.pidfd = pidfd_open(self.proc.pid)
-        except ProcessLookupError:
-            self.pidfd = None
+        except OSError:
+            self.pidfd = None       # SIGCHLD says when it exits
         if self.pidfd is not None:
             a.on(self.pidfd, select.POLLIN, self.exited)
         fd = self.proc.stdout.fileno()
@@ -814,8 +817,9 @@ class Agent:
             self.flush()
             timeout = self.timeout()
             try:
-                ready = self.poller.poll(None if timeout is None
-                                         else max(0, int(timeout * 1000) + 1))
+                ready = self.poller.poll(
+                    None if timeout is None
+                    else max(0, min(int(timeout * 1000) + 1, 1 << 30)))
             except InterruptedError:
                 ready = []
             # a handler may close an fd whose number the next one reuses
@@ -945,19 +949,19 @@ class Agent:
         try:
             req, data = parse_jb(payload)
             path = req.get("dir")
-            if not isinstance(path, str) or not path:
-                raise ValueError("dir must be a non-empty string")
-            cell = want_int(req, "cell", 0)
-            pid = want_int(req, "pid", 1)
+            if not isinstance(path, str) or not path or "\0" in path:
+                raise ValueError("dir must be a path")
+            cell = want_int(req, "cell", 0, 999999999999)
+            pid = want_int(req, "pid", 1, (1 << 31) - 1)
             start = want_int(req, "start", 0)
-            ino = want_int(req, "ino", 0)
+            ino = want_int(req, "ino", 0, (1 << 64) - 1)
             uid = req.get("uid")
             if uid is not None:
-                uid = want_int(req, "uid", 0)
+                uid = want_int(req, "uid", 0, (1 << 32) - 2)
             offset = want_int(req, "offset", -1)
             out_limit = want_int(req, "out_limit", 0)
             res_limit = want_int(req, "res_limit", 0)
-            window = want_int(req, "window", 1, DEFAULT_WINDOW)
+            window = want_int(req, "window", 1, default=DEFAULT_WINDOW)
         except ValueError as err:
             self.send(sid, b"R", dumps({"relay": "failed",
                                         "error": "bad CELL: %s" % err}))

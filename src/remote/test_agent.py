@@ -18,6 +18,9 @@ import unittest
 from test_remote import HERE, Kernel, PYTHON, _wait_for
 
 AGENT = os.path.join(HERE, "hermes_agent.py")
+# the agent's python: any python3 >= 3.9 a kernel host may have (3.8: the
+# fallbacks); the runners keep PYTHON
+AGENT_PYTHON = os.environ.get("HERMES_AGENT_PYTHON", PYTHON)
 LOADER = ('import sys;i=sys.stdin.buffer;'
           'exec(compile(i.read(int(i.readline())),"hermes_agent.py","exec"))')
 MAGIC = b"\0HERMES-AGENT-1\n"
@@ -75,7 +78,7 @@ class Agent:
         with open(AGENT, "rb") as f:
             src = prelude + f.read()
         self.err = tempfile.TemporaryFile()
-        argv = [PYTHON, "-I", "-c", LOADER]
+        argv = [AGENT_PYTHON, "-I", "-c", LOADER]
         if shell is not None:       # a login shell's rc, printing junk
             argv = ["sh", "-c", shell + "; exec \"$@\"", "sh"] + argv
         self.p = subprocess.Popen(argv, stdin=subprocess.PIPE,
@@ -301,6 +304,34 @@ class AgentTest(unittest.TestCase):
         self.assertEqual(a.p.wait(5), 0)
         self.assertIn("frame", a.stderr())
 
+    def test_bad_requests_are_answered_and_the_agent_goes_on(self):
+        a = self.agent()
+        k = self.kernel()
+        good = {"dir": k.dir, "cell": 1, "pid": k.pid, "start": _start(k.pid),
+                "ino": os.stat(k.dir).st_ino, "uid": os.geteuid(),
+                "offset": -1, "out_limit": 100, "res_limit": 100}
+        bad = [b"", b"\0\0\0\x09{}", b"\0\0\0\x02[]", b"\0\0\0\x03{x}"]
+        for key, v in (("dir", k.dir + "\0x"), ("pid", 1 << 40), ("pid", "1"),
+                       ("uid", 1 << 40), ("offset", -2), ("cell", 1.0),
+                       ("ino", -1), ("window", 0), ("start", None)):
+            bad.append(jb(dict(good, **{key: v}), request(1, "1")))
+        for i, p in enumerate(bad):
+            a.send(i + 1, "C", p)
+            w = json.loads(result(a.end(i + 1)))
+            self.assertEqual(w["relay"], "failed", i)
+            self.assertTrue(w["error"].startswith("bad CELL: "), w)
+        for i, req in enumerate(({"cmd": "true\0"}, {"cmd": "true", "timeout": 1 << 60},
+                                 {"cmd": ["true"], "timeout": 1}, {"timeout": 9})):
+            a.send(100 + i, "X", jb(req))
+            st, _ = unjb(a.end(100 + i)[0][1])
+            self.assertEqual(st["status"], -1)
+            self.assertTrue(st["error"].startswith("bad EXEC: "), st)
+        a.send(200, "A", b"\xff" * 8)      # an ACK for no stream
+        a.send(201, "a", jb({"name": "res_000001"}, b"x"))
+        self.assertTrue(a.ping())
+        self.assertEqual([x for x in os.listdir(k.cells) if "req" in x], [])
+        self.assertEqual(os.listdir(k.rpc), [])
+
     # -- EXEC -------------------------------------------------------------
 
     def test_exec_status_stdout_stdin(self):
@@ -477,12 +508,37 @@ class AgentTest(unittest.TestCase):
 
     def test_planted_request_tmp_fails_the_ship(self):
         a = self.agent()
+        for i, kind in enumerate(("file", "symlink", "fifo", "dir")):
+            k = self.kernel()
+            target = k.path("target")
+            with open(target, "w") as f:
+                f.write("keep\n")
+            tmp = k.path("cells", "cell_req_000001.json.tmp")
+            if kind == "file":
+                open(tmp, "w").close()
+            elif kind == "symlink":
+                os.symlink(target, tmp)
+            elif kind == "fifo":
+                os.mkfifo(tmp, 0o600)
+            else:
+                os.mkdir(tmp, 0o700)
+            a.cell(i + 1, k, 1, code="1")
+            w = json.loads(result(a.end(i + 1)))
+            self.assertEqual(w["relay"], "failed", kind)
+            self.assertTrue(w["error"].startswith("cells/cell_req_000001.json.tmp: "), w)
+            with open(target) as f:
+                self.assertEqual(f.read(), "keep\n", kind)
+            self.assertFalse(os.path.exists(k.path("cells", "cell_req_000001.json")))
+
+    def test_wake_that_is_not_a_fifo_fails_the_ship(self):
+        a = self.agent()
         k = self.kernel()
-        os.symlink(k.path("target"), k.path("cells", "cell_req_000001.json.tmp"))
+        os.rename(k.path("wake"), k.path("wake.old"))
+        open(k.path("wake"), "w").close()
         a.cell(1, k, 1, code="1")
-        w = json.loads(result(a.end(1)))
-        self.assertEqual(w["relay"], "failed")
-        self.assertFalse(os.path.exists(k.path("target")))
+        self.assertEqual(json.loads(result(a.end(1))),
+                         {"relay": "failed", "error": "wake: not a FIFO"})
+        self.assertEqual(os.path.getsize(k.path("wake")), 0)
 
     def test_hostile_files_are_unreadable_and_others_flow_on(self):
         a = self.agent()
@@ -555,6 +611,34 @@ class AgentTest(unittest.TestCase):
         self.assertEqual(out_bytes(a.of(1)), b'{"type":"stdout","text":"1\\n"}\n')
         self.assertNotIn("R", [t for t, _ in a.of(1)])
 
+    def test_inotify_queue_overflow_looks_at_every_stream_again(self):
+        with open("/proc/sys/fs/inotify/max_queued_events") as f:
+            events = int(f.read())
+        a = self.agent()
+        k = self.kernel()
+        a.cell(1, k, 1, code="import time\nprint('a', flush=True)\n"
+                             "time.sleep(1)\nprint('b')")
+        a.wait(lambda: out_bytes(a.of(1)))
+        os.kill(a.pid, signal.SIGSTOP)     # its queue fills up meanwhile
+        try:
+            for i in range(events + 10):
+                os.close(os.open(k.path("cells", "junk%d" % i),
+                                 os.O_WRONLY | os.O_CREAT, 0o600))
+            req = k.path("rpc", "req_000003")
+            with open(req + ".tmp", "wb") as f:
+                f.write(b"{}")
+            os.rename(req + ".tmp", req)
+            self.assertTrue(_wait_for(lambda: os.path.exists(k.res_path(1))))
+        finally:
+            os.kill(a.pid, signal.SIGCONT)
+        fr = a.end(1, timeout=3)
+        self.assertEqual([unjb(p) for t, p in fr if t == "r"],
+                         [({"name": "req_000003"}, b"{}")])
+        self.assertEqual(out_bytes([f for f in fr if f[0] == "O"]),
+                         self.file(k, "cell_out_000001"))
+        self.assertEqual(result(fr), self.file(k, "cell_res_000001.json"))
+        self.assertIn("overflow", a.stderr())
+
     # -- tool calls -------------------------------------------------------
 
     def test_rpc_request_and_answer_files(self):
@@ -614,6 +698,8 @@ class AgentTest(unittest.TestCase):
 
     def test_idle_agent_sleeps(self):
         a = self.agent()
+        if not json.loads(a.wait(lambda: a.frames)[0][2])["pidfd"]:
+            self.skipTest("no pidfds: runners are looked at on a clock")
         k = self.kernel()
         a.cell(1, k, 1, code="import time\nprint(1, flush=True)\ntime.sleep(3)")
         a.exec_(2, "sleep 3")
@@ -627,9 +713,39 @@ class AgentTest(unittest.TestCase):
         self.assertEqual(json.loads(result(a.end(1)))["status"], "success")
 
 
+class DiskFullTest(unittest.TestCase):
+    """The kernel dir on a small tmpfs, filled up before the cell ships."""
+
+    def test_full_disk_is_said_and_nothing_is_left(self):
+        mnt = tempfile.mkdtemp(prefix="hermes_rafull_")
+        self.addCleanup(os.rmdir, mnt)
+        p = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m,mode=0700",
+                            "tmpfs", mnt], capture_output=True)
+        if p.returncode != 0:
+            self.skipTest("cannot mount a tmpfs to fill (needs root)")
+        self.addCleanup(subprocess.run, ["umount", "-l", mnt])
+        k = Kernel(root=mnt)
+        self.addCleanup(k.close)
+        self.assertTrue(k.ready)
+        fd = os.open(os.path.join(mnt, "fill"), os.O_WRONLY | os.O_CREAT, 0o600)
+        try:
+            while True:
+                os.write(fd, bytes(65536))
+        except OSError:
+            pass
+        finally:
+            os.close(fd)
+        a = Agent()
+        self.addCleanup(a.close)
+        a.cell(1, k, 2, code="print(1)")
+        self.assertEqual(a.end(1), [("R", b'{"relay":"full"}')], a.stderr())
+        self.assertFalse([x for x in os.listdir(k.cells) if "req_000002" in x])
+        self.assertTrue(k.alive())
+
+
 # A host without pidfds (Python 3.8, Linux < 5.3) and without inotify (no
 # ctypes): the agent's text run after a prelude that takes them away.
-NO_PIDFD = b"import os\ndel os.pidfd_open\n"
+NO_PIDFD = b"import os\nif hasattr(os, 'pidfd_open'): del os.pidfd_open\n"
 NO_INOTIFY = b"import sys\nsys.modules['ctypes'] = None\n"
 
 
@@ -644,8 +760,9 @@ class FallbackTest(unittest.TestCase):
         for prelude in (NO_PIDFD, NO_INOTIFY, NO_PIDFD + NO_INOTIFY):
             a = self.agent(prelude)
             hello = json.loads(a.wait(lambda: a.frames)[0][2])
-            self.assertEqual((hello["pidfd"], hello["inotify"]),
-                             (b"pidfd" not in prelude, b"ctypes" not in prelude))
+            self.assertEqual(hello["inotify"], b"ctypes" not in prelude)
+            if b"pidfd" in prelude:
+                self.assertFalse(hello["pidfd"])
             a.exec_(1, "sleep 1; echo slow")
             a.exec_(2, "exit 4")
             a.exec_(3, "exec sleep 30", timeout=200)
