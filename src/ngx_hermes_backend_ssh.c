@@ -51,6 +51,13 @@
 #define NGX_HTTP_HERMES_SSH_EXEC_SLACK  2000
 
 /*
+ * a connection quiet this long while streams wait on it is pinged; no
+ * answer within connect_timeout: it is taken for broken (a host gone
+ * without a word, which TCP would see only after many minutes)
+ */
+#define NGX_HTTP_HERMES_SSH_QUIET       5000
+
+/*
  * python3 -c: reads a length line and that many bytes of stdin, the
  * agent's text, and runs it; the frames follow on the same stdin, once
  * the agent said HELLO.  No single quotes: it is quoted for the remote
@@ -136,6 +143,8 @@ struct ngx_http_hermes_ssh_link_s {
     ngx_msec_t                       retry;     /* connect again then */
     ngx_msec_t                       delay;
     ngx_msec_t                       answered;  /* the host last answered */
+    ngx_msec_t                       heard;     /* bytes came last */
+    ngx_msec_t                       pinged;    /* a PING unanswered */
     ngx_queue_t                      streams;
     ngx_uint_t                       nstreams;
     uint32_t                         next;
@@ -655,12 +664,14 @@ ngx_http_hermes_ssh_thread(void *data)
     ngx_http_hermes_ssh_link_t *l = data;
 
     int                            timeout, events;
+    u_char                        *p;
     uint64_t                       v;
     ngx_uint_t                     i, nfd, quit, urgent, size;
     ngx_msec_t                     now, next, left;
     ngx_queue_t                   *q, *nq;
     struct pollfd                 *pfd;
     ngx_http_hermes_ssh_stream_t  *s, **pfs;
+    u_char                         ping[NGX_HTTP_HERMES_FRAME_HEADER];
 
     for ( ;; ) {
 
@@ -728,6 +739,12 @@ ngx_http_hermes_ssh_thread(void *data)
             l->broken = "the agent did not start in time";
         }
 
+        if (l->ready && l->pinged
+            && now - l->pinged >= l->bcf->connect_timeout)
+        {
+            l->broken = "no answer to a ping";
+        }
+
         /* deadlines */
 
         next = l->session ? 5000
@@ -739,6 +756,21 @@ ngx_http_hermes_ssh_thread(void *data)
         if (l->session && !l->ready) {
             left = (now - l->started < NGX_HTTP_HERMES_SSH_START)
                    ? l->started + NGX_HTTP_HERMES_SSH_START - now : 0;
+            next = ngx_min(next, left);
+        }
+
+        if (l->ready && !ngx_queue_empty(&l->streams) && !l->broken) {
+            if (l->pinged == 0
+                && now - l->heard >= NGX_HTTP_HERMES_SSH_QUIET)
+            {
+                p = ngx_http_hermes_frames_header(ping, 0, 'P', 0);
+                (void) ngx_http_hermes_ssh_append(l, ping, p - ping);
+                l->pinged = now;
+            }
+
+            left = l->pinged
+                   ? l->pinged + l->bcf->connect_timeout - now
+                   : l->heard + NGX_HTTP_HERMES_SSH_QUIET - now;
             next = ngx_min(next, left);
         }
 
@@ -1238,6 +1270,8 @@ ngx_http_hermes_ssh_read(ngx_http_hermes_ssh_link_t *l)
         }
 
         l->in_len += n;
+        l->heard = ngx_http_hermes_ssh_now();
+        l->pinged = 0;
 
         p = l->in;
         last = l->in + l->in_len;
@@ -1343,6 +1377,7 @@ ngx_http_hermes_ssh_frame(ngx_http_hermes_ssh_link_t *l,
         l->down = 0;
         l->delay = 0;
         l->answered = 0;
+        l->pinged = 0;
 
         ngx_log_error(NGX_LOG_INFO, l->log, 0,
                       "hermes: the agent on the kernel host %V runs: %*s",

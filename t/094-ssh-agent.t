@@ -4,8 +4,9 @@
 # sessions' cells run at once over that one connection, answered exactly,
 # without holding a thread of a 4-thread pool (a 21st session spawns and
 # answers meanwhile); a connection killed mid-cell (its sshd session
-# process) resumes every running cell with exact bytes; an agent killed on
-# the host is replaced and the next cells work.
+# process) resumes every running cell with exact bytes, and so does one
+# that hangs without a word (pings); an agent killed on the host is
+# replaced and the next cells work.
 
 use strict;
 use warnings;
@@ -188,6 +189,34 @@ sub dir_of { $t->kroot . "/hermes_rkernel_$_[0]" }
     is(() = $log =~ /resumes at offset [1-9]\d*/g, 5, 'the 5 cells resumed from their offsets');
     is(logins(), 2, 'a second login');
     ok(wait_until(sub { agents() == 1 }, 3), 'one agent on the host');
+}
+
+###############################################################################
+# the connection hangs without a word (its sshd session processes stopped,
+# the listener answering): unanswered pings end it, and the cell resumes
+# on a new one long before its timeout
+
+{
+    my $kid = kid_of($t->execute('/x', { session => 'hang', code => "me = 'hang'" }));
+    my $bg = $t->execute_async('/x', { session => 'hang', code =>
+        "import time\nfor i in range(24):\n    print(me, i, flush=True)\n"
+        . "    time.sleep(0.5)" }, timeout => 40);
+    ok(wait_until(sub { (-s dir_of($kid) . '/cells/cell_out_000002' // 0) > 20 }, 10),
+        'the cell is printing');
+    my $off = length $t->error_log;
+    my $logins = logins();
+    my @sshd = grep { (slurp("/proc/$_/comm") // '') =~ /^sshd/ } $s->descendants;
+    kill 'STOP', @sshd;
+    my $t0 = time;
+    my $r = $bg->wait;
+    my $took = time - $t0;
+    kill 'CONT', @sshd;
+    my $want = join '', map { "hang $_\n" } 0 .. 23;
+    is(stdout_of($r), $want, 'every line once, in order') or diag stdout_of($r);
+    ok($took < 20, sprintf('answered in %.2fs (cell timeout 30 s)', $took));
+    like(substr($t->error_log, $off), qr/broke: no answer to a ping; reconnecting/,
+        'error.log says the connection did not answer a ping');
+    is(logins(), $logins + 1, 'a new login');
 }
 
 ###############################################################################
