@@ -745,13 +745,14 @@ ngx_http_hermes_ssh_thread(void *data)
             l->broken = "no answer to a ping";
         }
 
-        /* deadlines */
+        /* deadlines: the poll sleeps until the nearest */
 
-        next = l->session ? 5000
-                          : (ngx_queue_empty(&l->streams)
-                             ? NGX_TIMER_INFINITE
-                             : (ngx_msec_t) ngx_max((ngx_msec_int_t)
-                                                    (l->retry - now), 0));
+        next = NGX_TIMER_INFINITE;
+
+        if (l->session == NULL && !ngx_queue_empty(&l->streams)) {
+            next = ((ngx_msec_int_t) (l->retry - now) > 0) ? l->retry - now
+                                                           : 0;
+        }
 
         if (l->session && !l->ready) {
             left = (now - l->started < NGX_HTTP_HERMES_SSH_START)
