@@ -179,6 +179,8 @@ static void ngx_http_hermes_ssh_start(ngx_http_hermes_ssh_link_t *l,
 static void ngx_http_hermes_ssh_break(ngx_http_hermes_ssh_link_t *l,
     ngx_msec_t now);
 static void ngx_http_hermes_ssh_read(ngx_http_hermes_ssh_link_t *l);
+static ngx_http_hermes_ssh_stream_t *ngx_http_hermes_ssh_find(
+    ngx_http_hermes_ssh_link_t *l, uint32_t id);
 static void ngx_http_hermes_ssh_frame(ngx_http_hermes_ssh_link_t *l,
     ngx_http_hermes_frame_t *f);
 static void ngx_http_hermes_ssh_send(ngx_http_hermes_ssh_link_t *l,
