@@ -558,7 +558,7 @@ typedef struct {
     ngx_pid_t                     pid;
     uint64_t                      start;
     uint64_t                      ino;
-    int32_t                       uid;
+    uint32_t                      uid;
     off_t                         offset;       /* -1: ship the request */
     off_t                         out_limit;
     off_t                         res_limit;

@@ -631,7 +631,7 @@ ngx_http_hermes_ssh_relay(ngx_http_hermes_conn_t *conn,
     s->cell.pid = ref->pid;
     s->cell.start = ref->start;
     s->cell.ino = ref->ino;
-    s->cell.uid = (int32_t) ref->uid;
+    s->cell.uid = ref->uid;
     s->cell.offset = -1;
     s->cell.out_limit = out_limit;
     s->cell.res_limit = res_limit;

@@ -261,7 +261,7 @@ ngx_http_hermes_frames_cell(u_char *buf, uint32_t stream,
     p = ngx_cpymem(json, "{\"dir\":\"", sizeof("{\"dir\":\"") - 1);
     p = (u_char *) ngx_escape_json(p, c->dir, ngx_strlen(c->dir));
     p = ngx_sprintf(p, "\",\"cell\":%uD,\"pid\":%P,\"start\":%uL,\"ino\":%uL,"
-                    "\"uid\":%D,\"offset\":%O,\"out_limit\":%O,"
+                    "\"uid\":%uD,\"offset\":%O,\"out_limit\":%O,"
                     "\"res_limit\":%O,\"window\":%uz}",
                     c->cell, c->pid, c->start, c->ino, c->uid, c->offset,
                     c->out_limit, c->res_limit, c->window);
