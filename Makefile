@@ -24,7 +24,7 @@ TEST_PKGS  := chromium python3-matplotlib
 SRCS       := config ngx_hermes_module.c $(wildcard src/*.c src/*.h)
 # shipped into each kernel's directory, and carried only (see embed.sh)
 REMOTE_SHIP  := src/remote/kernel_runner.py src/remote/hermes_tools.py
-REMOTE_CARRY := src/remote/hermes_relay.py src/remote/hermes_files.py
+REMOTE_CARRY := src/remote/hermes_agent.py src/remote/hermes_files.py
 REMOTE_PY    := $(REMOTE_SHIP) $(REMOTE_CARRY)
 GEN        := build/gen/ngx_hermes_remote.c
 # the status page (?format=html) and its Content-Security-Policy

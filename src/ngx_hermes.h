@@ -73,12 +73,14 @@ typedef struct {
 } ngx_http_hermes_backend_conf_t;
 
 
-/* a backend connection for one thread pool task (ssh: one session) */
+typedef struct ngx_http_hermes_ssh_link_s  ngx_http_hermes_ssh_link_t;
+
+/* a backend connection for one thread pool task (ssh: the host's link) */
 
 typedef struct {
     ngx_http_hermes_backend_conf_t *bcf;
     ngx_uint_t                    host;
-    struct ssh_session_struct    *session;
+    ngx_http_hermes_ssh_link_t   *link;
     u_char                        err[256];
     unsigned                      unavailable:1;
 } ngx_http_hermes_conn_t;
@@ -569,10 +571,10 @@ ngx_int_t ngx_http_hermes_local_proc_start(ngx_pid_t pid, uint64_t *start);
 ngx_int_t ngx_http_hermes_ssh_init(void);
 ngx_http_hermes_ssh_host_t *ngx_http_hermes_ssh_host_create(ngx_pool_t *pool,
     ngx_str_t *name, u_char *host, ngx_uint_t port);
-ngx_int_t ngx_http_hermes_ssh_relay(ngx_thread_pool_t *tp,
-    ngx_http_hermes_conn_t *conn, ngx_http_hermes_kernel_ref_t *ref,
-    off_t out_limit, off_t res_limit, ngx_msec_t timeout, u_char *req,
-    size_t req_len, ngx_socket_t fd, ngx_log_t *log);
+ngx_int_t ngx_http_hermes_ssh_relay(ngx_http_hermes_conn_t *conn,
+    ngx_http_hermes_kernel_ref_t *ref, off_t out_limit, off_t res_limit,
+    ngx_msec_t timeout, u_char *req, size_t req_len, ngx_socket_t fd,
+    ngx_log_t *log);
 char *ngx_http_hermes_ssh_check_files(ngx_str_t *identity,
     ngx_str_t *known_hosts);
 
@@ -626,6 +628,54 @@ void ngx_http_hermes_backend_place(ngx_http_hermes_zone_t *zone,
     ngx_http_hermes_kernel_ref_t *ref, ngx_http_hermes_backend_conf_t *bcf);
 ngx_str_t *ngx_http_hermes_backend_host_name(
     ngx_http_hermes_backend_conf_t *bcf, ngx_uint_t host);
+
+
+/* the frames of the kernel-host agent protocol (ngx_hermes_frames.c) */
+
+#define NGX_HTTP_HERMES_FRAME_HEADER    9
+#define NGX_HTTP_HERMES_FRAME_MAX       (1048576 + 64)
+#define NGX_HTTP_HERMES_FRAME_MAGIC     "\0HERMES-AGENT-1\n"
+#define NGX_HTTP_HERMES_FRAME_CELL_MAX                                        \
+    (NGX_HTTP_HERMES_FRAME_HEADER + 4 + 6 * NGX_HTTP_HERMES_DIR_MAX + 256)
+#define NGX_HTTP_HERMES_FRAME_EXEC_MAX  (NGX_HTTP_HERMES_FRAME_HEADER + 128)
+
+typedef struct {
+    uint32_t                      len;
+    uint32_t                      stream;
+    u_char                        type;
+    u_char                       *payload;
+} ngx_http_hermes_frame_t;
+
+typedef struct {
+    u_char                       *dir;          /* NUL-terminated */
+    uint32_t                      cell;
+    ngx_pid_t                     pid;
+    uint64_t                      start;
+    uint64_t                      ino;
+    uint32_t                      uid;
+    off_t                         offset;       /* -1: ship the request */
+    off_t                         out_limit;
+    off_t                         res_limit;
+    size_t                        window;
+    size_t                        req_len;      /* the bytes that follow */
+} ngx_http_hermes_frame_cell_t;
+
+u_char *ngx_http_hermes_frames_header(u_char *p, uint32_t stream,
+    u_char type, size_t len);
+u_char *ngx_http_hermes_frames_put_u64(u_char *p, uint64_t v);
+uint64_t ngx_http_hermes_frames_u64(u_char *p);
+ngx_int_t ngx_http_hermes_frames_parse(u_char *p, size_t n,
+    ngx_http_hermes_frame_t *f);
+ngx_int_t ngx_http_hermes_frames_split(u_char *p, size_t len,
+    ngx_str_t *json, ngx_str_t *bytes);
+ngx_int_t ngx_http_hermes_frames_json_int(ngx_str_t *json, char *key,
+    int64_t *value);
+ngx_int_t ngx_http_hermes_frames_magic(u_char *p, size_t n, size_t *skip);
+u_char *ngx_http_hermes_frames_cell(u_char *buf, uint32_t stream,
+    ngx_http_hermes_frame_cell_t *c);
+u_char *ngx_http_hermes_frames_exec(u_char *buf, uint32_t stream,
+    u_char *cmd, size_t cmd_len, ngx_msec_t timeout, size_t out_max,
+    size_t in_len);
 
 
 /* kernel lifecycle: spawn and kill, in the thread pool */

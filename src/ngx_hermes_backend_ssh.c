@@ -2,80 +2,169 @@
 /*
  * ngx_hermes: the ssh backend, kernels on remote hosts over libssh.
  *
- * Every libssh call runs in the thread pool, bounded by a timeout; the
- * event loop only hands connected sessions to tasks and takes them back
- * (one session is used by one thread at a time).  Each worker keeps the
- * sessions it opened, per host, and reuses them as OpenSSH's
- * ControlPersist would.
+ * Each worker keeps one link per host of a backend: one ssh connection,
+ * one channel on it running the kernel-host agent (hermes_agent.py, sent
+ * from the module's own copy on the channel's stdin: the kernel directory
+ * is the cell's to rewrite), and one I/O thread of its own that alone
+ * calls libssh for it.  Spawn steps, kills and interrupts are EXEC frames
+ * on that channel; a cell is a CELL stream whose output the I/O thread
+ * writes into the cell's socketpair as the relay of old did: "\x1f\n"
+ * once it is shipped, cell_out's bytes, then "\x1e" and the result or the
+ * agent's word.  The login shell and its rc files run once per connection.
  *
- * A cell is relayed by hermes_relay.py on the kernel host over one channel:
- * it ships the cell, then streams cell_out as it grows and the result, and
- * the relay thread copies that into a socketpair the event loop reads.  A
- * connection that breaks is made again, with back-off, until the cell's
- * deadline, and the relay resumed where it was cut.  The relay's text goes
- * on the channel's stdin each time, from the module's own copy: the kernel
- * directory is the cell's to rewrite.
+ * Other threads hand the I/O thread work through a queue under a mutex and
+ * an eventfd in its poll set; an EXEC's thread-pool task waits on a
+ * condition variable for its EXIT.  The event loop never waits.
+ *
+ * A connection that breaks is made again, backing off from 100 ms to 2 s
+ * (jittered), and a new agent resumes every shipped cell from the output
+ * offset reached (the files are the truth); a cell whose host stays away
+ * past its deadline hears so.
  */
 
 
 #include "ngx_hermes.h"
 
 #include <poll.h>
+#include <pthread.h>
+#include <sys/eventfd.h>
 #include <libssh/libssh.h>
 
 
-#define NGX_HTTP_HERMES_SSH_IDLE        16      /* sessions kept per host */
-#define NGX_HTTP_HERMES_SSH_READ_MS     1000
-
-/* resuming a broken relay: back-off from 100 ms doubling to 2 s */
+/* resuming after a break: back-off from 100 ms doubling to 2 s */
 #define NGX_HTTP_HERMES_SSH_BACKOFF     100
 #define NGX_HTTP_HERMES_SSH_BACKOFF_MAX 2000
 
 /* give up this long before the cell's timer, so the cell hears why */
 #define NGX_HTTP_HERMES_SSH_MARGIN      500
 
-/* a relay that exits without its result on a working connection */
-#define NGX_HTTP_HERMES_SSH_CUTS        3
+/* the agent says HELLO within this, after its channel opened */
+#define NGX_HTTP_HERMES_SSH_START       10000
+
+/* cell_out a stream may have in flight beyond what its cell took */
+#define NGX_HTTP_HERMES_SSH_WINDOW      (128 * 1024)
+
+/* what the login shell may print before the agent's magic line */
+#define NGX_HTTP_HERMES_SSH_JUNK        65536
+
+/* an EXEC's EXIT is waited for this long beyond its own timeout */
+#define NGX_HTTP_HERMES_SSH_EXEC_SLACK  2000
+
+/*
+ * a connection quiet this long while streams wait on it is pinged; no
+ * answer within connect_timeout: it is taken for broken (a host gone
+ * without a word, which TCP would see only after many minutes)
+ */
+#define NGX_HTTP_HERMES_SSH_QUIET       5000
 
 /*
  * python3 -c: reads a length line and that many bytes of stdin, the
- * relay's text, and runs it; the relay reads the cell request from the
- * same stdin.  No single quotes: it is quoted for the remote shell.
+ * agent's text, and runs it; the frames follow on the same stdin, once
+ * the agent said HELLO.  No single quotes: it is quoted for the remote
+ * shell.
  */
 #define NGX_HTTP_HERMES_SSH_LOADER                                            \
     "import sys;i=sys.stdin.buffer;"                                          \
-    "exec(compile(i.read(int(i.readline())),\"hermes_relay.py\",\"exec\"))"
+    "exec(compile(i.read(int(i.readline())),\"hermes_agent.py\",\"exec\"))"
 
 
 struct ngx_http_hermes_ssh_host_s {
     ngx_str_t                    name;          /* "host" or "host:port" */
     u_char                      *host;          /* NUL-terminated */
     ngx_uint_t                   port;
-    ssh_session                  idle[NGX_HTTP_HERMES_SSH_IDLE];
-    ngx_uint_t                   nidle;
+    ngx_http_hermes_ssh_link_t  *link;          /* this worker's */
     ngx_msec_t                   failed_at;
     unsigned                     failed:1;
 };
 
 
-typedef struct {
-    ngx_thread_task_t            task;
-    ngx_http_hermes_conn_t       conn;
-    ngx_socket_t                 fd;            /* the thread's end */
-    u_char                       cmd[NGX_HTTP_HERMES_DIR_MAX + 512];
-    u_char                       resume[NGX_HTTP_HERMES_DIR_MAX + 512];
-    u_char                      *in;            /* length, relay, request */
-    size_t                       in_len;
-    size_t                       relay_len;     /* length and relay only */
-    uint32_t                     id;
-    ngx_msec_t                   deadline;      /* monotonic: give up then */
+/* an EXEC's waiter, on its thread-pool thread's stack */
 
-    /* what was forwarded, over whichever channel */
-    off_t                        offset;        /* cell_out's bytes */
-    size_t                       res_sent;      /* "\x1e" and the result's */
-    ngx_uint_t                   header;        /* "\x1f\n" bytes seen */
+typedef struct {
+    ngx_http_hermes_conn_t      *conn;
+    ngx_http_hermes_cmd_t       *cmd;
+    ngx_int_t                    rc;
+    ngx_uint_t                   done;
+} ngx_http_hermes_ssh_exec_t;
+
+
+typedef struct {
+    ngx_queue_t                  queue;
+    uint32_t                     id;
+    ngx_msec_t                   deadline;      /* monotonic */
+
+    /* the first frame, its stream id set when sent */
+    u_char                      *frame;
+    size_t                       frame_len;
+
+    ngx_http_hermes_ssh_exec_t  *exec;          /* NULL: a cell */
+
+    /* a cell */
+    ngx_socket_t                 fd;            /* the I/O thread's end */
+    ngx_http_hermes_frame_cell_t cell;
+    u_char                       dir[NGX_HTTP_HERMES_DIR_MAX];
+    off_t                        taken;         /* cell_out into fd */
+    off_t                        recvd;         /* cell_out from the agent */
+    off_t                        acked;
+    ngx_uint_t                   hdr;           /* of "\x1f\n", to write */
+    u_char                      *out;           /* cell_out, to write */
+    size_t                       out_pos;
+    size_t                       out_len;
+    size_t                       out_size;
+    u_char                      *res;           /* "\x1e" and the result */
+    size_t                       res_pos;
+    size_t                       res_len;
+
+    unsigned                     sent:1;        /* to the running agent */
     unsigned                     shipped:1;
-} ngx_http_hermes_relay_t;
+    unsigned                     ended:1;       /* the agent is done */
+} ngx_http_hermes_ssh_stream_t;
+
+
+struct ngx_http_hermes_ssh_link_s {
+    pthread_t                        thread;
+    pthread_mutex_t                  mutex;
+    pthread_cond_t                   cond;      /* an EXEC is done */
+    int                              wake;      /* eventfd */
+    ngx_queue_t                      posted;    /* streams, under mutex */
+    ngx_uint_t                       quit;      /* under mutex */
+    ngx_atomic_t                     down;      /* the host cannot be
+                                                   reached now */
+
+    /* the I/O thread's own */
+    ngx_http_hermes_backend_conf_t  *bcf;
+    ngx_http_hermes_ssh_host_t      *h;
+    ngx_log_t                       *log;
+    ssh_session                      session;
+    ssh_channel                      channel;
+    ngx_uint_t                       magic;     /* the agent's line came */
+    ngx_uint_t                       ready;     /* HELLO came */
+    ngx_msec_t                       started;   /* the channel opened */
+    ngx_msec_t                       retry;     /* connect again then */
+    ngx_msec_t                       delay;
+    ngx_msec_t                       answered;  /* the host last answered */
+    ngx_msec_t                       heard;     /* bytes came last */
+    ngx_msec_t                       pinged;    /* a PING unanswered */
+    ngx_queue_t                      streams;
+    ngx_uint_t                       nstreams;
+    uint32_t                         next;
+    char                            *broken;    /* why, to act on */
+    size_t                           junk;
+
+    u_char                          *in;        /* from the agent */
+    size_t                           in_len;
+    size_t                           in_size;
+    u_char                          *out;       /* to the agent */
+    size_t                           out_pos;
+    size_t                           out_len;
+    size_t                           out_size;
+
+    struct pollfd                   *pfd;
+    ngx_http_hermes_ssh_stream_t   **pfs;
+    ngx_uint_t                       npfd;
+
+    u_char                           err[256];
+};
 
 
 static void ngx_http_hermes_ssh_take(ngx_http_hermes_conn_t *conn);
@@ -92,19 +181,36 @@ static ngx_str_t *ngx_http_hermes_ssh_host_name(
     ngx_http_hermes_backend_conf_t *bcf, ngx_uint_t host);
 static void ngx_http_hermes_ssh_exit_process(
     ngx_http_hermes_backend_conf_t *bcf);
-static ngx_int_t ngx_http_hermes_ssh_connect(ngx_http_hermes_conn_t *conn,
+static ngx_http_hermes_ssh_link_t *ngx_http_hermes_ssh_link_get(
+    ngx_http_hermes_backend_conf_t *bcf, ngx_http_hermes_ssh_host_t *h);
+static void ngx_http_hermes_ssh_post(ngx_http_hermes_ssh_link_t *l,
+    ngx_http_hermes_ssh_stream_t *s);
+static void *ngx_http_hermes_ssh_thread(void *data);
+static ngx_int_t ngx_http_hermes_ssh_connect(ngx_http_hermes_ssh_link_t *l,
     ngx_msec_t timeout);
-static ngx_int_t ngx_http_hermes_ssh_run(ngx_http_hermes_conn_t *conn,
-    ngx_http_hermes_cmd_t *cmd);
-static void ngx_http_hermes_ssh_relay_thread(void *data, ngx_log_t *log);
-static ngx_int_t ngx_http_hermes_ssh_relay_channel(
-    ngx_http_hermes_relay_t *rl, u_char *cmd, ngx_uint_t first);
-static ngx_int_t ngx_http_hermes_ssh_relay_wait(ngx_socket_t fd,
-    ngx_msec_t ms);
-static void ngx_http_hermes_ssh_relay_give_up(ngx_http_hermes_relay_t *rl,
-    ngx_msec_t down, ngx_log_t *log);
+static void ngx_http_hermes_ssh_start(ngx_http_hermes_ssh_link_t *l,
+    ngx_uint_t urgent);
+static void ngx_http_hermes_ssh_break(ngx_http_hermes_ssh_link_t *l,
+    ngx_msec_t now);
+static void ngx_http_hermes_ssh_read(ngx_http_hermes_ssh_link_t *l);
+static ngx_http_hermes_ssh_stream_t *ngx_http_hermes_ssh_find(
+    ngx_http_hermes_ssh_link_t *l, uint32_t id);
+static void ngx_http_hermes_ssh_frame(ngx_http_hermes_ssh_link_t *l,
+    ngx_http_hermes_frame_t *f);
+static void ngx_http_hermes_ssh_send(ngx_http_hermes_ssh_link_t *l,
+    ngx_http_hermes_ssh_stream_t *s);
+static ngx_int_t ngx_http_hermes_ssh_append(ngx_http_hermes_ssh_link_t *l,
+    u_char *p, size_t n);
+static void ngx_http_hermes_ssh_flush(ngx_http_hermes_ssh_link_t *l);
+static ngx_int_t ngx_http_hermes_ssh_cell_write(
+    ngx_http_hermes_ssh_link_t *l, ngx_http_hermes_ssh_stream_t *s);
+static void ngx_http_hermes_ssh_give_up(ngx_http_hermes_ssh_link_t *l,
+    ngx_http_hermes_ssh_stream_t *s, ngx_msec_t now);
+static void ngx_http_hermes_ssh_exec_done(ngx_http_hermes_ssh_link_t *l,
+    ngx_http_hermes_ssh_stream_t *s, ngx_int_t rc);
+static void ngx_http_hermes_ssh_end(ngx_http_hermes_ssh_link_t *l,
+    ngx_http_hermes_ssh_stream_t *s, ngx_uint_t cancel);
 static ngx_msec_t ngx_http_hermes_ssh_now(void);
-static void ngx_http_hermes_ssh_relay_done(ngx_event_t *ev);
 
 
 ngx_http_hermes_backend_ops_t  ngx_http_hermes_backend_ssh_ops = {
@@ -176,6 +282,14 @@ ngx_http_hermes_ssh_pick_host(ngx_http_hermes_backend_conf_t *bcf,
     best = NGX_CONF_UNSET_UINT;
 
     for (i = 0; i < bcf->hosts->nelts; i++) {
+
+        /* the link's thread found the host away */
+
+        if (hosts[i]->link && hosts[i]->link->down && !hosts[i]->failed) {
+            hosts[i]->failed = 1;
+            hosts[i]->failed_at = ngx_current_msec;
+        }
+
         if (hosts[i]->failed
             && ngx_current_msec - hosts[i]->failed_at
                < NGX_HTTP_HERMES_SSH_RETRY)
@@ -204,28 +318,24 @@ ngx_http_hermes_ssh_pick_host(ngx_http_hermes_backend_conf_t *bcf,
 }
 
 
-/* event loop: a connected session for a task, if this worker has one */
+/* event loop: the host's link for a task, made on first use */
 
 static void
 ngx_http_hermes_ssh_take(ngx_http_hermes_conn_t *conn)
 {
-    ngx_http_hermes_ssh_host_t  **hosts, *h;
+    ngx_http_hermes_ssh_host_t  **hosts;
 
     hosts = conn->bcf->hosts->elts;
-    h = hosts[conn->host];
 
-    if (h->nidle) {
-        conn->session = h->idle[--h->nidle];
-    }
+    conn->link = ngx_http_hermes_ssh_link_get(conn->bcf, hosts[conn->host]);
 }
 
 
-/* event loop: the task is done; keep its session for the next one */
+/* event loop: the task is done; what it learnt of the host */
 
 static void
 ngx_http_hermes_ssh_give(ngx_http_hermes_conn_t *conn)
 {
-    ssh_session                   s;
     ngx_http_hermes_ssh_host_t  **hosts, *h;
 
     hosts = conn->bcf->hosts->elts;
@@ -239,19 +349,98 @@ ngx_http_hermes_ssh_give(ngx_http_hermes_conn_t *conn)
         h->failed = 0;
     }
 
-    s = conn->session;
-    conn->session = NULL;
+    conn->link = NULL;
+}
 
-    if (s == NULL) {
-        return;
+
+static ngx_http_hermes_ssh_link_t *
+ngx_http_hermes_ssh_link_get(ngx_http_hermes_backend_conf_t *bcf,
+    ngx_http_hermes_ssh_host_t *h)
+{
+    int                          err;
+    sigset_t                     set, old;
+    ngx_http_hermes_ssh_link_t  *l;
+
+    if (h->link) {
+        return h->link;
     }
 
-    if (ssh_is_connected(s) && h->nidle < NGX_HTTP_HERMES_SSH_IDLE) {
-        h->idle[h->nidle++] = s;
-        return;
+    l = ngx_calloc(sizeof(ngx_http_hermes_ssh_link_t), ngx_cycle->log);
+    if (l == NULL) {
+        return NULL;
     }
 
-    ssh_free(s);
+    l->bcf = bcf;
+    l->h = h;
+    l->log = ngx_cycle->log;
+    l->next = 1;
+    ngx_queue_init(&l->posted);
+    ngx_queue_init(&l->streams);
+
+    l->wake = eventfd(0, EFD_CLOEXEC|EFD_NONBLOCK);
+    if (l->wake == -1) {
+        ngx_log_error(NGX_LOG_ALERT, ngx_cycle->log, ngx_errno,
+                      "hermes: eventfd() failed");
+        ngx_free(l);
+        return NULL;
+    }
+
+    if (pthread_mutex_init(&l->mutex, NULL) != 0) {
+        goto failed;
+    }
+
+    if (pthread_cond_init(&l->cond, NULL) != 0) {
+        pthread_mutex_destroy(&l->mutex);
+        goto failed;
+    }
+
+    /* no signal is the I/O thread's: the worker's handlers get them */
+
+    sigfillset(&set);
+    (void) pthread_sigmask(SIG_SETMASK, &set, &old);
+
+    err = pthread_create(&l->thread, NULL, ngx_http_hermes_ssh_thread, l);
+
+    (void) pthread_sigmask(SIG_SETMASK, &old, NULL);
+
+    if (err != 0) {
+        ngx_log_error(NGX_LOG_ALERT, ngx_cycle->log, err,
+                      "hermes: pthread_create() failed");
+        pthread_cond_destroy(&l->cond);
+        pthread_mutex_destroy(&l->mutex);
+        goto failed;
+    }
+
+    h->link = l;
+
+    return l;
+
+failed:
+
+    (void) close(l->wake);
+    ngx_free(l);
+
+    return NULL;
+}
+
+
+static void
+ngx_http_hermes_ssh_post(ngx_http_hermes_ssh_link_t *l,
+    ngx_http_hermes_ssh_stream_t *s)
+{
+    uint64_t  one;
+
+    if (s) {
+        pthread_mutex_lock(&l->mutex);
+        ngx_queue_insert_tail(&l->posted, &s->queue);
+        pthread_mutex_unlock(&l->mutex);
+    }
+
+    one = 1;
+
+    if (write(l->wake, &one, sizeof(one)) == -1) {
+        /* EAGAIN: the counter is full, the thread is woken anyway */
+    }
 }
 
 
@@ -259,202 +448,160 @@ static void
 ngx_http_hermes_ssh_exit_process(ngx_http_hermes_backend_conf_t *bcf)
 {
     ngx_uint_t                    i;
+    ngx_http_hermes_ssh_link_t   *l;
     ngx_http_hermes_ssh_host_t  **hosts;
 
     hosts = bcf->hosts->elts;
 
     for (i = 0; i < bcf->hosts->nelts; i++) {
-        while (hosts[i]->nidle) {
-            ssh_free(hosts[i]->idle[--hosts[i]->nidle]);
+        l = hosts[i]->link;
+        if (l == NULL) {
+            continue;
         }
+
+        pthread_mutex_lock(&l->mutex);
+        l->quit = 1;
+        pthread_mutex_unlock(&l->mutex);
+
+        ngx_http_hermes_ssh_post(l, NULL);
+
+        (void) pthread_join(l->thread, NULL);
+
+        pthread_cond_destroy(&l->cond);
+        pthread_mutex_destroy(&l->mutex);
+        (void) close(l->wake);
+
+        hosts[i]->link = NULL;
+        ngx_free(l);
     }
 }
 
 
 /*
- * Thread pool: connect and authenticate, within "timeout" ms.  Public key
- * from identity= only, the host key checked against known_hosts= only (no
- * user or system config, no agent), an unknown or changed key refused.
- */
-
-static ngx_int_t
-ngx_http_hermes_ssh_connect(ngx_http_hermes_conn_t *conn, ngx_msec_t timeout)
-{
-    int                              rc, no;
-    long                             sec, usec;
-    ssh_key                          key;
-    ssh_session                      s;
-    ngx_http_hermes_ssh_host_t     **hosts, *h;
-    ngx_http_hermes_backend_conf_t  *bcf;
-    enum ssh_known_hosts_e           known;
-
-    if (conn->session && ssh_is_connected(conn->session)) {
-        return NGX_OK;
-    }
-
-    if (conn->session) {
-        ssh_free(conn->session);
-        conn->session = NULL;
-    }
-
-    bcf = conn->bcf;
-    hosts = bcf->hosts->elts;
-    h = hosts[conn->host];
-
-    s = ssh_new();
-    if (s == NULL) {
-        ngx_snprintf(conn->err, sizeof(conn->err), "ssh_new() failed%Z");
-        return NGX_ERROR;
-    }
-
-    no = 0;
-    sec = (long) (timeout / 1000);
-    usec = (long) (timeout % 1000) * 1000;
-
-    if (ssh_options_set(s, SSH_OPTIONS_PROCESS_CONFIG, &no) != SSH_OK
-        || ssh_options_set(s, SSH_OPTIONS_HOST, h->host) != SSH_OK
-        || ssh_options_set(s, SSH_OPTIONS_PORT, &h->port) != SSH_OK
-        || ssh_options_set(s, SSH_OPTIONS_USER, bcf->user.data) != SSH_OK
-        || ssh_options_set(s, SSH_OPTIONS_KNOWNHOSTS, bcf->known_hosts.data)
-           != SSH_OK
-        || ssh_options_set(s, SSH_OPTIONS_GLOBAL_KNOWNHOSTS,
-                           bcf->known_hosts.data)
-           != SSH_OK
-        || ssh_options_set(s, SSH_OPTIONS_TIMEOUT, &sec) != SSH_OK
-        || ssh_options_set(s, SSH_OPTIONS_TIMEOUT_USEC, &usec) != SSH_OK)
-    {
-        ngx_snprintf(conn->err, sizeof(conn->err),
-                     "ssh options for %V:%ui: %s%Z", &h->name, h->port,
-                     ssh_get_error(s));
-        ssh_free(s);
-        return NGX_ERROR;
-    }
-
-    if (ssh_connect(s) != SSH_OK) {
-        ngx_snprintf(conn->err, sizeof(conn->err),
-                     "ssh connect to %V:%ui: %s%Z", &h->name, h->port,
-                     ssh_get_error(s));
-        ssh_free(s);
-        return NGX_ERROR;
-    }
-
-    known = ssh_session_is_known_server(s);
-
-    if (known != SSH_KNOWN_HOSTS_OK) {
-        ngx_snprintf(conn->err, sizeof(conn->err),
-                     "ssh host key of %V:%ui is %s in \"%V\": refused%Z",
-                     &h->name, h->port,
-                     known == SSH_KNOWN_HOSTS_CHANGED ? "changed"
-                     : known == SSH_KNOWN_HOSTS_OTHER ? "of another type"
-                     : known == SSH_KNOWN_HOSTS_ERROR ? "unreadable"
-                     : "unknown",
-                     &bcf->known_hosts);
-        ssh_disconnect(s);
-        ssh_free(s);
-        return NGX_ERROR;
-    }
-
-    if (ssh_pki_import_privkey_file((char *) bcf->identity.data, NULL, NULL,
-                                    NULL, &key)
-        != SSH_OK)
-    {
-        ngx_snprintf(conn->err, sizeof(conn->err),
-                     "ssh identity \"%V\" unreadable%Z", &bcf->identity);
-        ssh_disconnect(s);
-        ssh_free(s);
-        return NGX_ERROR;
-    }
-
-    rc = ssh_userauth_publickey(s, NULL, key);
-    ssh_key_free(key);
-
-    if (rc != SSH_AUTH_SUCCESS) {
-        ngx_snprintf(conn->err, sizeof(conn->err),
-                     "ssh public key auth as %V at %V:%ui refused%Z",
-                     &bcf->user, &h->name, h->port);
-        ssh_disconnect(s);
-        ssh_free(s);
-        return NGX_ERROR;
-    }
-
-    if (timeout != bcf->connect_timeout) {
-        /* a kept session's later calls get the configured bound */
-
-        sec = (long) (bcf->connect_timeout / 1000);
-        usec = (long) (bcf->connect_timeout % 1000) * 1000;
-
-        if (ssh_options_set(s, SSH_OPTIONS_TIMEOUT, &sec) != SSH_OK
-            || ssh_options_set(s, SSH_OPTIONS_TIMEOUT_USEC, &usec) != SSH_OK)
-        {
-            ngx_snprintf(conn->err, sizeof(conn->err),
-                         "ssh options for %V:%ui: %s%Z", &h->name, h->port,
-                         ssh_get_error(s));
-            ssh_disconnect(s);
-            ssh_free(s);
-            return NGX_ERROR;
-        }
-    }
-
-    conn->session = s;
-
-    return NGX_OK;
-}
-
-
-/*
- * Thread pool: one command, its payload on the channel's stdin, stdout and
- * stderr captured.  A session that breaks is replaced once, but only when
- * the command was not started.
+ * Thread pool: one command on the host, its payload on stdin, its stdout
+ * and stderr captured, as an EXEC on the link's agent.  NGX_DECLINED when
+ * the host could not be reached (nothing ran).
  */
 
 static ngx_int_t
 ngx_http_hermes_ssh_exec(ngx_http_hermes_conn_t *conn,
     ngx_http_hermes_cmd_t *cmd)
 {
-    ngx_int_t   rc;
-    ngx_uint_t  fresh;
+    u_char                        *p;
+    size_t                         len, size;
+    ngx_uint_t                     quit;
+    ngx_http_hermes_ssh_link_t    *l;
+    ngx_http_hermes_ssh_exec_t     x;
+    ngx_http_hermes_ssh_stream_t  *s;
+#if (NGX_DEBUG)
+    u_char                         text[NGX_MAX_ERROR_STR];
+#endif
+
+    static u_char                  merge[] = "exec 2>&1\n";
 
     cmd->status = -1;
     cmd->out_len = 0;
     cmd->err = 0;
 
-    fresh = (conn->session == NULL || !ssh_is_connected(conn->session));
+    l = conn->link;
 
-    if (ngx_http_hermes_ssh_connect(conn, conn->bcf->connect_timeout)
-        != NGX_OK)
-    {
+    if (l == NULL) {
+        ngx_snprintf(conn->err, sizeof(conn->err), "no ssh link%Z");
         conn->unavailable = 1;
         return NGX_DECLINED;
     }
 
-    rc = ngx_http_hermes_ssh_run(conn, cmd);
+    /* stderr goes where stdout goes: a step's message */
 
-    if (rc == NGX_AGAIN && !fresh) {
-        /* a kept session the server closed meanwhile */
+    len = sizeof(merge) - 1 + ngx_strlen(cmd->cmd);
+    size = NGX_HTTP_HERMES_FRAME_EXEC_MAX + 6 * len + cmd->in_len;
 
-        ssh_free(conn->session);
-        conn->session = NULL;
+    s = ngx_calloc(sizeof(ngx_http_hermes_ssh_stream_t) + len + size,
+                   ngx_cycle->log);
+    if (s == NULL) {
+        ngx_snprintf(conn->err, sizeof(conn->err), "out of memory%Z");
+        return NGX_ERROR;
+    }
 
-        if (ngx_http_hermes_ssh_connect(conn, conn->bcf->connect_timeout)
-        != NGX_OK)
+    p = (u_char *) (s + 1);
+    ngx_memcpy(ngx_cpymem(p, merge, sizeof(merge) - 1), cmd->cmd,
+               len - (sizeof(merge) - 1));
+
+    s->frame = p + len;
+    s->frame_len = ngx_cpymem(ngx_http_hermes_frames_exec(s->frame, 0, p, len,
+                                                          cmd->timeout,
+                                                          cmd->out_size,
+                                                          cmd->in_len),
+                              cmd->in, cmd->in_len)
+                   - s->frame;
+
+    if (s->frame_len - NGX_HTTP_HERMES_FRAME_HEADER
+        > NGX_HTTP_HERMES_FRAME_MAX)
     {
-            conn->unavailable = 1;
-            return NGX_DECLINED;
-        }
-
-        rc = ngx_http_hermes_ssh_run(conn, cmd);
+        ngx_free(s);
+        ngx_snprintf(conn->err, sizeof(conn->err), "command too long%Z");
+        return NGX_ERROR;
     }
 
-    if (rc == NGX_AGAIN) {
-        conn->unavailable = 1;
-        return NGX_DECLINED;
+#if (NGX_DEBUG)
+
+    /* what runs on the host; payloads, the token too, go on stdin */
+
+    if (ngx_cycle->log->log_level & NGX_LOG_DEBUG_HTTP) {
+        *ngx_http_hermes_log_escape(text, text + sizeof(text) - 1,
+                                    (u_char *) cmd->cmd,
+                                    ngx_strlen(cmd->cmd), 0) = '\0';
+
+        ngx_log_debug2(NGX_LOG_DEBUG_HTTP, ngx_cycle->log, 0,
+                       "hermes: ssh exec on %V: %s", &l->h->name, text);
     }
 
-    return rc;
+#endif
+
+    s->fd = -1;
+    s->exec = &x;
+    s->deadline = ngx_http_hermes_ssh_now() + cmd->timeout
+                  + conn->bcf->connect_timeout
+                  + NGX_HTTP_HERMES_SSH_EXEC_SLACK;
+
+    x.conn = conn;
+    x.cmd = cmd;
+    x.rc = NGX_ERROR;
+    x.done = 0;
+
+    /* once the I/O thread was told to quit, it takes nothing more */
+
+    pthread_mutex_lock(&l->mutex);
+
+    quit = l->quit;
+
+    if (!quit) {
+        ngx_queue_insert_tail(&l->posted, &s->queue);
+    }
+
+    pthread_mutex_unlock(&l->mutex);
+
+    if (quit) {
+        ngx_free(s);
+        ngx_snprintf(conn->err, sizeof(conn->err), "the worker exits%Z");
+        return NGX_ERROR;
+    }
+
+    ngx_http_hermes_ssh_post(l, NULL);
+
+    /* the I/O thread answers every EXEC by its deadline */
+
+    pthread_mutex_lock(&l->mutex);
+
+    while (!x.done) {
+        pthread_cond_wait(&l->cond, &l->mutex);
+    }
+
+    pthread_mutex_unlock(&l->mutex);
+
+    return x.rc;
 }
 
-
-/* NGX_AGAIN: the channel could not be opened, nothing ran */
 
 /*
  * Thread pool: the runner says "ready" with its pid, and /proc tells the
@@ -515,508 +662,1168 @@ ngx_http_hermes_ssh_root(ngx_http_hermes_backend_conf_t *bcf)
 }
 
 
-static ngx_int_t
-ngx_http_hermes_ssh_run(ngx_http_hermes_conn_t *conn,
-    ngx_http_hermes_cmd_t *cmd)
-{
-    int          n, err;
-    size_t       sent;
-    ngx_msec_t   waited;
-    ssh_channel  ch;
-    u_char       discard[512];
-
-    ch = ssh_channel_new(conn->session);
-    if (ch == NULL) {
-        ngx_snprintf(conn->err, sizeof(conn->err), "ssh channel: %s%Z",
-                     ssh_get_error(conn->session));
-        return NGX_AGAIN;
-    }
-
-    if (ssh_channel_open_session(ch) != SSH_OK) {
-        ngx_snprintf(conn->err, sizeof(conn->err), "ssh channel: %s%Z",
-                     ssh_get_error(conn->session));
-        ssh_channel_free(ch);
-        return NGX_AGAIN;
-    }
-
-    if (ssh_channel_request_exec(ch, cmd->cmd) != SSH_OK) {
-        ngx_snprintf(conn->err, sizeof(conn->err), "ssh exec: %s%Z",
-                     ssh_get_error(conn->session));
-        ssh_channel_free(ch);
-        return NGX_AGAIN;
-    }
-
-    for (sent = 0; sent < cmd->in_len; sent += n) {
-        n = ssh_channel_write(ch, cmd->in + sent, cmd->in_len - sent);
-        if (n <= 0) {
-            goto failed;
-        }
-    }
-
-    if (ssh_channel_send_eof(ch) != SSH_OK) {
-        goto failed;
-    }
-
-    for (waited = 0; ; ) {
-        if (cmd->out_len < cmd->out_size) {
-            n = ssh_channel_read_timeout(ch, cmd->out + cmd->out_len,
-                                         cmd->out_size - cmd->out_len, 0,
-                                         NGX_HTTP_HERMES_SSH_READ_MS);
-        } else {
-            n = ssh_channel_read_timeout(ch, discard, sizeof(discard), 0,
-                                         NGX_HTTP_HERMES_SSH_READ_MS);
-        }
-
-        if (n == SSH_ERROR) {
-            goto failed;
-        }
-
-        if (n > 0) {
-            if (cmd->out_len < cmd->out_size) {
-                cmd->out_len += n;
-            }
-
-            continue;
-        }
-
-        /* stderr goes where stdout went: the step's message */
-
-        while (cmd->out_len < cmd->out_size
-               && (n = ssh_channel_read_nonblocking(ch,
-                                          cmd->out + cmd->out_len,
-                                          cmd->out_size - cmd->out_len, 1))
-                  > 0)
-        {
-            cmd->out_len += n;
-        }
-
-        if (ssh_channel_is_eof(ch)) {
-            break;
-        }
-
-        waited += NGX_HTTP_HERMES_SSH_READ_MS;
-
-        if (waited >= cmd->timeout) {
-            cmd->err = NGX_ETIMEDOUT;
-            ngx_snprintf(conn->err, sizeof(conn->err), "ssh command timed "
-                         "out%Z");
-            ssh_channel_close(ch);
-            ssh_channel_free(ch);
-            return NGX_ERROR;
-        }
-    }
-
-    cmd->status = ssh_channel_get_exit_status(ch);
-
-    ssh_channel_close(ch);
-    ssh_channel_free(ch);
-
-    return NGX_OK;
-
-failed:
-
-    err = ssh_get_error_code(conn->session);
-    ngx_snprintf(conn->err, sizeof(conn->err), "ssh channel failed (%d): %s%Z",
-                 err, ssh_get_error(conn->session));
-    ssh_channel_free(ch);
-
-    return NGX_ERROR;
-}
-
-
 /*
- * Event loop: relay cell "id" of the kernel "ref" into fd, in a task of its
- * own, for at most "timeout" ms (the cell's).  The relay reads no more than
- * "out_limit" bytes of cell_out and a result of "res_limit" bytes at most.
- * The task owns the session, the fd and a copy of the request; it is freed
- * when it completes, whether or not the cell is still there.
+ * Event loop: relay cell "id" of the kernel "ref" into fd, for at most
+ * "timeout" ms (the cell's): no more than "out_limit" bytes of cell_out
+ * and a result of "res_limit" bytes at most.  The link's I/O thread owns
+ * the fd and a copy of the request from here on, and closes the fd once
+ * the cell is relayed, or ended.
  */
 
 ngx_int_t
-ngx_http_hermes_ssh_relay(ngx_thread_pool_t *tp, ngx_http_hermes_conn_t *conn,
+ngx_http_hermes_ssh_relay(ngx_http_hermes_conn_t *conn,
     ngx_http_hermes_kernel_ref_t *ref, off_t out_limit, off_t res_limit,
     ngx_msec_t timeout, u_char *req, size_t req_len, ngx_socket_t fd,
     ngx_log_t *log)
 {
-    u_char                         *p;
-    ngx_http_hermes_relay_t        *rl;
-    ngx_http_hermes_remote_file_t  *rf;
+    u_char                        *p;
+    ngx_http_hermes_ssh_link_t    *l;
+    ngx_http_hermes_ssh_stream_t  *s;
+
+    l = conn->link;
+
+    if (l == NULL || ref->dir_len >= NGX_HTTP_HERMES_DIR_MAX) {
+        return NGX_ERROR;
+    }
+
+    if (NGX_HTTP_HERMES_FRAME_CELL_MAX + req_len
+        > NGX_HTTP_HERMES_FRAME_MAX + NGX_HTTP_HERMES_FRAME_HEADER)
+    {
+        ngx_log_error(NGX_LOG_ERR, log, 0,
+                      "hermes: cell %uD is too big for a frame (%uz bytes)",
+                      ref->cell_id, req_len);
+        return NGX_ERROR;
+    }
+
+    s = ngx_calloc(sizeof(ngx_http_hermes_ssh_stream_t)
+                   + NGX_HTTP_HERMES_FRAME_CELL_MAX + req_len, log);
+    if (s == NULL) {
+        return NGX_ERROR;
+    }
+
+    ngx_memcpy(s->dir, ref->dir, ref->dir_len);
+    s->dir[ref->dir_len] = '\0';
+
+    s->cell.dir = s->dir;
+    s->cell.cell = ref->cell_id;
+    s->cell.pid = ref->pid;
+    s->cell.start = ref->start;
+    s->cell.ino = ref->ino;
+    s->cell.uid = ref->uid;
+    s->cell.offset = -1;
+    s->cell.out_limit = out_limit;
+    s->cell.res_limit = res_limit;
+    s->cell.window = NGX_HTTP_HERMES_SSH_WINDOW;
+    s->cell.req_len = req_len;
+
+    s->frame = (u_char *) (s + 1);
+    p = ngx_http_hermes_frames_cell(s->frame, 0, &s->cell);
+    s->frame_len = ngx_cpymem(p, req, req_len) - s->frame;
+
+    s->fd = fd;
+
+    /* before the cell's timer fires, which is set just after this */
+    s->deadline = ngx_http_hermes_ssh_now() + timeout
+                  - ngx_min(timeout, NGX_HTTP_HERMES_SSH_MARGIN);
+
+    ngx_http_hermes_ssh_post(l, s);
+
+    return NGX_OK;
+}
+
+
+/*
+ * The I/O thread of a link: the only one that calls libssh for it.  It
+ * sleeps in poll() over the eventfd, the connection's socket and the
+ * cells' socketpairs, and moves frames between them.
+ */
+
+static void *
+ngx_http_hermes_ssh_thread(void *data)
+{
+    ngx_http_hermes_ssh_link_t *l = data;
+
+    int                            timeout, events;
+    u_char                        *p;
+    uint64_t                       v;
+    ngx_uint_t                     i, nfd, quit, urgent, size;
+    ngx_msec_t                     now, next, left;
+    ngx_queue_t                   *q, *nq;
+    struct pollfd                 *pfd;
+    ngx_http_hermes_ssh_stream_t  *s, **pfs;
+    u_char                         ping[NGX_HTTP_HERMES_FRAME_HEADER];
+
+    for ( ;; ) {
+
+        /* what other threads posted */
+
+        pthread_mutex_lock(&l->mutex);
+
+        quit = l->quit;
+
+        while (!ngx_queue_empty(&l->posted)) {
+            q = ngx_queue_head(&l->posted);
+            ngx_queue_remove(q);
+
+            s = ngx_queue_data(q, ngx_http_hermes_ssh_stream_t, queue);
+            s->id = l->next++;
+
+            if (l->next == 0) {
+                l->next = 1;
+            }
+
+            ngx_queue_insert_tail(&l->streams, q);
+            l->nstreams++;
+        }
+
+        pthread_mutex_unlock(&l->mutex);
+
+        if (quit) {
+            break;
+        }
+
+        /* new streams go out at once; without an agent, one is started */
+
+        urgent = 0;
+
+        for (q = ngx_queue_head(&l->streams);
+             q != ngx_queue_sentinel(&l->streams);
+             q = ngx_queue_next(q))
+        {
+            s = ngx_queue_data(q, ngx_http_hermes_ssh_stream_t, queue);
+
+            if (s->sent || s->ended || (s->exec == NULL && s->shipped)) {
+                continue;
+            }
+
+            if (l->ready) {
+                ngx_http_hermes_ssh_send(l, s);
+
+            } else {
+                urgent = 1;
+            }
+        }
+
+        now = ngx_http_hermes_ssh_now();
+
+        if (l->session == NULL && !ngx_queue_empty(&l->streams)
+            && (urgent || (ngx_msec_int_t) (now - l->retry) >= 0))
+        {
+            ngx_http_hermes_ssh_start(l, urgent);
+            now = ngx_http_hermes_ssh_now();
+        }
+
+        if (l->session && !l->ready
+            && now - l->started >= NGX_HTTP_HERMES_SSH_START)
+        {
+            l->broken = "the agent did not start in time";
+        }
+
+        if (l->ready && l->pinged
+            && now - l->pinged >= l->bcf->connect_timeout)
+        {
+            l->broken = "no answer to a ping";
+        }
+
+        /* deadlines: the poll sleeps until the nearest */
+
+        next = NGX_TIMER_INFINITE;
+
+        if (l->session == NULL && !ngx_queue_empty(&l->streams)) {
+            next = ((ngx_msec_int_t) (l->retry - now) > 0) ? l->retry - now
+                                                           : 0;
+        }
+
+        if (l->session && !l->ready) {
+            left = (now - l->started < NGX_HTTP_HERMES_SSH_START)
+                   ? l->started + NGX_HTTP_HERMES_SSH_START - now : 0;
+            next = ngx_min(next, left);
+        }
+
+        if (l->ready && !ngx_queue_empty(&l->streams) && !l->broken) {
+            if (l->pinged == 0
+                && now - l->heard >= NGX_HTTP_HERMES_SSH_QUIET)
+            {
+                p = ngx_http_hermes_frames_header(ping, 0, 'P', 0);
+                (void) ngx_http_hermes_ssh_append(l, ping, p - ping);
+                l->pinged = now;
+            }
+
+            left = l->pinged
+                   ? l->pinged + l->bcf->connect_timeout - now
+                   : l->heard + NGX_HTTP_HERMES_SSH_QUIET - now;
+            next = ngx_min(next, left);
+        }
+
+        for (q = ngx_queue_head(&l->streams);
+             q != ngx_queue_sentinel(&l->streams);
+             q = nq)
+        {
+            nq = ngx_queue_next(q);
+            s = ngx_queue_data(q, ngx_http_hermes_ssh_stream_t, queue);
+
+            if (s->exec) {
+                if ((ngx_msec_int_t) (now - s->deadline) >= 0) {
+                    s->exec->cmd->err = NGX_ETIMEDOUT;
+                    ngx_snprintf(s->exec->conn->err,
+                                 sizeof(s->exec->conn->err),
+                                 "ssh command timed out%Z");
+                    ngx_http_hermes_ssh_exec_done(l, s, NGX_ERROR);
+                    continue;
+                }
+
+                next = ngx_min(next, s->deadline - now);
+                continue;
+            }
+
+            if (s->sent || !s->shipped || s->ended) {
+                /* the cell's own timer ends it */
+                continue;
+            }
+
+            if ((ngx_msec_int_t) (now - s->deadline) >= 0) {
+                ngx_http_hermes_ssh_give_up(l, s, now);
+                continue;
+            }
+
+            next = ngx_min(next, s->deadline - now);
+        }
+
+        if (l->broken) {
+            ngx_http_hermes_ssh_break(l, now);
+            continue;
+        }
+
+        /* the poll set: the eventfd, the connection, the cells */
+
+        size = 2 + l->nstreams;
+
+        if (l->npfd < size) {
+            size = ngx_max(size, 2 * l->npfd);
+
+            pfd = ngx_alloc(size * sizeof(struct pollfd), l->log);
+            pfs = ngx_alloc(size * sizeof(ngx_http_hermes_ssh_stream_t *),
+                            l->log);
+
+            if (pfd == NULL || pfs == NULL) {
+                ngx_free(pfd);
+                ngx_free(pfs);
+                (void) poll(NULL, 0, 100);
+                continue;
+            }
+
+            ngx_free(l->pfd);
+            ngx_free(l->pfs);
+            l->pfd = pfd;
+            l->pfs = pfs;
+            l->npfd = size;
+        }
+
+        pfd = l->pfd;
+        pfs = l->pfs;
+
+        pfd[0].fd = l->wake;
+        pfd[0].events = POLLIN;
+        pfd[0].revents = 0;
+
+        pfd[1].fd = -1;
+        pfd[1].events = 0;
+        pfd[1].revents = 0;
+
+        if (l->session) {
+            pfd[1].fd = ssh_get_fd(l->session);
+            pfd[1].events = POLLIN;
+
+            if ((ssh_get_poll_flags(l->session) & SSH_WRITE_PENDING)
+                || l->out_pos < l->out_len)
+            {
+                pfd[1].events |= POLLOUT;
+            }
+
+            /*
+             * what libssh holds already is not on the socket; stdout last:
+             * polling stderr may read packets of stdout into libssh's
+             * buffer, and the reverse costs a complaint's delay only
+             */
+
+            if (ssh_channel_poll(l->channel, 1) != 0
+                || ssh_channel_poll(l->channel, 0) != 0)
+            {
+                next = 0;
+            }
+        }
+
+        nfd = 2;
+
+        for (q = ngx_queue_head(&l->streams);
+             q != ngx_queue_sentinel(&l->streams);
+             q = ngx_queue_next(q))
+        {
+            s = ngx_queue_data(q, ngx_http_hermes_ssh_stream_t, queue);
+
+            if (s->exec) {
+                continue;
+            }
+
+            events = (s->hdr || s->out_pos < s->out_len || s->res)
+                     ? POLLOUT : POLLIN;
+
+            pfs[nfd] = s;
+            pfd[nfd].fd = s->fd;
+            pfd[nfd].events = events;
+            pfd[nfd].revents = 0;
+            nfd++;
+        }
+
+        timeout = (next == NGX_TIMER_INFINITE) ? -1 : (int) next;
+
+        if (poll(pfd, nfd, timeout) == -1 && ngx_errno != NGX_EINTR) {
+            ngx_log_error(NGX_LOG_ALERT, l->log, ngx_errno,
+                          "hermes: poll() failed");
+            (void) poll(NULL, 0, 100);
+        }
+
+        if (pfd[0].revents && read(l->wake, &v, sizeof(v)) == -1) {
+            /* EAGAIN: another read took it */
+        }
+
+        if (l->session) {
+            ngx_http_hermes_ssh_read(l);
+        }
+
+        /* each cell: what came for it, or its end going away */
+
+        for (i = 2; i < nfd; i++) {
+            s = pfs[i];
+
+            if (pfd[i].revents
+                || s->hdr || s->out_pos < s->out_len || s->res)
+            {
+                (void) ngx_http_hermes_ssh_cell_write(l, s);
+            }
+        }
+
+        if (l->session && !l->broken) {
+            ngx_http_hermes_ssh_flush(l);
+        }
+
+        if (l->broken) {
+            ngx_http_hermes_ssh_break(l, ngx_http_hermes_ssh_now());
+        }
+    }
+
+    /* the worker exits: every stream ends here */
+
+    while (!ngx_queue_empty(&l->streams)) {
+        q = ngx_queue_head(&l->streams);
+        s = ngx_queue_data(q, ngx_http_hermes_ssh_stream_t, queue);
+
+        if (s->exec) {
+            ngx_snprintf(s->exec->conn->err, sizeof(s->exec->conn->err),
+                         "the worker exits%Z");
+            ngx_http_hermes_ssh_exec_done(l, s, NGX_ERROR);
+
+        } else {
+            ngx_http_hermes_ssh_end(l, s, 0);
+        }
+    }
+
+    if (l->session) {
+        /* EOF on its stdin: the agent exits */
+        (void) ssh_channel_send_eof(l->channel);
+        ssh_channel_free(l->channel);
+        ssh_disconnect(l->session);
+        ssh_free(l->session);
+    }
+
+    ngx_free(l->in);
+    ngx_free(l->out);
+    ngx_free(l->pfd);
+    ngx_free(l->pfs);
+
+    return NULL;
+}
+
+
+/*
+ * Connect and start the agent; when the host cannot be reached, the
+ * streams not yet shipped hear it at once (urgent: they asked for it),
+ * those to resume wait, backing off.
+ */
+
+static void
+ngx_http_hermes_ssh_start(ngx_http_hermes_ssh_link_t *l, ngx_uint_t urgent)
+{
+    int                            n;
+    size_t                         len;
+    u_char                        *p;
+    ngx_msec_t                     now, timeout, left;
+    ngx_queue_t                   *q, *nq;
+    ngx_http_hermes_ssh_stream_t  *s;
+    ngx_http_hermes_remote_file_t *rf;
+    u_char                         head[NGX_INT64_LEN + 2];
+
+    now = ngx_http_hermes_ssh_now();
+    timeout = l->bcf->connect_timeout;
+
+    if (!urgent) {
+        /* no longer than the first cell waiting to resume may wait */
+
+        for (q = ngx_queue_head(&l->streams);
+             q != ngx_queue_sentinel(&l->streams);
+             q = ngx_queue_next(q))
+        {
+            s = ngx_queue_data(q, ngx_http_hermes_ssh_stream_t, queue);
+
+            if (s->exec == NULL && s->shipped && !s->ended) {
+                left = (ngx_msec_int_t) (s->deadline - now) > 100
+                       ? s->deadline - now : 100;
+                timeout = ngx_min(timeout, left);
+            }
+        }
+    }
 
     for (rf = ngx_http_hermes_remote_files; rf->len; rf++) {
-        if (ngx_strcmp(rf->name.data, "hermes_relay.py") == 0) {
+        if (ngx_strcmp(rf->name.data, "hermes_agent.py") == 0) {
             break;
         }
     }
 
     if (rf->len == 0) {
-        ngx_log_error(NGX_LOG_ALERT, log, 0,
-                      "hermes: hermes_relay.py is not built in");
-        return NGX_ERROR;
+        ngx_snprintf(l->err, sizeof(l->err),
+                     "hermes_agent.py is not built in%Z");
+        goto failed;
     }
 
-    rl = ngx_calloc(sizeof(ngx_http_hermes_relay_t) + NGX_INT64_LEN + 1
-                    + rf->len + req_len, log);
-    if (rl == NULL) {
-        return NGX_ERROR;
+    if (ngx_http_hermes_ssh_connect(l, timeout) != NGX_OK) {
+        goto failed;
     }
 
-    rl->conn = *conn;
-    rl->fd = fd;
-    rl->id = ref->cell_id;
+    l->channel = ssh_channel_new(l->session);
 
-    rl->in = (u_char *) rl + sizeof(ngx_http_hermes_relay_t);
-    p = ngx_sprintf(rl->in, "%uz\n", rf->len);
-    p = ngx_cpymem(p, rf->data, rf->len);
-    rl->relay_len = p - rl->in;
-    p = ngx_cpymem(p, req, req_len);
-    rl->in_len = p - rl->in;
-
-    /* before the cell's timer fires, which is set just after this */
-    rl->deadline = ngx_http_hermes_ssh_now() + timeout
-                   - ngx_min(timeout, NGX_HTTP_HERMES_SSH_MARGIN);
-
-    /*
-     * DIR N PID START INO OUT_LIMIT RES_LIMIT, then -1: ship the request
-     * first; a resume gives the offset reached
-     */
-
-    p = ngx_slprintf(rl->resume, rl->resume + sizeof(rl->resume) - 1,
-                     "exec python3 -I -c '" NGX_HTTP_HERMES_SSH_LOADER "'"
-                     " '%s' %uD %P %uL %uL %O %O",
-                     ref->dir, ref->cell_id, ref->pid, ref->start, ref->ino,
-                     out_limit, res_limit);
-    *p = '\0';
-
-    *ngx_slprintf(rl->cmd, rl->cmd + sizeof(rl->cmd) - 1, "%s -1", rl->resume)
-        = '\0';
-
-    rl->task.ctx = rl;
-    rl->task.handler = ngx_http_hermes_ssh_relay_thread;
-    rl->task.event.handler = ngx_http_hermes_ssh_relay_done;
-    rl->task.event.data = rl;
-    rl->task.event.log = log;
-
-    if (ngx_thread_task_post(tp, &rl->task) != NGX_OK) {
-        /* the pool's queue is full: the kernel is fine, the caller retries */
-        ngx_free(rl);
-        return NGX_BUSY;
+    if (l->channel == NULL
+        || ssh_channel_open_session(l->channel) != SSH_OK
+        || ssh_channel_request_exec(l->channel,
+                                    "exec python3 -I -c '"
+                                    NGX_HTTP_HERMES_SSH_LOADER "'")
+           != SSH_OK)
+    {
+        ngx_snprintf(l->err, sizeof(l->err), "ssh channel: %s%Z",
+                     ssh_get_error(l->session));
+        goto close;
     }
 
-    conn->session = NULL;
+    /* the agent's text: the frames wait for its HELLO */
 
-    return NGX_OK;
-}
+    p = ngx_sprintf(head, "%uz\n", rf->len);
 
+    if (ssh_channel_write(l->channel, head, p - head) != p - head) {
+        goto write_failed;
+    }
 
-static ngx_int_t
-ngx_http_hermes_relay_write(ngx_socket_t fd, u_char *p, size_t n)
-{
-    ssize_t  k;
+    for (len = 0; len < rf->len; len += n) {
+        n = ssh_channel_write(l->channel, (u_char *) rf->data + len,
+                              rf->len - len);
+        if (n <= 0) {
+            goto write_failed;
+        }
+    }
 
-    while (n) {
-        k = send(fd, p, n, MSG_NOSIGNAL);
+    ssh_set_blocking(l->session, 0);
 
-        if (k == -1) {
-            if (ngx_errno == NGX_EINTR) {
-                continue;
-            }
+    l->started = ngx_http_hermes_ssh_now();
+    l->ready = 0;
+    l->magic = 0;
+    l->junk = 0;
+    l->in_len = 0;
+    l->out_pos = 0;
+    l->out_len = 0;
 
-            return NGX_ERROR;
+    ngx_log_debug2(NGX_LOG_DEBUG_HTTP, l->log, 0,
+                   "hermes: ssh link to %V: connected in %M ms",
+                   &l->h->name, l->started - now);
+
+    return;
+
+write_failed:
+
+    ngx_snprintf(l->err, sizeof(l->err), "ssh channel write: %s%Z",
+                 ssh_get_error(l->session));
+
+close:
+
+    if (l->channel) {
+        ssh_channel_free(l->channel);
+        l->channel = NULL;
+    }
+
+    ssh_disconnect(l->session);
+    ssh_free(l->session);
+    l->session = NULL;
+
+failed:
+
+    l->down = 1;
+    now = ngx_http_hermes_ssh_now();
+
+    for (q = ngx_queue_head(&l->streams);
+         q != ngx_queue_sentinel(&l->streams);
+         q = nq)
+    {
+        nq = ngx_queue_next(q);
+        s = ngx_queue_data(q, ngx_http_hermes_ssh_stream_t, queue);
+
+        if (s->exec) {
+            ngx_cpystrn(s->exec->conn->err, l->err,
+                        sizeof(s->exec->conn->err));
+            s->exec->conn->unavailable = 1;
+            ngx_http_hermes_ssh_exec_done(l, s, NGX_DECLINED);
+            continue;
         }
 
-        p += k;
-        n -= k;
+        if (!s->shipped) {
+            /* EOF, and nothing said: the cell was not shipped */
+            ngx_http_hermes_ssh_end(l, s, 0);
+        }
     }
 
-    return NGX_OK;
+    if (l->delay == 0 && !ngx_queue_empty(&l->streams)) {
+        ngx_log_error(NGX_LOG_WARN, l->log, 0,
+                      "hermes: the kernel host %V cannot be reached: %s; "
+                      "retrying", &l->h->name, l->err);
+    }
+
+    l->delay = l->delay ? ngx_min(l->delay * 2,
+                                  NGX_HTTP_HERMES_SSH_BACKOFF_MAX)
+                        : NGX_HTTP_HERMES_SSH_BACKOFF;
+    l->retry = now + l->delay / 2
+               + (ngx_msec_t) ngx_random() % (l->delay / 2 + 1);
 }
 
 
 /*
- * Thread pool.  The relay writes "\x1f\n" once the cell is shipped, then
- * cell_out's bytes, then "\x1e" and the result.  A connection that breaks
- * after the cell was shipped is made again, backing off from 100 ms to 2 s
- * (jittered), until the cell's deadline; the relay is resumed from the
- * cell_out offset forwarded (the files are the truth) and what the new
- * channel repeats of the result is dropped.  Each try is bounded by what
- * is left of the cell, and the cell closing its end stops them at once.
+ * The connection or the agent went: EXECs on their way fail (they may
+ * have run), cells not shipped hear so, shipped ones resume on the next
+ * agent, after a back-off.
  */
 
 static void
-ngx_http_hermes_ssh_relay_thread(void *data, ngx_log_t *log)
+ngx_http_hermes_ssh_break(ngx_http_hermes_ssh_link_t *l, ngx_msec_t now)
 {
-    ngx_http_hermes_relay_t *rl = data;
+    ngx_uint_t                     ready;
+    ngx_queue_t                   *q, *nq;
+    ngx_http_hermes_ssh_stream_t  *s;
 
-    off_t        before;
-    u_char      *cmd, *resume;
-    ngx_int_t    rc;
-    ngx_msec_t   now, left, timeout, delay, wait, broke;
-    ngx_uint_t   cuts, reached;
+    ready = l->ready;
 
-    cmd = rl->cmd;
-    resume = rl->resume + ngx_strlen(rl->resume);
-    timeout = rl->conn.bcf->connect_timeout;
-    delay = 0;
-    broke = 0;
-    cuts = 0;
+    if (ready) {
+        ngx_log_error(NGX_LOG_WARN, l->log, 0,
+                      "hermes: the connection to the kernel host %V broke: "
+                      "%s; reconnecting", &l->h->name, l->broken);
 
-    for ( ;; ) {
-
-        if (cmd == rl->resume) {
-            now = ngx_http_hermes_ssh_now();
-
-            if (now >= rl->deadline) {
-                ngx_http_hermes_ssh_relay_give_up(rl, now - broke, log);
-                break;
-            }
-
-            timeout = ngx_min(rl->conn.bcf->connect_timeout,
-                              rl->deadline - now);
-        }
-
-        before = rl->offset + (off_t) (rl->res_sent + rl->header);
-        reached = 0;
-
-        if (ngx_http_hermes_ssh_connect(&rl->conn, timeout) != NGX_OK) {
-            rc = NGX_AGAIN;
-
-        } else {
-            reached = 1;
-            rc = ngx_http_hermes_ssh_relay_channel(rl, cmd, cmd == rl->cmd);
-        }
-
-        if (rc == NGX_OK || rc == NGX_DONE) {
-            /* the relay ended, or the cell did */
-            break;
-        }
-
-        if (!rl->shipped) {
-            /* no resume: the cell says it could not be shipped */
-            rl->conn.unavailable = !reached;
-            break;
-        }
-
-        now = ngx_http_hermes_ssh_now();
-
-        if (reached) {
-            /* the host answered until now */
-            broke = now;
-        }
-
-        if (rl->offset + (off_t) (rl->res_sent + rl->header) != before) {
-            /* it streamed: a new outage, if any, starts here */
-            delay = 0;
-            cuts = 0;
-
-        } else if (rc == NGX_DECLINED
-                   && ++cuts >= NGX_HTTP_HERMES_SSH_CUTS)
-        {
-            /* it exits at once each time: not an outage */
-            break;
-        }
-
-        if (delay == 0) {
-            ngx_log_error(NGX_LOG_WARN, log, 0,
-                          "hermes: the relay of cell %uD was cut at offset "
-                          "%O: %s; resuming", rl->id, rl->offset,
-                          rc == NGX_DECLINED ? "it exited"
-                                             : "the connection broke");
-        }
-
-        if (rc == NGX_AGAIN && rl->conn.session) {
-            ssh_free(rl->conn.session);
-            rl->conn.session = NULL;
-        }
-
-        delay = delay ? ngx_min(delay * 2, NGX_HTTP_HERMES_SSH_BACKOFF_MAX)
-                      : NGX_HTTP_HERMES_SSH_BACKOFF;
-
-        left = (now < rl->deadline) ? rl->deadline - now : 0;
-        wait = delay / 2 + (ngx_msec_t) ngx_random() % (delay / 2 + 1);
-        wait = ngx_min(wait, left);
-
-        if (ngx_http_hermes_ssh_relay_wait(rl->fd, wait) != NGX_OK) {
-            /* the cell ended meanwhile */
-            break;
-        }
-
-        ngx_sprintf(resume, " %O%Z", rl->offset);
-        cmd = rl->resume;
-    }
-}
-
-
-/*
- * One channel of the relay: NGX_OK when the relay ended (the result sent,
- * or the cell not shipped), NGX_DONE when the cell went away, NGX_AGAIN
- * when the channel or its connection broke, NGX_DECLINED when the relay
- * exited mid-stream on a working connection.
- */
-
-static ngx_int_t
-ngx_http_hermes_ssh_relay_channel(ngx_http_hermes_relay_t *rl, u_char *cmd,
-    ngx_uint_t first)
-{
-    int          n;
-    u_char      *p, *q, *m, *last, buf[16384];
-    size_t       len, seen, size;
-    ngx_int_t    rc;
-    ngx_uint_t   phase;
-    ssh_channel  ch;
-
-    ch = ssh_channel_new(rl->conn.session);
-    if (ch == NULL) {
-        return NGX_AGAIN;
+    } else {
+        ngx_log_error(NGX_LOG_ERR, l->log, 0,
+                      "hermes: the agent on the kernel host %V did not "
+                      "start: %s", &l->h->name, l->broken);
     }
 
-    if (ssh_channel_open_session(ch) != SSH_OK
-        || ssh_channel_request_exec(ch, (char *) cmd) != SSH_OK)
+    ngx_snprintf(l->err, sizeof(l->err), "ssh channel failed: %s%Z",
+                 l->broken);
+
+    if (l->session) {
+        ssh_channel_free(l->channel);
+        l->channel = NULL;
+        ssh_disconnect(l->session);
+        ssh_free(l->session);
+        l->session = NULL;
+    }
+
+    l->ready = 0;
+    l->broken = NULL;
+    l->in_len = 0;
+    l->out_pos = 0;
+    l->out_len = 0;
+
+    if (ready) {
+        /* the host answered until now */
+        l->answered = now;
+    }
+
+    for (q = ngx_queue_head(&l->streams);
+         q != ngx_queue_sentinel(&l->streams);
+         q = nq)
     {
-        ssh_channel_free(ch);
-        return NGX_AGAIN;
-    }
+        nq = ngx_queue_next(q);
+        s = ngx_queue_data(q, ngx_http_hermes_ssh_stream_t, queue);
 
-    /* the relay's text each time; the request only when it is shipped */
-
-    size = first ? rl->in_len : rl->relay_len;
-
-    for (len = 0; len < size; len += n) {
-        n = ssh_channel_write(ch, rl->in + len, size - len);
-        if (n <= 0) {
-            break;
-        }
-    }
-
-    ssh_channel_send_eof(ch);
-
-    /* phase 0: before "\x1f\n"; 1: cell_out's bytes; 2: "\x1e", the result */
-
-    phase = first ? 0 : 1;
-    seen = 0;
-
-    for ( ;; ) {
-        n = ssh_channel_read_timeout(ch, buf, sizeof(buf), 0,
-                                     NGX_HTTP_HERMES_SSH_READ_MS);
-
-        if (n == SSH_ERROR) {
-            rc = NGX_AGAIN;
-            break;
-        }
-
-        if (n == 0) {
-            if (ssh_channel_is_eof(ch)) {
-                rc = (phase == 1) ? NGX_DECLINED : NGX_OK;
-                break;
-            }
-
-            /* quiet: is the cell still there to read what comes? */
-
-            if (recv(rl->fd, buf, 1, MSG_PEEK|MSG_DONTWAIT) == 0) {
-                rc = NGX_DONE;
-                break;
+        if (s->exec) {
+            if (s->sent || !ready) {
+                ngx_cpystrn(s->exec->conn->err, l->err,
+                            sizeof(s->exec->conn->err));
+                s->exec->conn->unavailable = !ready;
+                ngx_http_hermes_ssh_exec_done(l, s, ready ? NGX_ERROR
+                                                          : NGX_DECLINED);
             }
 
             continue;
         }
 
-        p = buf;
-        q = buf;            /* forwarded from q on */
-        last = buf + n;
-
-        while (p < last) {
-
-            if (phase == 0) {
-                if (*p == '\x1e') {
-                    /* the relay's word before shipping: a dead kernel */
-                    phase = 2;
-                    continue;
-                }
-
-                if (++rl->header == 2) {
-                    rl->shipped = 1;
-                    phase = 1;
-                }
-
-                p++;
-                continue;
-            }
-
-            if (phase == 1) {
-                m = ngx_strlchr(p, last, '\x1e');
-                len = (m ? m : last) - p;
-
-                rl->offset += len;
-                p += len;
-
-                if (m) {
-                    phase = 2;
-                }
-
-                continue;
-            }
-
-            /* what an earlier channel forwarded of the result is dropped */
-
-            if (seen < rl->res_sent) {
-                len = ngx_min((size_t) (last - p), rl->res_sent - seen);
-
-                if (ngx_http_hermes_relay_write(rl->fd, q, p - q) != NGX_OK) {
-                    rc = NGX_DONE;
-                    goto done;
-                }
-
-                p += len;
-                q = p;
-                seen += len;
-                continue;
-            }
-
-            len = last - p;
-            seen += len;
-            rl->res_sent += len;
-            p = last;
+        if (s->ended) {
+            /* its result is here, to be written */
+            continue;
         }
 
-        if (ngx_http_hermes_relay_write(rl->fd, q, last - q) != NGX_OK) {
-            /* the cell went away: stop relaying */
-            rc = NGX_DONE;
-            break;
+        if (!s->shipped && (s->sent || !ready)) {
+            ngx_http_hermes_ssh_end(l, s, 0);
+            continue;
         }
+
+        s->sent = 0;
     }
 
-done:
-
-    ssh_channel_close(ch);
-    ssh_channel_free(ch);
-
-    return rc;
+    l->delay = l->delay ? ngx_min(l->delay * 2,
+                                  NGX_HTTP_HERMES_SSH_BACKOFF_MAX)
+                        : NGX_HTTP_HERMES_SSH_BACKOFF;
+    l->retry = now + l->delay / 2
+               + (ngx_msec_t) ngx_random() % (l->delay / 2 + 1);
 }
 
 
-/* wait "ms" between tries: NGX_DONE if the cell closed its end meanwhile */
+/* what the agent wrote: its magic line, then frames */
 
-static ngx_int_t
-ngx_http_hermes_ssh_relay_wait(ngx_socket_t fd, ngx_msec_t ms)
+static void
+ngx_http_hermes_ssh_read(ngx_http_hermes_ssh_link_t *l)
 {
-    u_char         c;
-    ssize_t        n;
-    struct pollfd  pfd;
+    int                       n;
+    u_char                   *p, *last, *b;
+    size_t                    skip, size;
+    ngx_int_t                 rc;
+    ngx_http_hermes_frame_t   f;
+    u_char                    err[512];
 
-    pfd.fd = fd;
-    pfd.events = POLLIN;
-    pfd.revents = 0;
+    while (!l->broken) {
 
-    if (poll(&pfd, 1, (int) ms) <= 0) {
-        /* the time is up (or a signal cut it short) */
-        return NGX_OK;
+        if (l->in_size - l->in_len < 16384) {
+            size = l->in_size ? 2 * l->in_size : 65536;
+
+            if (size > NGX_HTTP_HERMES_FRAME_MAX
+                       + NGX_HTTP_HERMES_FRAME_HEADER + 65536)
+            {
+                size = NGX_HTTP_HERMES_FRAME_MAX
+                       + NGX_HTTP_HERMES_FRAME_HEADER + 65536;
+            }
+
+            if (size <= l->in_size) {
+                l->broken = "a frame too long";
+                break;
+            }
+
+            b = ngx_alloc(size, l->log);
+            if (b == NULL) {
+                l->broken = "out of memory";
+                break;
+            }
+
+            if (l->in) {
+                ngx_memcpy(b, l->in, l->in_len);
+                ngx_free(l->in);
+            }
+
+            l->in = b;
+            l->in_size = size;
+        }
+
+        n = ssh_channel_read_nonblocking(l->channel, l->in + l->in_len,
+                                         l->in_size - l->in_len, 0);
+
+        if (n == SSH_EOF) {
+            l->broken = "the agent exited";
+            break;
+        }
+
+        if (n < 0) {
+            l->broken = (char *) ssh_get_error(l->session);
+            break;
+        }
+
+        if (n == 0) {
+            break;
+        }
+
+        l->in_len += n;
+        l->heard = ngx_http_hermes_ssh_now();
+        l->pinged = 0;
+
+        p = l->in;
+        last = l->in + l->in_len;
+
+        if (!l->magic) {
+            /* what the login shell said before the agent ran */
+
+            rc = ngx_http_hermes_frames_magic(p, last - p, &skip);
+
+            l->junk += skip;
+            p += skip;
+
+            if (l->junk > NGX_HTTP_HERMES_SSH_JUNK) {
+                l->broken = "no magic line from the agent";
+                break;
+            }
+
+            l->magic = (rc == NGX_OK);
+        }
+
+        while (l->magic && !l->broken) {
+            rc = ngx_http_hermes_frames_parse(p, last - p, &f);
+
+            if (rc == NGX_ERROR) {
+                l->broken = "a frame too long";
+                break;
+            }
+
+            if (rc == NGX_AGAIN) {
+                break;
+            }
+
+            ngx_log_debug3(NGX_LOG_DEBUG_HTTP, l->log, 0,
+                           "hermes: ssh frame '%c' of stream %uD, %uD bytes",
+                           f.type, f.stream, f.len);
+
+            ngx_http_hermes_ssh_frame(l, &f);
+            p += NGX_HTTP_HERMES_FRAME_HEADER + f.len;
+        }
+
+        l->in_len = last - p;
+        ngx_memmove(l->in, p, l->in_len);
     }
 
-    n = recv(fd, &c, 1, MSG_PEEK|MSG_DONTWAIT);
+    /* the agent's own complaints */
 
-    if (n == 0 || (n == -1 && ngx_socket_errno != NGX_EAGAIN
-                   && ngx_socket_errno != NGX_EINTR))
+    while (l->channel
+           && (n = ssh_channel_read_nonblocking(l->channel, err, sizeof(err),
+                                                1))
+              > 0)
     {
-        return NGX_DONE;
+        ngx_log_error(NGX_LOG_ERR, l->log, 0,
+                      "hermes: the agent on %V says: \"%*s\"",
+                      &l->h->name, (size_t) n, err);
+    }
+}
+
+
+static ngx_http_hermes_ssh_stream_t *
+ngx_http_hermes_ssh_find(ngx_http_hermes_ssh_link_t *l, uint32_t id)
+{
+    ngx_queue_t                   *q;
+    ngx_http_hermes_ssh_stream_t  *s;
+
+    for (q = ngx_queue_head(&l->streams);
+         q != ngx_queue_sentinel(&l->streams);
+         q = ngx_queue_next(q))
+    {
+        s = ngx_queue_data(q, ngx_http_hermes_ssh_stream_t, queue);
+
+        if (s->id == id) {
+            return s;
+        }
+    }
+
+    return NULL;
+}
+
+
+/* a frame from the agent */
+
+static void
+ngx_http_hermes_ssh_frame(ngx_http_hermes_ssh_link_t *l,
+    ngx_http_hermes_frame_t *f)
+{
+    off_t                          off;
+    size_t                         n, skip, size;
+    u_char                        *p, *b;
+    int64_t                        status;
+    ngx_str_t                      json, bytes;
+    ngx_queue_t                   *q;
+    ngx_http_hermes_cmd_t         *cmd;
+    ngx_http_hermes_ssh_stream_t  *s;
+
+    if (f->stream == 0) {
+        if (f->type != 'H' || l->ready) {
+            return;
+        }
+
+        /* HELLO: the agent runs; what waited for it goes out */
+
+        l->ready = 1;
+        l->down = 0;
+        l->delay = 0;
+        l->answered = 0;
+        l->pinged = 0;
+
+        ngx_log_error(NGX_LOG_INFO, l->log, 0,
+                      "hermes: the agent on the kernel host %V runs: %*s",
+                      &l->h->name, (size_t) ngx_min(f->len, 200), f->payload);
+
+        for (q = ngx_queue_head(&l->streams);
+             q != ngx_queue_sentinel(&l->streams);
+             q = ngx_queue_next(q))
+        {
+            s = ngx_queue_data(q, ngx_http_hermes_ssh_stream_t, queue);
+
+            if (!s->sent && !s->ended) {
+                ngx_http_hermes_ssh_send(l, s);
+            }
+        }
+
+        return;
+    }
+
+    s = ngx_http_hermes_ssh_find(l, f->stream);
+
+    if (s == NULL || !s->sent || s->ended) {
+        /* cancelled, or done */
+        return;
+    }
+
+    if (s->exec) {
+        if (f->type != 'x') {
+            return;
+        }
+
+        cmd = s->exec->cmd;
+
+        if (ngx_http_hermes_frames_split(f->payload, f->len, &json, &bytes)
+            != NGX_OK
+            || ngx_http_hermes_frames_json_int(&json, "status", &status)
+               != NGX_OK)
+        {
+            l->broken = "a bad EXIT frame";
+            return;
+        }
+
+        n = ngx_min(bytes.len, cmd->out_size);
+        ngx_memcpy(cmd->out, bytes.data, n);
+        cmd->out_len = n;
+
+        if (status < 0) {
+            /* the agent could not run it, or it ran out of time */
+
+            if (ngx_strlcasestrn(json.data, json.data + json.len,
+                                 (u_char *) "timeout", 7 - 1)
+                != NULL)
+            {
+                cmd->err = NGX_ETIMEDOUT;
+                ngx_snprintf(s->exec->conn->err, sizeof(s->exec->conn->err),
+                             "ssh command timed out%Z");
+
+            } else {
+                ngx_snprintf(s->exec->conn->err, sizeof(s->exec->conn->err),
+                             "the agent: %*s%Z",
+                             ngx_min(json.len, 200), json.data);
+            }
+
+            ngx_http_hermes_ssh_exec_done(l, s, NGX_ERROR);
+            return;
+        }
+
+        cmd->status = (int) status;
+        ngx_http_hermes_ssh_exec_done(l, s, NGX_OK);
+        return;
+    }
+
+    switch (f->type) {
+
+    case 'S':
+        if (!s->shipped) {
+            s->shipped = 1;
+            s->hdr = 2;
+        }
+
+        return;
+
+    case 'O':
+        if (f->len < 8) {
+            l->broken = "a bad OUT frame";
+            return;
+        }
+
+        off = (off_t) ngx_http_hermes_frames_u64(f->payload);
+        n = f->len - 8;
+
+        if (off > s->recvd || off < 0) {
+            l->broken = "output past what was sent";
+            return;
+        }
+
+        /* what a resumed agent sends again is dropped */
+
+        skip = (size_t) ngx_min((off_t) n, s->recvd - off);
+        p = f->payload + 8 + skip;
+        n -= skip;
+
+        if (n == 0) {
+            return;
+        }
+
+        if (s->out_len - s->out_pos + n > 4 * NGX_HTTP_HERMES_SSH_WINDOW) {
+            l->broken = "output past the window";
+            return;
+        }
+
+        if (s->out_size - s->out_len < n) {
+            size = ngx_max(s->out_len - s->out_pos + n,
+                           (size_t) NGX_HTTP_HERMES_SSH_WINDOW);
+
+            if (size > s->out_size) {
+                b = ngx_alloc(size, l->log);
+                if (b == NULL) {
+                    l->broken = "out of memory";
+                    return;
+                }
+
+            } else {
+                b = s->out;
+            }
+
+            if (s->out) {
+                ngx_memmove(b, s->out + s->out_pos, s->out_len - s->out_pos);
+            }
+
+            if (b != s->out) {
+                ngx_free(s->out);
+                s->out = b;
+                s->out_size = size;
+            }
+
+            s->out_len -= s->out_pos;
+            s->out_pos = 0;
+        }
+
+        ngx_memcpy(s->out + s->out_len, p, n);
+        s->out_len += n;
+        s->recvd += n;
+
+        return;
+
+    case 'R':
+        s->res = ngx_alloc(1 + f->len, l->log);
+        if (s->res == NULL) {
+            l->broken = "out of memory";
+            return;
+        }
+
+        s->res[0] = '\x1e';
+        ngx_memcpy(s->res + 1, f->payload, f->len);
+        s->res_len = 1 + f->len;
+        s->res_pos = 0;
+        s->ended = 1;
+
+        return;
+
+    default:
+        /* another protocol version's */
+        return;
+    }
+}
+
+
+/* a stream's first frame to the agent now running: anew, or a resume */
+
+static void
+ngx_http_hermes_ssh_send(ngx_http_hermes_ssh_link_t *l,
+    ngx_http_hermes_ssh_stream_t *s)
+{
+    u_char  *p;
+    u_char   buf[NGX_HTTP_HERMES_FRAME_CELL_MAX];
+
+    s->sent = 1;
+
+    if (s->exec || !s->shipped) {
+        (void) ngx_http_hermes_frames_header(s->frame, s->id, s->frame[8],
+                                             s->frame_len
+                                             - NGX_HTTP_HERMES_FRAME_HEADER);
+        (void) ngx_http_hermes_ssh_append(l, s->frame, s->frame_len);
+        s->acked = 0;
+        return;
+    }
+
+    s->cell.offset = s->recvd;
+    s->cell.req_len = 0;
+
+    p = ngx_http_hermes_frames_cell(buf, s->id, &s->cell);
+    (void) ngx_http_hermes_ssh_append(l, buf, p - buf);
+
+    s->acked = s->recvd;
+
+    ngx_log_error(NGX_LOG_INFO, l->log, 0,
+                  "hermes: cell %uD in \"%s\" resumes at offset %O",
+                  s->cell.cell, s->dir, s->recvd);
+}
+
+
+static ngx_int_t
+ngx_http_hermes_ssh_append(ngx_http_hermes_ssh_link_t *l, u_char *p,
+    size_t n)
+{
+    u_char  *b;
+    size_t   size;
+
+    if (l->out_size - l->out_len < n) {
+        size = ngx_max(2 * l->out_size, l->out_len - l->out_pos + n);
+        size = ngx_max(size, 65536);
+
+        b = ngx_alloc(size, l->log);
+        if (b == NULL) {
+            l->broken = "out of memory";
+            return NGX_ERROR;
+        }
+
+        if (l->out) {
+            ngx_memcpy(b, l->out + l->out_pos, l->out_len - l->out_pos);
+            ngx_free(l->out);
+        }
+
+        l->out = b;
+        l->out_size = size;
+        l->out_len -= l->out_pos;
+        l->out_pos = 0;
+    }
+
+    ngx_memcpy(l->out + l->out_len, p, n);
+    l->out_len += n;
+
+    return NGX_OK;
+}
+
+
+/* frames to the channel, as far as the peer's window lets them */
+
+static void
+ngx_http_hermes_ssh_flush(ngx_http_hermes_ssh_link_t *l)
+{
+    int  n;
+
+    while (l->out_pos < l->out_len) {
+        n = ssh_channel_write(l->channel, l->out + l->out_pos,
+                              l->out_len - l->out_pos);
+
+        if (n == SSH_ERROR) {
+            l->broken = (char *) ssh_get_error(l->session);
+            return;
+        }
+
+        if (n == 0) {
+            break;
+        }
+
+        l->out_pos += n;
+    }
+
+    if (l->out_pos == l->out_len) {
+        l->out_pos = 0;
+        l->out_len = 0;
+    }
+}
+
+
+/*
+ * Into the cell's socketpair, as far as it takes: "\x1f\n", cell_out,
+ * then "\x1e" and the result.  The agent hears (ACK) of cell_out the
+ * cell took, so a slow client holds back its own stream only.
+ */
+
+static ngx_int_t
+ngx_http_hermes_ssh_cell_write(ngx_http_hermes_ssh_link_t *l,
+    ngx_http_hermes_ssh_stream_t *s)
+{
+    u_char    *p, c;
+    size_t     n;
+    ssize_t    k;
+    ngx_err_t  err;
+    u_char     ack[NGX_HTTP_HERMES_FRAME_HEADER + 8];
+
+    for ( ;; ) {
+
+        if (s->hdr) {
+            p = (u_char *) "\x1f\n" + 2 - s->hdr;
+            n = s->hdr;
+
+        } else if (s->out_pos < s->out_len) {
+            p = s->out + s->out_pos;
+            n = s->out_len - s->out_pos;
+
+        } else if (s->res) {
+            p = s->res + s->res_pos;
+            n = s->res_len - s->res_pos;
+
+        } else {
+            break;
+        }
+
+        k = send(s->fd, p, n, MSG_DONTWAIT|MSG_NOSIGNAL);
+
+        if (k == -1) {
+            err = ngx_socket_errno;
+
+            if (err == NGX_EINTR) {
+                continue;
+            }
+
+            if (err == NGX_EAGAIN) {
+                break;
+            }
+
+            /* the cell went away */
+            ngx_http_hermes_ssh_end(l, s, 1);
+            return NGX_DONE;
+        }
+
+        if (s->hdr) {
+            s->hdr -= k;
+
+        } else if (s->out_pos < s->out_len) {
+            s->out_pos += k;
+            s->taken += k;
+
+            if (s->out_pos == s->out_len) {
+                s->out_pos = 0;
+                s->out_len = 0;
+            }
+
+        } else {
+            s->res_pos += k;
+
+            if (s->res_pos == s->res_len) {
+                /* all said: EOF for the cell */
+                ngx_http_hermes_ssh_end(l, s, 0);
+                return NGX_DONE;
+            }
+        }
+    }
+
+    if (s->sent && !s->ended && l->ready
+        && s->taken - s->acked >= NGX_HTTP_HERMES_SSH_WINDOW / 2)
+    {
+        p = ngx_http_hermes_frames_header(ack, s->id, 'A', 8);
+        (void) ngx_http_hermes_frames_put_u64(p, (uint64_t) s->taken);
+        (void) ngx_http_hermes_ssh_append(l, ack, sizeof(ack));
+        s->acked = s->taken;
+
+        ngx_log_debug2(NGX_LOG_DEBUG_HTTP, l->log, 0,
+                       "hermes: ssh ACK of stream %uD at %O", s->id, s->taken);
+    }
+
+    if (s->hdr == 0 && s->out_pos == s->out_len && s->res == NULL) {
+        /* nothing to write: is the cell still there? */
+
+        k = recv(s->fd, &c, 1, MSG_PEEK|MSG_DONTWAIT);
+
+        if (k == 0 || (k == -1 && ngx_socket_errno != NGX_EAGAIN
+                       && ngx_socket_errno != NGX_EINTR))
+        {
+            ngx_http_hermes_ssh_end(l, s, 1);
+            return NGX_DONE;
+        }
     }
 
     return NGX_OK;
@@ -1024,52 +1831,109 @@ ngx_http_hermes_ssh_relay_wait(ngx_socket_t fd, ngx_msec_t ms)
 
 
 /*
- * The host stayed unreachable until the cell's deadline: the cell hears it
- * as the relay's word, with an error for its answer.  Its kernel is killed
- * (the kill is retried while the host is down) and the session's state is
- * lost.
+ * The host stayed unreachable until the cell's deadline: the cell hears
+ * it as the relay's word, with an error for its answer.  Its kernel is
+ * killed (the kill is retried while the host is down) and the session's
+ * state is lost.
  */
 
 static void
-ngx_http_hermes_ssh_relay_give_up(ngx_http_hermes_relay_t *rl,
-    ngx_msec_t down, ngx_log_t *log)
+ngx_http_hermes_ssh_give_up(ngx_http_hermes_ssh_link_t *l,
+    ngx_http_hermes_ssh_stream_t *s, ngx_msec_t now)
 {
-    u_char                       *p;
-    u_char                        buf[NGX_HTTP_HERMES_HOST_MAX * 6 + 512];
-    size_t                        len;
-    ngx_http_hermes_ssh_host_t  **hosts, *h;
+    u_char      *p;
+    size_t       len;
+    ngx_msec_t   down;
+    u_char       buf[NGX_HTTP_HERMES_HOST_MAX * 6 + 512];
 
-    static u_char                 start[] = "\x1e{\"relay\":\"unreachable\","
-                                            "\"status\":\"error\",\"error\":"
-                                            "\"the kernel host ";
+    static u_char  start[] = "\x1e{\"relay\":\"unreachable\","
+                             "\"status\":\"error\",\"error\":"
+                             "\"the kernel host ";
 
-    rl->conn.unavailable = 1;
+    l->down = 1;
 
-    hosts = rl->conn.bcf->hosts->elts;
-    h = hosts[rl->conn.host];
+    down = l->answered ? now - l->answered : 0;
 
-    ngx_log_error(NGX_LOG_WARN, log, 0,
+    ngx_log_error(NGX_LOG_WARN, l->log, 0,
                   "hermes: the kernel host %s:%ui could not be reached for "
                   "%M ms during cell %uD, giving up at its deadline",
-                  h->host, h->port, down, rl->id);
-
-    if (rl->res_sent) {
-        /* the result's marker went out: nothing more can be said */
-        return;
-    }
+                  l->h->host, l->h->port, down, s->cell.cell);
 
     p = ngx_cpymem(buf, start, sizeof(start) - 1);
 
-    len = ngx_min(ngx_strlen(h->host), NGX_HTTP_HERMES_HOST_MAX);
-    p = (u_char *) ngx_escape_json(p, h->host, len);
+    len = ngx_min(ngx_strlen(l->h->host), NGX_HTTP_HERMES_HOST_MAX);
+    p = (u_char *) ngx_escape_json(p, l->h->host, len);
 
     p = ngx_slprintf(p, buf + sizeof(buf),
                      ":%ui could not be reached for %M.%M s during the cell; "
                      "the kernel there is killed once the host answers "
                      "again, and the session's state is lost\"}",
-                     h->port, down / 1000, down % 1000 / 100);
+                     l->h->port, down / 1000, down % 1000 / 100);
 
-    (void) ngx_http_hermes_relay_write(rl->fd, buf, p - buf);
+    s->ended = 1;
+
+    s->res = ngx_alloc(p - buf, l->log);
+    if (s->res == NULL) {
+        ngx_http_hermes_ssh_end(l, s, 0);
+        return;
+    }
+
+    s->res_len = ngx_cpymem(s->res, buf, p - buf) - s->res;
+    s->res_pos = 0;
+}
+
+
+/* an EXEC answered, or failed: its waiter goes on */
+
+static void
+ngx_http_hermes_ssh_exec_done(ngx_http_hermes_ssh_link_t *l,
+    ngx_http_hermes_ssh_stream_t *s, ngx_int_t rc)
+{
+    u_char  *p;
+    u_char   cancel[NGX_HTTP_HERMES_FRAME_HEADER];
+
+    if (rc != NGX_OK && s->sent && l->ready) {
+        p = ngx_http_hermes_frames_header(cancel, s->id, 'Q', 0);
+        (void) ngx_http_hermes_ssh_append(l, cancel, p - cancel);
+    }
+
+    ngx_queue_remove(&s->queue);
+    l->nstreams--;
+
+    pthread_mutex_lock(&l->mutex);
+    s->exec->rc = rc;
+    s->exec->done = 1;
+    pthread_cond_broadcast(&l->cond);
+    pthread_mutex_unlock(&l->mutex);
+
+    ngx_free(s);
+}
+
+
+/* a cell's stream ends: its socketpair closed (EOF for the cell) */
+
+static void
+ngx_http_hermes_ssh_end(ngx_http_hermes_ssh_link_t *l,
+    ngx_http_hermes_ssh_stream_t *s, ngx_uint_t cancel)
+{
+    u_char  *p;
+    u_char   frame[NGX_HTTP_HERMES_FRAME_HEADER];
+
+    if (cancel && s->sent && !s->ended && l->ready) {
+        p = ngx_http_hermes_frames_header(frame, s->id, 'Q', 0);
+        (void) ngx_http_hermes_ssh_append(l, frame, p - frame);
+    }
+
+    if (s->fd != -1) {
+        (void) close(s->fd);
+    }
+
+    ngx_queue_remove(&s->queue);
+    l->nstreams--;
+
+    ngx_free(s->out);
+    ngx_free(s->res);
+    ngx_free(s);
 }
 
 
@@ -1084,17 +1948,123 @@ ngx_http_hermes_ssh_now(void)
 }
 
 
-static void
-ngx_http_hermes_ssh_relay_done(ngx_event_t *ev)
+/*
+ * The I/O thread: connect and authenticate, within "timeout" ms.  Public
+ * key from identity= only, the host key checked against known_hosts= only
+ * (no user or system config, no agent), an unknown or changed key refused.
+ */
+
+static ngx_int_t
+ngx_http_hermes_ssh_connect(ngx_http_hermes_ssh_link_t *l, ngx_msec_t timeout)
 {
-    ngx_http_hermes_relay_t *rl = ev->data;
+    int                              rc, no;
+    long                             sec, usec;
+    ssh_key                          key;
+    ssh_session                      s;
+    ngx_http_hermes_ssh_host_t      *h;
+    ngx_http_hermes_backend_conf_t  *bcf;
+    enum ssh_known_hosts_e           known;
 
-    /* EOF for the cell's end of the socketpair */
-    (void) close(rl->fd);
+    bcf = l->bcf;
+    h = l->h;
 
-    ngx_http_hermes_ssh_give(&rl->conn);
+    s = ssh_new();
+    if (s == NULL) {
+        ngx_snprintf(l->err, sizeof(l->err), "ssh_new() failed%Z");
+        return NGX_ERROR;
+    }
 
-    ngx_free(rl);
+    no = 0;
+    sec = (long) (timeout / 1000);
+    usec = (long) (timeout % 1000) * 1000;
+
+    if (ssh_options_set(s, SSH_OPTIONS_PROCESS_CONFIG, &no) != SSH_OK
+        || ssh_options_set(s, SSH_OPTIONS_HOST, h->host) != SSH_OK
+        || ssh_options_set(s, SSH_OPTIONS_PORT, &h->port) != SSH_OK
+        || ssh_options_set(s, SSH_OPTIONS_USER, bcf->user.data) != SSH_OK
+        || ssh_options_set(s, SSH_OPTIONS_KNOWNHOSTS, bcf->known_hosts.data)
+           != SSH_OK
+        || ssh_options_set(s, SSH_OPTIONS_GLOBAL_KNOWNHOSTS,
+                           bcf->known_hosts.data)
+           != SSH_OK
+        || ssh_options_set(s, SSH_OPTIONS_TIMEOUT, &sec) != SSH_OK
+        || ssh_options_set(s, SSH_OPTIONS_TIMEOUT_USEC, &usec) != SSH_OK)
+    {
+        ngx_snprintf(l->err, sizeof(l->err),
+                     "ssh options for %V:%ui: %s%Z", &h->name, h->port,
+                     ssh_get_error(s));
+        ssh_free(s);
+        return NGX_ERROR;
+    }
+
+    if (ssh_connect(s) != SSH_OK) {
+        ngx_snprintf(l->err, sizeof(l->err),
+                     "ssh connect to %V:%ui: %s%Z", &h->name, h->port,
+                     ssh_get_error(s));
+        ssh_free(s);
+        return NGX_ERROR;
+    }
+
+    known = ssh_session_is_known_server(s);
+
+    if (known != SSH_KNOWN_HOSTS_OK) {
+        ngx_snprintf(l->err, sizeof(l->err),
+                     "ssh host key of %V:%ui is %s in \"%V\": refused%Z",
+                     &h->name, h->port,
+                     known == SSH_KNOWN_HOSTS_CHANGED ? "changed"
+                     : known == SSH_KNOWN_HOSTS_OTHER ? "of another type"
+                     : known == SSH_KNOWN_HOSTS_ERROR ? "unreadable"
+                     : "unknown",
+                     &bcf->known_hosts);
+        ssh_disconnect(s);
+        ssh_free(s);
+        return NGX_ERROR;
+    }
+
+    if (ssh_pki_import_privkey_file((char *) bcf->identity.data, NULL, NULL,
+                                    NULL, &key)
+        != SSH_OK)
+    {
+        ngx_snprintf(l->err, sizeof(l->err),
+                     "ssh identity \"%V\" unreadable%Z", &bcf->identity);
+        ssh_disconnect(s);
+        ssh_free(s);
+        return NGX_ERROR;
+    }
+
+    rc = ssh_userauth_publickey(s, NULL, key);
+    ssh_key_free(key);
+
+    if (rc != SSH_AUTH_SUCCESS) {
+        ngx_snprintf(l->err, sizeof(l->err),
+                     "ssh public key auth as %V at %V:%ui refused%Z",
+                     &bcf->user, &h->name, h->port);
+        ssh_disconnect(s);
+        ssh_free(s);
+        return NGX_ERROR;
+    }
+
+    if (timeout != bcf->connect_timeout) {
+        /* a kept session's later calls get the configured bound */
+
+        sec = (long) (bcf->connect_timeout / 1000);
+        usec = (long) (bcf->connect_timeout % 1000) * 1000;
+
+        if (ssh_options_set(s, SSH_OPTIONS_TIMEOUT, &sec) != SSH_OK
+            || ssh_options_set(s, SSH_OPTIONS_TIMEOUT_USEC, &usec) != SSH_OK)
+        {
+            ngx_snprintf(l->err, sizeof(l->err),
+                         "ssh options for %V:%ui: %s%Z", &h->name, h->port,
+                         ssh_get_error(s));
+            ssh_disconnect(s);
+            ssh_free(s);
+            return NGX_ERROR;
+        }
+    }
+
+    l->session = s;
+
+    return NGX_OK;
 }
 
 

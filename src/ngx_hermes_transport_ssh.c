@@ -1,8 +1,9 @@
 
 /*
  * ngx_hermes: a cell's stream on a kernel of an ssh host.  The carrier
- * (ngx_hermes_backend_ssh.c) ships the cell and copies what the host side
- * says into a socketpair read here: "\x1f\n" when the cell is shipped,
+ * (ngx_hermes_backend_ssh.c: the host's link to its kernel-host agent)
+ * ships the cell and writes what the agent sends into a socketpair read
+ * here: "\x1f\n" when the cell is shipped,
  * cell_out's event lines, then "\x1e" and the result (or the host side's
  * own word on a cell it could not ship or follow).  The head and the tail
  * of the event lines are kept as they go by, for a cell whose kernel is
@@ -111,7 +112,7 @@ ngx_http_hermes_ssh_stream_run(ngx_http_hermes_stream_t *st)
 
     ngx_http_hermes_backend_take(&conn, st->hlcf->backend, st->ref->host);
 
-    rc = ngx_http_hermes_ssh_relay(st->hlcf->thread_pool, &conn, st->ref,
+    rc = ngx_http_hermes_ssh_relay(&conn, st->ref,
                                    st->out_limit, (off_t) st->res_limit,
                                    st->timeout, st->request->pos,
                                    st->request->last - st->request->pos,

@@ -181,7 +181,7 @@ for my $case (@cases) {
     ok($dir, "$how: the directory step ran") or diag explain \@sent;
     is(join("\n", grep { /cat >|kernel_runner\.py|kernel\.env|setsid/ } @sent), '',
         "$how: nothing shipped, nothing started");
-    ok(scalar(grep { /^rm -rf -- '\Q$dir\E';/ } @sent), "$how: the path made is removed")
+    ok(scalar(grep { /^rm -rf -- '\Q$dir\E';/m } @sent), "$how: the path made is removed")
         if $dir;
     ok(!-e $dir && !-l $dir, "$how: ... and gone") if $dir;
     is(join(' ', new_dirs()), '', "$how: no kernel dir left under the root");

@@ -132,15 +132,12 @@ sub ssh_port_of {
     return $env =~ /(?:^|\0)SSH_CONNECTION=\S+ \d+ \S+ (\d+)(?:\0|$)/ ? $1 : undef;
 }
 
-# relay processes (src/remote/hermes_relay.py, run by the loader on the
-# command line, the kernel dir its first argument; one a running cell) of a
-# kernel (of any kernel under our KROOT without an argument)
-sub relays_of {
-    my ($kid) = @_;
-    my $k = $t->kroot;
-    return procs_matching(defined $kid
-        ? qr/hermes_relay\.py.* \Q$k\E\/hermes_rkernel_\Q$kid\E /
-        : qr/hermes_relay\.py.* \Q$k\E\/hermes_rkernel_[0-9a-f]+ /);
+# the kernel-host agents (src/remote/hermes_agent.py, run by the loader on
+# the command line) this test's sshds run: one a worker, backend and host,
+# however many cells run
+sub agents {
+    return grep { my $p = ssh_port_of($_) // 0; $p == $P1 || $p == $P2 }
+        procs_matching(qr/hermes_agent\.py/);
 }
 
 # the worker's unix sockets (the relays' socketpairs live there; TCP
@@ -327,13 +324,14 @@ is(($r->{result} // {})->{output}, "None\nFalse\n", 'token not in the environmen
     ok(!grep({ /HERMES_RPC_TOKEN/ } @sent), 'HERMES_RPC_TOKEN is in no command sent over ssh');
     ok(index($errlog, $marker) < 0, 'the code is in no error.log line');
 
-    # the spawn steps of docs/protocol.md, in order, for a kernel
+    # the spawn steps of docs/protocol.md, in order, for a kernel (each
+    # after the line that sends its stderr where its stdout goes)
     my $dir = dir_of($kA);
     my @mine = grep { index($_, $dir) >= 0 } @sent;
-    my ($i_dirs) = grep { $mine[$_] =~ /^umask 077; r=.* mkdir -m 700 -- '?\Q$dir\E'?;/ } 0 .. $#mine;
-    my ($i_ship) = grep { $mine[$_] =~ /^umask 077 && cat > '?\Q$dir\E\/kernel_runner\.py\.tmp/ } 0 .. $#mine;
-    my ($i_env) = grep { $mine[$_] =~ /^umask 077 && cat > '?\Q$dir\E\/kernel\.env\.tmp/ } 0 .. $#mine;
-    my ($i_start) = grep { $mine[$_] =~ /^umask 077; cd '?\Q$dir\E'? \|\| exit 1;.* \{ \( exec 3<\.\/kernel\.env && rm -f \.\/kernel\.env.* r bwrap .* python3 -I kernel_runner\.py \) >runner\.log/ } 0 .. $#mine;
+    my ($i_dirs) = grep { $mine[$_] =~ /^umask 077; r=.* mkdir -m 700 -- '?\Q$dir\E'?;/m } 0 .. $#mine;
+    my ($i_ship) = grep { $mine[$_] =~ /^umask 077 && cat > '?\Q$dir\E\/kernel_runner\.py\.tmp/m } 0 .. $#mine;
+    my ($i_env) = grep { $mine[$_] =~ /^umask 077 && cat > '?\Q$dir\E\/kernel\.env\.tmp/m } 0 .. $#mine;
+    my ($i_start) = grep { $mine[$_] =~ /^umask 077; cd '?\Q$dir\E'? \|\| exit 1;.* \{ \( exec 3<\.\/kernel\.env && rm -f \.\/kernel\.env.* r bwrap .* python3 -I kernel_runner\.py \) >runner\.log/m } 0 .. $#mine;
     ok(defined $i_dirs && defined $i_ship && defined $i_env && defined $i_start
         && $i_dirs < $i_ship && $i_ship < $i_env && $i_env < $i_start,
         'the spawn steps of docs/protocol.md were sent over ssh, in order')
@@ -472,7 +470,6 @@ for my $case (['unknown', '/v1/unknown', $s1->empty_known_hosts],
     is(($rr->{result} // {})->{status}, 'error', 'died mid-cell: status error') or diag explain $rr->{events};
     ok($took < 3, sprintf('died mid-cell: the stream ended in %.2fs (cell timeout 20 s)', $took));
     my $kid = ($rr->{result} // {})->{kernel}{kernel_id} // '';
-    ok(wait_until(sub { !relays_of($kid) }, 5), 'died mid-cell: no relay process left');
     ok((grep { ($_->{text} // '') =~ /bye/ } @{ $rr->{events} }), 'died mid-cell: what it printed was streamed');
     $rr = run_cell('/v1/execute', 'ssh-crash', "print('w' in globals())");
     is(($rr->{result} // {})->{kernel}{state_lost}, JSON::PP::true, 'after a crash: state_lost');
@@ -503,8 +500,6 @@ for my $case (['unknown', '/v1/unknown', $s1->empty_known_hosts],
     ok(wait_until(sub { !pid_alive($pid) }, 5), 'runner killed');
     ok(wait_until(sub { !procs_matching(qr/^sleep 309$/) }, 5), 'its child killed too (process group)');
     ok(wait_until(sub { !-d dir_of($kid) }, 5), 'kernel directory removed');
-    ok(wait_until(sub { !relays_of($kid) }, 5), 'no relay process of the timed-out cell left')
-        or diag 'left: ' . join(' ', relays_of($kid));
     $rr = run_cell('/v1/execute', 'ssh-slow', "print('v' in globals())");
     is(($rr->{result} // {})->{kernel}{state_lost}, JSON::PP::true, 'next call: state_lost');
     is(($rr->{result} // {})->{output}, "False\n", 'next call: fresh state');
@@ -601,7 +596,6 @@ $s2->start;
         ok(wait_until(sub { !pid_alive($pid2) }, 3 + 10),
             'frozen host: once it answers again the timed-out kernel is killed');
         ok(wait_until(sub { !-d dir_of($kid2) }, 5), '  and its directory removed');
-        ok(wait_until(sub { !relays_of($kid2) }, 5), '  and no relay process of it left');
     }
 
     $s2->stop;    # and its connections: the host is gone
@@ -659,10 +653,10 @@ $s1->start;
         "sshd back: the given-up kernel's directory is removed");
 }
 
-# every thread of the worker must be free to go: a relay thread stuck on a
-# dead cell keeps the worker from exiting (the master then kills it)
-ok(wait_until(sub { !relays_of() }, 3), 'no relay process left at the end')
-    or diag 'left: ' . join(' ', map { my $p = $_; my $c = `cat /proc/$p/cmdline`; $c =~ s/\0/ /g; "$p: $c" } relays_of());
+# every thread of the worker must be free to go: an I/O thread stuck on a
+# host keeps the worker from exiting (the master then kills it); the
+# agents hear EOF and go
+ok(scalar(agents()), 'agents run while the worker does');
 {
     my @w = $t->worker_pids;
     my $t0 = time;
@@ -670,6 +664,8 @@ ok(wait_until(sub { !relays_of() }, 3), 'no relay process left at the end')
     my $took = time - $t0;
     ok($took < 10, sprintf('nginx stopped on QUIT in %.2fs (workers %s)', $took, "@w"));
 }
+ok(wait_until(sub { !agents() }, 3), 'no agent left once the worker exited')
+    or diag 'left: ' . join(' ', map { my $p = $_; my $c = `cat /proc/$p/cmdline`; $c =~ s/\0/ /g; "$p: $c" } agents());
 $t->kill_strays;
 $s1->stop;
 done_testing;

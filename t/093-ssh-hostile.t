@@ -112,25 +112,27 @@ def plant(name, kind):
 PY
 
 ###############################################################################
-# a cell rewrites hermes_relay.py in its kernel dir: nothing runs it
+# a cell writes hermes_agent.py (and the relay of old) into its kernel dir:
+# nothing runs them, the agent comes from the module's own copy
 
 {
     my $mark = "$p/relay-ran";
     my $r = $t->execute('/x', { session => 'rewrite', code =>
-        "x = 3\nopen('hermes_relay.py', 'w').write("
-        . "\"open('$mark', 'w').write('ran')\\n\")" });
-    is(($r->{result} // {})->{status}, 'success', 'relay rewrite: the cell ran');
+        "x = 3\nfor f in ('hermes_agent.py', 'hermes_relay.py'):\n"
+        . "    open(f, 'w').write(\"open('$mark', 'w').write('ran')\\n\")" });
+    is(($r->{result} // {})->{status}, 'success', 'agent rewrite: the cell ran');
     my $kid = kid_of($r);
     my $n0 = () = $s->commands;
     $r = $t->execute('/x', { session => 'rewrite', code => 'print(x)' });
-    ok(!-e $mark, "relay rewrite: the cell's hermes_relay.py was not run");
-    is(($r->{result} // {})->{output}, "3\n", 'relay rewrite: the next cell ran, state kept')
+    ok(!-e $mark, "agent rewrite: the cell's hermes_agent.py was not run");
+    is(($r->{result} // {})->{output}, "3\n", 'agent rewrite: the next cell ran, state kept')
         or diag explain $r->{result} // $r;
-    is(kid_of($r), $kid, 'relay rewrite: on the same kernel');
+    is(kid_of($r), $kid, 'agent rewrite: on the same kernel');
     my @sent = ($s->commands)[$n0 .. (() = $s->commands) - 1];
     is(join("\n", grep { index($_, dir_of($kid) . '/') >= 0 && /python3/ } @sent), '',
         'no command runs a file of the kernel dir for a cell');
-    like(join("\n", @sent), qr/^exec python3 -I -c /m, 'the relay runs under python3 -I');
+    like(join("\n", $s->commands), qr/^exec python3 -I -c .*hermes_agent\.py/m,
+        'the agent runs under python3 -I');
 }
 
 ###############################################################################
@@ -289,8 +291,6 @@ sub recreate {
     mkdir "$dir/cells", 0700;
     mkdir "$dir/rpc", 0700;
     system('mkfifo', '-m', '600', "$dir/wake") == 0 or die;
-    # what it finds there, copied: the directory looks like a kernel's
-    system('cp', "$dir.old/hermes_relay.py", $dir) if -e "$dir.old/hermes_relay.py";
 }
 
 # a child holding $dir/wake open for reading, with pid $want if asked

@@ -3,7 +3,7 @@
 # them and they stay real, testable .py files in the tree.
 # usage: embed.sh OUT.c shipped.py... [-- other.py...]
 # The files before "--" are shipped into each kernel's directory at spawn;
-# those after it are only carried (the ssh relay, sent with each cell).
+# those after it are only carried (the ssh agent, sent once a connection).
 set -eu
 out=$1; shift
 tmp=$out.tmp

@@ -55,7 +55,7 @@ class Kernel:
         self.rpc = os.path.join(self.dir, "rpc")
         os.mkdir(self.cells, 0o700)
         os.mkdir(self.rpc, 0o700)
-        for name in ("kernel_runner.py", "hermes_tools.py", "hermes_relay.py"):
+        for name in ("kernel_runner.py", "hermes_tools.py"):
             shutil.copyfile(os.path.join(HERE, name), os.path.join(self.dir, name))
             os.chmod(os.path.join(self.dir, name), 0o600)
         for name, text in (plant or {}).items():     # files a cell left in D

@@ -29,6 +29,10 @@ package Hermes::Sshd;
 # for (SSH_ORIGINAL_COMMAND) as one JSON string a line to $sshd->commands_file,
 # then execs `bash -c COMMAND`: the commands a client sends become checkable
 # (what the module runs over ssh) while behaving as without the wrapper.
+# The module's kernel-host agent (a command naming hermes_agent.py) runs
+# the commands it is sent (EXEC frames) through the same recording, one
+# line each after the agent's own: a shim between sshd and the agent swaps
+# the agent's /bin/sh for a wrapper that records and runs the hook.
 # With record => 1, an executable $sshd->hook_file (absent by default) runs
 # before each command, with SSH_ORIGINAL_COMMAND set: a co-tenant acting at
 # exactly the moment the module's command is about to run.
@@ -114,8 +118,45 @@ sub new {
 case "\${SSH_ORIGINAL_COMMAND-}" in
     sftp|internal-sftp) exec /usr/lib/openssh/sftp-server ;;
     '') exec /bin/bash -l ;;
+    *hermes_agent.py*) exec /usr/bin/perl '$dir/agent-shim' ;;
 esac
 exec /bin/bash -c "\$SSH_ORIGINAL_COMMAND"
+SH
+        # the module's agent runs each command it is sent (EXEC) as
+        # /bin/sh -c: the shim hands it a copy whose shell is exec-hook,
+        # which records the command and runs the hook as sshd would have
+        _write("$dir/agent-shim", <<"PL", 0600);
+use strict;
+my (\$len, \$c, \$text, \$buf) = ('', '', '', '');
+while (sysread(STDIN, \$c, 1) == 1 && \$c ne "\\n") { \$len .= \$c }
+while (length(\$text) < \$len) {
+    sysread(STDIN, \$buf, \$len - length \$text) > 0 or exit 1;
+    \$text .= \$buf;
+}
+\$text =~ s{\\["/bin/sh", "-c"}{["$dir/exec-hook", "-c"}g;
+\$SIG{PIPE} = 'IGNORE';
+open(my \$p, '|-', '/bin/bash', '-c', \$ENV{SSH_ORIGINAL_COMMAND}) or exit 1;
+binmode \$p;
+# the agent alone holds the channel's stdout: its exit is the channel's EOF
+open STDOUT, '>', '/dev/null';
+open STDERR, '>', '/dev/null';
+\$buf = length(\$text) . "\\n" . \$text;
+while (1) {
+    while (length \$buf) {
+        my \$n = syswrite(\$p, \$buf);
+        defined \$n or exit 1;
+        substr(\$buf, 0, \$n, '');
+    }
+    last unless sysread(STDIN, \$buf, 65536);
+}
+close \$p;
+exit(\$? >> 8);
+PL
+        _write("$dir/exec-hook", <<"SH", 0700);
+#!/bin/bash
+/usr/bin/perl -MJSON::PP -e 'print JSON::PP->new->allow_nonref->ascii->encode(\$ARGV[0]), "\\n"' -- "\$2" >>'$cf'
+[ -x '$dir/hook' ] && SSH_ORIGINAL_COMMAND="\$2" '$dir/hook' </dev/null >/dev/null 2>&1
+exec /bin/bash -c "\$2"
 SH
     }
 

@@ -1,0 +1,305 @@
+
+/*
+ * ngx_hermes: the frames of the kernel-host agent protocol (docs/protocol.md,
+ * "Frames"): a 9-byte header (u32 length, u32 stream, u8 type), then the
+ * payload.  Pure functions: encode into a caller's buffer, decode from one.
+ */
+
+
+#include "ngx_hermes.h"
+
+
+static uint32_t
+ngx_http_hermes_frames_u32(u_char *p)
+{
+    return ((uint32_t) p[0] << 24) | ((uint32_t) p[1] << 16)
+           | ((uint32_t) p[2] << 8) | p[3];
+}
+
+
+static u_char *
+ngx_http_hermes_frames_put_u32(u_char *p, uint32_t v)
+{
+    *p++ = (u_char) (v >> 24);
+    *p++ = (u_char) (v >> 16);
+    *p++ = (u_char) (v >> 8);
+    *p++ = (u_char) v;
+
+    return p;
+}
+
+
+u_char *
+ngx_http_hermes_frames_put_u64(u_char *p, uint64_t v)
+{
+    p = ngx_http_hermes_frames_put_u32(p, (uint32_t) (v >> 32));
+    return ngx_http_hermes_frames_put_u32(p, (uint32_t) v);
+}
+
+
+uint64_t
+ngx_http_hermes_frames_u64(u_char *p)
+{
+    return ((uint64_t) ngx_http_hermes_frames_u32(p) << 32)
+           | ngx_http_hermes_frames_u32(p + 4);
+}
+
+
+/* the header of a frame of "len" payload bytes; p + 9 */
+
+u_char *
+ngx_http_hermes_frames_header(u_char *p, uint32_t stream, u_char type,
+    size_t len)
+{
+    p = ngx_http_hermes_frames_put_u32(p, (uint32_t) len);
+    p = ngx_http_hermes_frames_put_u32(p, stream);
+    *p++ = type;
+
+    return p;
+}
+
+
+/*
+ * The frame at the head of "n" bytes: NGX_OK (f filled, the frame is
+ * NGX_HTTP_HERMES_FRAME_HEADER + f->len bytes), NGX_AGAIN while it is not
+ * all there, NGX_ERROR for a length over the protocol's bound.
+ */
+
+ngx_int_t
+ngx_http_hermes_frames_parse(u_char *p, size_t n, ngx_http_hermes_frame_t *f)
+{
+    uint32_t  len;
+
+    if (n < NGX_HTTP_HERMES_FRAME_HEADER) {
+        return NGX_AGAIN;
+    }
+
+    len = ngx_http_hermes_frames_u32(p);
+
+    if (len > NGX_HTTP_HERMES_FRAME_MAX) {
+        return NGX_ERROR;
+    }
+
+    if (n - NGX_HTTP_HERMES_FRAME_HEADER < len) {
+        return NGX_AGAIN;
+    }
+
+    f->len = len;
+    f->stream = ngx_http_hermes_frames_u32(p + 4);
+    f->type = p[8];
+    f->payload = p + NGX_HTTP_HERMES_FRAME_HEADER;
+
+    return NGX_OK;
+}
+
+
+/* a "J+B" payload: u32 json length, the JSON, the bytes */
+
+ngx_int_t
+ngx_http_hermes_frames_split(u_char *p, size_t len, ngx_str_t *json,
+    ngx_str_t *bytes)
+{
+    uint32_t  jl;
+
+    if (len < 4) {
+        return NGX_ERROR;
+    }
+
+    jl = ngx_http_hermes_frames_u32(p);
+
+    if (jl > len - 4) {
+        return NGX_ERROR;
+    }
+
+    json->data = p + 4;
+    json->len = jl;
+    bytes->data = p + 4 + jl;
+    bytes->len = len - 4 - jl;
+
+    return NGX_OK;
+}
+
+
+/*
+ * The integer value of a top-level "key" of a JSON object the agent wrote
+ * (flat objects of numbers and strings): NGX_OK, or NGX_DECLINED when it
+ * is not there or not an integer.  Strings are skipped whole, so a key's
+ * name inside a string value is not taken for the key.
+ */
+
+ngx_int_t
+ngx_http_hermes_frames_json_int(ngx_str_t *json, char *key, int64_t *value)
+{
+    u_char   *p, *last, *s;
+    size_t    klen;
+    int64_t   v, sign;
+
+    p = json->data;
+    last = p + json->len;
+    klen = ngx_strlen(key);
+
+    while (p < last) {
+
+        if (*p != '"') {
+            p++;
+            continue;
+        }
+
+        /* a string: a key when a colon follows it */
+
+        s = ++p;
+
+        while (p < last && *p != '"') {
+            if (*p == '\\') {
+                p++;
+            }
+
+            p++;
+        }
+
+        if (p >= last) {
+            return NGX_DECLINED;
+        }
+
+        if ((size_t) (p - s) != klen || ngx_strncmp(s, key, klen) != 0) {
+            p++;
+            continue;
+        }
+
+        for (p++; p < last && (*p == ' ' || *p == '\t'); p++) { /* void */ }
+
+        if (p == last || *p != ':') {
+            continue;
+        }
+
+        for (p++; p < last && (*p == ' ' || *p == '\t'); p++) { /* void */ }
+
+        sign = 1;
+
+        if (p < last && *p == '-') {
+            sign = -1;
+            p++;
+        }
+
+        if (p == last || *p < '0' || *p > '9') {
+            return NGX_DECLINED;
+        }
+
+        for (v = 0; p < last && *p >= '0' && *p <= '9'; p++) {
+            if (v > (INT64_MAX - 9) / 10) {
+                return NGX_DECLINED;
+            }
+
+            v = v * 10 + (*p - '0');
+        }
+
+        *value = sign * v;
+        return NGX_OK;
+    }
+
+    return NGX_DECLINED;
+}
+
+
+/*
+ * Where the agent's frames start: just after the magic line, which may
+ * follow what the login shell printed.  NGX_OK with *skip the bytes to
+ * drop, NGX_AGAIN with *skip the bytes that can be dropped while looking
+ * on (the tail may be the magic's beginning).
+ */
+
+ngx_int_t
+ngx_http_hermes_frames_magic(u_char *p, size_t n, size_t *skip)
+{
+    size_t   i, m;
+
+    static u_char  magic[] = NGX_HTTP_HERMES_FRAME_MAGIC;
+
+    m = sizeof(magic) - 1;
+
+    for (i = 0; i < n; i++) {
+        if (p[i] != '\0') {
+            continue;
+        }
+
+        if (n - i < m) {
+            if (ngx_memcmp(p + i, magic, n - i) == 0) {
+                *skip = i;
+                return NGX_AGAIN;
+            }
+
+            continue;
+        }
+
+        if (ngx_memcmp(p + i, magic, m) == 0) {
+            *skip = i + m;
+            return NGX_OK;
+        }
+    }
+
+    *skip = n;
+
+    return NGX_AGAIN;
+}
+
+
+/*
+ * A CELL frame's header and JSON: the caller sends the request's bytes
+ * after it (offset -1 only).  "buf" holds NGX_HTTP_HERMES_FRAME_CELL_MAX;
+ * the end of what was written.
+ */
+
+u_char *
+ngx_http_hermes_frames_cell(u_char *buf, uint32_t stream,
+    ngx_http_hermes_frame_cell_t *c)
+{
+    u_char  *p, *json;
+    size_t   len;
+
+    json = buf + NGX_HTTP_HERMES_FRAME_HEADER + 4;
+
+    p = ngx_cpymem(json, "{\"dir\":\"", sizeof("{\"dir\":\"") - 1);
+    p = (u_char *) ngx_escape_json(p, c->dir, ngx_strlen(c->dir));
+    p = ngx_sprintf(p, "\",\"cell\":%uD,\"pid\":%P,\"start\":%uL,\"ino\":%uL,"
+                    "\"uid\":%uD,\"offset\":%O,\"out_limit\":%O,"
+                    "\"res_limit\":%O,\"window\":%uz}",
+                    c->cell, c->pid, c->start, c->ino, c->uid, c->offset,
+                    c->out_limit, c->res_limit, c->window);
+
+    len = p - json;
+
+    (void) ngx_http_hermes_frames_header(buf, stream, 'C',
+                                         4 + len + c->req_len);
+    (void) ngx_http_hermes_frames_put_u32(buf + NGX_HTTP_HERMES_FRAME_HEADER,
+                                          (uint32_t) len);
+
+    return p;
+}
+
+
+/*
+ * An EXEC frame's header and JSON, the stdin bytes to follow; "buf" holds
+ * NGX_HTTP_HERMES_FRAME_EXEC_MAX + 6 times the command's length.
+ */
+
+u_char *
+ngx_http_hermes_frames_exec(u_char *buf, uint32_t stream, u_char *cmd,
+    size_t cmd_len, ngx_msec_t timeout, size_t out_max, size_t in_len)
+{
+    u_char  *p, *json;
+    size_t   len;
+
+    json = buf + NGX_HTTP_HERMES_FRAME_HEADER + 4;
+
+    p = ngx_cpymem(json, "{\"cmd\":\"", sizeof("{\"cmd\":\"") - 1);
+    p = (u_char *) ngx_escape_json(p, cmd, cmd_len);
+    p = ngx_sprintf(p, "\",\"timeout\":%M,\"out_max\":%uz}", timeout, out_max);
+
+    len = p - json;
+
+    (void) ngx_http_hermes_frames_header(buf, stream, 'X', 4 + len + in_len);
+    (void) ngx_http_hermes_frames_put_u32(buf + NGX_HTTP_HERMES_FRAME_HEADER,
+                                          (uint32_t) len);
+
+    return p;
+}
