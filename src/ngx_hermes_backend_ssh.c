@@ -346,7 +346,12 @@ ngx_http_hermes_ssh_give(ngx_http_hermes_conn_t *conn)
         h->failed_at = ngx_current_msec;
 
     } else {
+        /* it answered, or a chore's failure is not to be held against it */
         h->failed = 0;
+
+        if (conn->link) {
+            conn->link->down = 0;
+        }
     }
 
     conn->link = NULL;

@@ -382,11 +382,16 @@ start:
     /*
      * bwrap: everything unshared, the system read-only, its own /tmp,
      * /proc of its own pid namespace, and of the kernels root its own
-     * directory alone
+     * directory alone.  Its parent is a shell that waits for it, in the
+     * kernel's process group: --die-with-parent must see a parent that
+     * lives as long as the kernel, not this spawn's shell, which exits at
+     * once (bwrap, and the kernel with it, died whenever bwrap had set up
+     * the parent's death signal before that shell was gone).
      */
 
     p = ngx_slprintf(p, last,
-                     " r bwrap --unshare-all%s --die-with-parent --new-session"
+                     " r sh -c '\"$@\"; exit $?' hermes-kernel"
+                     " bwrap --unshare-all%s --die-with-parent --new-session"
                      " --ro-bind /usr /usr --symlink usr/lib /lib"
                      " --symlink usr/lib64 /lib64 --symlink usr/bin /bin"
                      " --symlink usr/sbin /sbin --ro-bind /etc /etc"

@@ -58,7 +58,7 @@ my %START = (
     cgroup   => q{k=hermes/KID; c=/sys/fs/cgroup; if [ -f $c/cgroup.controllers ]; then mkdir -p $c/hermes && echo '+memory +pids +cpu' > $c/hermes/cgroup.subtree_control 2>/dev/null; mkdir $c/$k && echo MEMORY > $c/$k/memory.max && echo PIDS > $c/$k/pids.max && echo 0 > $c/$k/cgroup.procs || exit 1; elif [ -w $c/memory ]; then mkdir -p $c/memory/$k $c/pids/$k $c/cpu/$k && echo MEMORY > $c/memory/$k/memory.limit_in_bytes && echo PIDS > $c/pids/$k/pids.max && for d in memory pids cpu; do echo 0 > $c/$d/$k/cgroup.procs; done || exit 1; else ulimit -v MEMORY_KB; fi;},
     ulimit   => q{ulimit -v MEMORY_KB;},
     fallback => q{command -v bwrap >/dev/null || { echo 'hermes: bwrap is not installed, the kernel runs without a sandbox' >&2; r python3 -I kernel_runner.py; };},
-    bwrap    => q{r bwrap --unshare-all --share-net --die-with-parent --new-session --ro-bind /usr /usr --symlink usr/lib /lib --symlink usr/lib64 /lib64 --symlink usr/bin /bin --symlink usr/sbin /sbin --ro-bind /etc /etc --proc /proc --dev /dev --size TMP --tmpfs /tmp --dir /var/tmp --bind DIR DIR --chdir DIR --setenv PATH /usr/local/bin:/usr/bin:/bin python3 -I kernel_runner.py},
+    bwrap    => q{r sh -c '"$@"; exit $?' hermes-kernel bwrap --unshare-all --share-net --die-with-parent --new-session --ro-bind /usr /usr --symlink usr/lib /lib --symlink usr/lib64 /lib64 --symlink usr/bin /bin --symlink usr/sbin /sbin --ro-bind /etc /etc --proc /proc --dev /dev --size TMP --tmpfs /tmp --dir /var/tmp --bind DIR DIR --chdir DIR --setenv PATH /usr/local/bin:/usr/bin:/bin python3 -I kernel_runner.py},
 );
 
 my $docs = slurp($DOCS) // '';
@@ -738,7 +738,14 @@ for my $shell ('/bin/sh', '/bin/bash') {
         my $hpid = host_runner($pid) // 0;
         ok($hpid, "$m: the runner runs under the printed pid");
         if ($bw) {
-            like(slurp("/proc/$pid/cmdline") // '', qr/^bwrap\0/, "$m: the printed pid is bwrap itself (exec, no shell left)");
+            # a shell that waits for bwrap: bwrap's --die-with-parent must
+            # see a parent that lives as long as the kernel
+            like(slurp("/proc/$pid/cmdline") // '', qr/^sh\0-c\0"\$\@"; exit \$\?\0hermes-kernel\0bwrap\0/,
+                "$m: the printed pid is the shell that waits for bwrap");
+            my @kids = grep { (proc_ids($_))[0] == $pid } proc_tree($pid);
+            ok(@kids == 1 && (slurp("/proc/$kids[0]/cmdline") // '') =~ /^bwrap\0/,
+                "$m: and bwrap is its one child, in its process group")
+                && is((proc_ids($kids[0]))[1], $pid, "$m: bwrap's group is the printed pid's");
             is(ready_pid($mdir), $info->{pid}, "$m: ready holds the runner's pid (in its pid namespace)");
             ok(@{ $info->{procs} || [] } && @{ $info->{procs} } <= 3,
                 "$m: its /proc shows its own processes only (@{ $info->{procs} || [] })");
