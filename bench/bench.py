@@ -57,6 +57,7 @@ PROFILES = {
     "warm": {"spawn": 10, "spawn_gap": 0.3, "budget": 15.0},
 }
 MIN_N = 3
+MAX_ERRORS = 5
 N_TRIVIAL_STOCK = 60          # stock jupyter: ~44 ms a cell, keep it short
 
 TRIVIAL = "x = 1"
@@ -117,8 +118,21 @@ class Budget:
         self.n, self.seconds = n, seconds
         self.t0 = time.monotonic()
         self.cut = False
+        self.errors = []
+
+    def failed(self, e, s=None):
+        """A sample that got an error instead of an answer: counted, and
+        the loop goes on (a new cell on a hermes session respawns a lost
+        kernel) unless MAX_ERRORS were seen; its connection is closed (the
+        next request opens another)."""
+        self.errors.append(f"{type(e).__name__}: {e}"[:300])
+        if s is not None and hasattr(s, "conn"):
+            s.conn.close()
+        if len(self.errors) >= MAX_ERRORS or not isinstance(e, SAMPLE_ERRORS):
+            raise BenchError(f"{len(self.errors)} errors, the last: {self.errors[-1]}")
 
     def more(self, done):
+        done += len(self.errors)
         if done >= self.n:
             return False
         spent = time.monotonic() - self.t0
@@ -129,6 +143,9 @@ class Budget:
 
     def note(self, r):
         r["of_n"] = self.n
+        if self.errors:
+            r["errors"] = len(self.errors)
+            r["first_errors"] = self.errors[:3]
         if self.cut:
             r["budget_cut"] = f"stopped after {self.seconds:g} s budget"
         return r
@@ -136,6 +153,11 @@ class Budget:
 
 class BenchError(Exception):
     pass
+
+
+# what a sample may fail with and the test go on: an error answer, a
+# timeout, a connection the server closed
+SAMPLE_ERRORS = (BenchError, OSError, http.client.HTTPException, ValueError)
 
 
 # --- CPU accounting (diagnostics: who burnt the CPU during a phase) ---------
@@ -427,7 +449,11 @@ def t_trivial(sysm, n, warm, budget=60.0, s=None):
         t_all = time.perf_counter()
         while b.more(len(lat)):
             t0 = time.perf_counter()
-            sysm.cell(s, TRIVIAL)
+            try:
+                sysm.cell(s, TRIVIAL)
+            except Exception as e:   # noqa: BLE001
+                b.failed(e, s)
+                continue
             lat.append(time.perf_counter() - t0)
         wall = time.perf_counter() - t_all
     finally:
@@ -443,7 +469,7 @@ def t_trivial_cpu(sysm, n, warm, budget=60.0, s=None):
     m0, n0, c0 = cpu_total(), cpu_of_children(NGINX_MASTER), os.times()
     r = t_trivial(sysm, n, warm, budget, s)
     m1, n1, c1 = cpu_total(), cpu_of_children(NGINX_MASTER), os.times()
-    cells = r["n"] + warm
+    cells = r["n"] + warm + r.get("errors", 0)
     r["machine_busy"] = round((m1[0] - m0[0]) / max(m1[1] - m0[1], 1), 3)
     r["client_cpu_ms_per_cell"] = round(1000 * (c1.user + c1.system - c0.user - c0.system)
                                         / cells, 3)
@@ -459,10 +485,14 @@ def t_trivial_stream(sysm, n, warm, budget, s):
     b = Budget(n, budget)
     while b.more(len(lat)):
         t0 = time.perf_counter()
-        o = sysm.stream(s, TRIVIAL)
+        try:
+            o = sysm.stream(s, TRIVIAL)
+            if o["status"] != "success":
+                raise BenchError(f"stream cell: {o}")
+        except Exception as e:   # noqa: BLE001
+            b.failed(e, s)
+            continue
         lat.append(time.perf_counter() - t0)
-        if o["status"] != "success":
-            raise BenchError(f"stream cell: {o}")
     return b.note(summary(lat))
 
 
@@ -477,9 +507,11 @@ def t_spawn(sysm, n, budget, gap=0.0):
         if gap:
             time.sleep(gap)
         t0 = time.perf_counter()
-        s = sysm.open(f"spawn{i}")
+        s = None
+        ok = False
         i += 1
         try:
+            s = sysm.open(f"spawn{i}")
             res = sysm.cell(s, TRIVIAL)
             lat.append(time.perf_counter() - t0)
             if hasattr(s, "create_s"):
@@ -488,8 +520,18 @@ def t_spawn(sysm, n, budget, gap=0.0):
                 k = res.get("kernel", {})
                 reused += bool(k.get("reused"))
                 warm_hits += bool(k.get("warm"))
+            ok = True
+        except Exception as e:   # noqa: BLE001
+            ok = False
+            b.failed(e)
         finally:
-            sysm.end(s)
+            if s is not None:
+                # a session whose spawn failed has no kernel to end (a
+                # cell to end it would spawn one)
+                if ok:
+                    sysm.end(s)
+                else:
+                    s.close()
     r = b.note(summary(lat, keep=True))
     if isinstance(sysm, HermesSystem):
         r["reused_kernels"] = reused   # must be 0: every one a new kernel
@@ -505,14 +547,18 @@ def t_first_byte(sysm, n, code, budget, s):
     sysm.cell(s, "import time")
     b = Budget(n, budget)
     tries = 0
-    while b.more(tries):
+    while b.more(tries - len(b.errors)):
         tries += 1
         first = []
 
         def on_stdout(text):
             if not first:
                 first.append((time.time_ns(), text))
-        sysm.stream(s, code, on_stdout)
+        try:
+            sysm.stream(s, code, on_stdout)
+        except Exception as e:   # noqa: BLE001
+            b.failed(e, s)
+            continue
         if not first:
             missing += 1
             continue
@@ -529,14 +575,19 @@ def t_big(sysm, n, code, expect, budget, s):
     b = Budget(n, budget)
     while b.more(len(lat)):
         t0 = time.perf_counter()
-        o = sysm.stream(s, code)
+        try:
+            o = sysm.stream(s, code)
+        except Exception as e:   # noqa: BLE001
+            b.failed(e, s)
+            continue
         lat.append(time.perf_counter() - t0)
         got.append(o["stdout_bytes"])
         if o["stdout_bytes"] == expect and not o.get("cut_reported"):
             complete += 1
     r = b.note(summary(lat))
     r.update({"expected_bytes": expect, "complete": complete,
-              "received_bytes_min": min(got), "received_bytes_max": max(got)})
+              "received_bytes_min": min(got, default=None),
+              "received_bytes_max": max(got, default=None)})
     return r
 
 
@@ -578,6 +629,7 @@ def t_parallel(sysm, sessions, cells, warm, single_cells_per_s, budget):
 
     def worker(i):
         s = None
+        s_ok = False
         mine = []
         try:
             s = sysm.open(f"par{i}")
@@ -616,7 +668,10 @@ def t_parallel(sysm, sessions, cells, warm, single_cells_per_s, budget):
                 cond.notify_all()
             if s is not None:
                 try:
-                    sysm.end(s)
+                    if s_ok:
+                        sysm.end(s)
+                    else:
+                        s.close()   # no kernel to end: a cell would spawn one
                 except Exception:
                     pass
 
@@ -885,6 +940,10 @@ def table(res):
     row("parallel: machine CPU busy", ("parallel", "machine_busy"))
     row("parallel: nginx CPU ms/cell", ("parallel", "nginx_cpu_ms_per_cell"))
     row("1 session: nginx CPU ms/cell", ("parallel", "single_nginx_cpu_ms_per_cell"))
+    rows.append(("errors (samples that failed)",) + tuple(
+        fmt(sum(v.get("errors", 0) + v.get("error_count_all_rounds", 0)
+                + (1 if "error" in v else 0)
+                for v in d.values() if isinstance(v, dict))) for d in data))
     row("seconds this column took", ("seconds",))
     return render(("measure",) + tuple(label for _, label in cols), rows)
 
@@ -911,8 +970,10 @@ def targets(res):
                         "n/a" if v is None and j is not None else "MISS" if v is None else "n/a"))
             return
         r = v / j
-        out.append((label, f"{fmt(v)} ms", f"{fmt(j)} ms", f"{r:.3f}x",
-                    "PASS" if r <= limit else "MISS"))
+        errs = get(sy[name], key[0], "errors")
+        out.append((label, f"{fmt(v)} ms" + (f" ({errs} errors)" if errs else ""),
+                    f"{fmt(j)} ms", f"{r:.3f}x",
+                    "PASS" if r <= limit and not errs else "MISS"))
 
     ratio_row("local trivial cell p50 <= 0.05x", "hermes-local", ("trivial", "p50_ms"), 0.05)
     for name, who in (("hermes-ssh", "dedicated"), ("hermes-ssh-rc", "slow rc")):
@@ -944,8 +1005,11 @@ def targets(res):
         v = num(get(sy[name], "first_byte_print", "p50_ms"))
         p90 = get(sy[name], "first_byte_print", "p90_ms")
         j = get(jup, "first_byte_print", "p50_ms")
-        out.append((label, f"{fmt(v)} ms (p90 {fmt(p90)})", f"{fmt(j)} ms", "-",
-                    "MISS" if v is None or v > 5 else "PASS"))
+        bad = (get(sy[name], "first_byte_print", "errors") or 0) \
+            + (get(sy[name], "first_byte_print", "missing") or 0)
+        out.append((label, f"{fmt(v)} ms (p90 {fmt(p90)})"
+                    + (f", {bad} without a byte" if bad else ""), f"{fmt(j)} ms", "-",
+                    "MISS" if v is None or v > 5 or bad else "PASS"))
     for name, lbl in hermes:
         label = f"{lbl}: 5 MB whole or cut at max, reported"
         if name not in sy:

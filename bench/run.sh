@@ -269,6 +269,7 @@ Match User hermes-bench-rc
     setsid /usr/sbin/sshd -D -e -f "$d/sshd_config" </dev/null \
         >>"$d/sshd.log" 2>&1 &
     sshd_pid=$!
+    disown "$sshd_pid"      # no "Killed" line from bash when it is stopped
     pids+=("$sshd_pid")
     # up when both users get a shell (the rc user's takes 1 s)
     local u ok
@@ -395,13 +396,13 @@ EOF
 if [ -n "$warm_location" ]; then
     write_conf "$warm_location"
     if ! out=$(/usr/sbin/nginx -t -q -p "$prefix/nginx" -c "$prefix/nginx/nginx.conf" \
-                   -e "$prefix/nginx/logs/error.log" 2>&1); then
-        warm_why="n/a: module has no warm= ($(printf '%s' "$out" | grep -m1 emerg \
-            | sed 's/.*\[emerg\] //; s/ in \/.*//'))"
+                   -e "$prefix/nginx/logs/warm-test.log" 2>&1); then
+        warm_why="n/a: module has no warm="
+        echo "bench: warm pool $warm_why; nginx -t said:" \
+            "$(printf '%s' "$out" | grep -m1 emerg | sed 's/.*\[emerg\] //')" >&2
         warm_location=""
     fi
 fi
-[ -n "$warm_why" ] && echo "bench: warm pool $warm_why" >&2
 write_conf "$warm_location"
 /usr/sbin/nginx -t -q -p "$prefix/nginx" -c "$prefix/nginx/nginx.conf" -e "$prefix/nginx/logs/error.log"
 setsid /usr/sbin/nginx -p "$prefix/nginx" -c "$prefix/nginx/nginx.conf" \
