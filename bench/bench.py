@@ -890,6 +890,22 @@ def render(head, rows):
     return "\n".join(lines)
 
 
+def error_count(system):
+    """Failed samples of one system, all tests: a test's "errors" count,
+    the parallel rounds' errors, 1 for a test that failed as a whole."""
+    n = 0
+    for v in system.values():
+        if not isinstance(v, dict):
+            continue
+        if "error" in v:
+            n += 1
+        elif "error_count_all_rounds" in v:
+            n += v["error_count_all_rounds"]
+        elif isinstance(v.get("errors"), int):
+            n += v["errors"]
+    return n
+
+
 def table(res):
     cols = [(k, label) for k, label in COLUMNS if k in res["systems"]]
     data = [res["systems"][k] for k, _ in cols]
@@ -941,9 +957,7 @@ def table(res):
     row("parallel: nginx CPU ms/cell", ("parallel", "nginx_cpu_ms_per_cell"))
     row("1 session: nginx CPU ms/cell", ("parallel", "single_nginx_cpu_ms_per_cell"))
     rows.append(("errors (samples that failed)",) + tuple(
-        fmt(sum(v.get("errors", 0) + v.get("error_count_all_rounds", 0)
-                + (1 if "error" in v else 0)
-                for v in d.values() if isinstance(v, dict))) for d in data))
+        fmt(error_count(d)) for d in data))
     row("seconds this column took", ("seconds",))
     return render(("measure",) + tuple(label for _, label in cols), rows)
 
@@ -1040,7 +1054,9 @@ def targets(res):
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--hermes", required=True)
+    ap.add_argument("--report", metavar="RESULTS_JSON",
+                    help="only print the tables of an earlier run")
+    ap.add_argument("--hermes")
     ap.add_argument("--hermes-tmpfs", help="a location whose kernels root is on tmpfs")
     ap.add_argument("--hermes-ssh", help="the ssh backend, a user with no shell rc")
     ap.add_argument("--hermes-ssh-rc", help="the ssh backend, a user whose rc sleeps 1 s")
@@ -1055,6 +1071,15 @@ def main():
     ap.add_argument("--hermes-pid", type=int, help="nginx master pid (CPU diagnostics)")
     ap.add_argument("--out")
     a = ap.parse_args()
+    if a.report:
+        with open(a.report) as f:
+            res = json.load(f)
+        res["targets"] = [dict(zip(("target", "measured", "jupyter", "ratio", "verdict"), t))
+                          for t in targets(res)]
+        report(res)
+        return 0
+    if not a.hermes:
+        ap.error("--hermes is required")
     token = os.environ.get("JUPYTER_TOKEN", "")
     global NGINX_MASTER
     NGINX_MASTER = a.hermes_pid
@@ -1112,6 +1137,20 @@ def main():
     res["machine"]["loadavg_at_end"] = [round(x, 2) for x in os.getloadavg()]
     res["targets"] = [dict(zip(("target", "measured", "jupyter", "ratio", "verdict"), t))
                       for t in targets(res)]
+    if a.out:
+        with open(a.out, "w") as f:
+            json.dump(res, f, indent=2)
+            f.write("\n")
+    errs = report(res)
+    if a.out:
+        print(f"wrote {a.out}")
+    return 1 if any(s.startswith("hermes-local.") for s in errs) else 0
+
+
+def report(res):
+    """Print the run's tables from its results; the errors met."""
+    busy0 = res["machine"]["busy_before_start"]
+    notes = res.get("notes", {})
     m = res["machine"]
     print(f"machine: {m['nproc']} x {m['cpu_model']}, linux {m['kernel']}, "
           f"nginx {m['nginx']}, openssh {m['openssh']}, libssh {m['libssh']}, "
@@ -1137,8 +1176,8 @@ def main():
             if isinstance(v, dict) and v.get("budget_cut"):
                 print(f"note: {name}.{k}: {v['n']} of {v['of_n']} samples, {v['budget_cut']}")
     if errs:
-        print("errors:")
-        for e in errs:
+        print(f"errors ({len(errs)}; all of them in the results):")
+        for e in errs[:12]:
             print("  " + e[:300])
     hl = res.get("hermes_log_warnings")
     if hl:
@@ -1146,12 +1185,7 @@ def main():
         for line in hl["first"][:5]:
             print("  " + line[:200])
     print(f"total {res['total_s']} s")
-    if a.out:
-        with open(a.out, "w") as f:
-            json.dump(res, f, indent=2)
-            f.write("\n")
-        print(f"wrote {a.out}")
-    return 1 if any(s.startswith("hermes-local.") for s in errs) else 0
+    return errs
 
 
 if __name__ == "__main__":

@@ -484,6 +484,7 @@ if [ -n "$warm_location" ]; then
 else
     extra+=(--warm-why "$warm_why")
 fi
+rm -f "$top/bench/results.json"     # no plot from an earlier run's figures
 set +e
 timeout --kill-after=10 "${BENCH_TIMEOUT:-480}" "$PY" "$top/bench/bench.py" \
     --hermes "http://127.0.0.1:$hport/v1/execute" \
