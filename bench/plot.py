@@ -43,16 +43,23 @@ def main():
     fig, axes = plt.subplots(1, len(PANELS), figsize=(15, 4.8))
     for ax, (key, title) in zip(axes, PANELS):
         drawn = 0
-        for name, label, colour in SERIES:
-            samples = systems.get(name, {}).get(key, {}).get("samples_ms")
+        lines = [(name, key, label, colour, "-") for name, label, colour in SERIES]
+        if key == "first_byte_print":
+            # ipykernel sends a plain print's stdout on a 0.2 s flush
+            # interval: its flush=True figure too, dashed
+            lines.append(("jupyter-nodelay", "first_byte_flush",
+                          "jupyter-server, print(flush=True)", "tab:red", "--"))
+        for name, k, label, colour, style in lines:
+            test = systems.get(name, {}).get(k, {})
+            samples = test.get("samples_ms")
             if not samples:
                 continue
             v = sorted(x for x in samples if x is not None and x > 0)
             if not v:
                 continue
             y = [(i + 1) / len(v) for i in range(len(v))]
-            ax.step(v, y, where="post", color=colour,
-                    label=f"{label} (n={len(v)}, p50 {v[len(v) // 2]:.3g} ms)")
+            ax.step(v, y, where="post", color=colour, linestyle=style,
+                    label=f"{label} (n={len(v)}, p50 {test.get('p50_ms', 0):.3g} ms)")
             drawn += 1
         ax.set_xscale("log")
         ax.set_ylim(0, 1.02)
