@@ -119,17 +119,24 @@ class Budget:
         self.t0 = time.monotonic()
         self.cut = False
         self.errors = []
+        self.warm_errors = []
 
-    def failed(self, e, s=None):
-        """A sample that got an error instead of an answer: counted, and
-        the loop goes on (a new cell on a hermes session respawns a lost
-        kernel) unless MAX_ERRORS were seen; its connection is closed (the
-        next request opens another)."""
-        self.errors.append(f"{type(e).__name__}: {e}"[:300])
+    def failed(self, e, s=None, warm=False):
+        """A sample (or with warm, a warm-up cell) that got an error instead
+        of an answer: counted, and the loop goes on (a new cell on a hermes
+        session spawns a new kernel if its kernel was lost) unless
+        MAX_ERRORS were seen, both kinds together; its connection is
+        closed (the next request opens another)."""
+        msg = f"{type(e).__name__}: {e}"[:300]
+        if warm:
+            self.warm_errors.append(msg)
+        else:
+            self.errors.append(msg)
         if s is not None and hasattr(s, "conn"):
             s.conn.close()
-        if len(self.errors) >= MAX_ERRORS or not isinstance(e, SAMPLE_ERRORS):
-            raise BenchError(f"{len(self.errors)} errors, the last: {self.errors[-1]}")
+        n = len(self.errors) + len(self.warm_errors)
+        if n >= MAX_ERRORS or not isinstance(e, SAMPLE_ERRORS):
+            raise BenchError(f"{n} errors, the last: {msg}")
 
     def more(self, done):
         done += len(self.errors)
@@ -150,14 +157,18 @@ class Budget:
                 sysm.cell(s, code)
                 done += 1
             except Exception as e:   # noqa: BLE001
-                self.failed(e, s)
-        self.t0 = time.monotonic()
+                self.failed(e, s, warm=True)
+        self.t0 = time.monotonic()      # the samples' own budget
 
     def note(self, r):
         r["of_n"] = self.n
         if self.errors:
             r["errors"] = len(self.errors)
             r["first_errors"] = self.errors[:3]
+        if self.warm_errors:
+            # the untimed cells before the samples (a spawn among them)
+            r["warmup_errors"] = len(self.warm_errors)
+            r["first_warmup_errors"] = self.warm_errors[:3]
         if self.cut:
             r["budget_cut"] = f"stopped after {self.seconds:g} s budget"
         return r
@@ -913,8 +924,9 @@ def error_count(system):
             n += 1
         elif "error_count_all_rounds" in v:
             n += v["error_count_all_rounds"]
-        elif isinstance(v.get("errors"), int):
-            n += v["errors"]
+        else:
+            n += v.get("errors") or 0
+            n += v.get("warmup_errors") or 0
     return n
 
 
@@ -1031,11 +1043,13 @@ def targets(res):
         v = num(get(sy[name], "first_byte_print", "p50_ms"))
         p90 = get(sy[name], "first_byte_print", "p90_ms")
         j = get(jup, "first_byte_print", "p50_ms")
-        bad = (get(sy[name], "first_byte_print", "errors") or 0) \
-            + (get(sy[name], "first_byte_print", "missing") or 0)
+        errs = get(sy[name], "first_byte_print", "errors") or 0
+        missing = get(sy[name], "first_byte_print", "missing") or 0
         out.append((label, f"{fmt(v)} ms (p90 {fmt(p90)})"
-                    + (f", {bad} without a byte" if bad else ""), f"{fmt(j)} ms", "-",
-                    "MISS" if v is None or v > 5 or bad else "PASS"))
+                    + (f", {errs} errors" if errs else "")
+                    + (f", {missing} without a byte" if missing else ""),
+                    f"{fmt(j)} ms", "-",
+                    "MISS" if v is None or v > 5 or errs or missing else "PASS"))
     for name, lbl in hermes:
         label = f"{lbl}: 5 MB whole or cut at max, reported"
         if name not in sy:
@@ -1185,7 +1199,14 @@ def report(res):
         if par.get("error_count_all_rounds"):
             errs += [f"{name}.parallel: {e}" for e in par["errors"]]
         for k, v in res["systems"][name].items():
-            if isinstance(v, dict) and v.get("budget_cut"):
+            if not isinstance(v, dict):
+                continue
+            for what, many, first in (("", "errors", "first_errors"),
+                                      ("warm-up ", "warmup_errors", "first_warmup_errors")):
+                if v.get(many):
+                    errs.append(f"{name}.{k}: {v[many]} {what}errors, the first: "
+                                f"{v[first][0]}")
+            if v.get("budget_cut"):
                 print(f"note: {name}.{k}: {v['n']} of {v['of_n']} samples, {v['budget_cut']}")
     if errs:
         print(f"errors ({len(errs)}; all of them in the results):")
