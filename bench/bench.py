@@ -1203,9 +1203,9 @@ def report(res):
                 continue
             for what, many, first in (("", "errors", "first_errors"),
                                       ("warm-up ", "warmup_errors", "first_warmup_errors")):
-                if v.get(many):
+                if isinstance(v.get(many), int) and v[many]:
                     errs.append(f"{name}.{k}: {v[many]} {what}errors, the first: "
-                                f"{v[first][0]}")
+                                f"{(v.get(first) or ['?'])[0]}")
             if v.get("budget_cut"):
                 print(f"note: {name}.{k}: {v['n']} of {v['of_n']} samples, {v['budget_cut']}")
     if errs:
