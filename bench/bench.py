@@ -1194,10 +1194,11 @@ def report(res):
                  [tuple(t.values()) for t in res["targets"]]))
     errs = [f"{s}.{k}: {v['error']}" for s, d in res["systems"].items()
             for k, v in d.items() if isinstance(v, dict) and "error" in v]
+    par_errs = []
     for name in res["systems"]:
         par = res["systems"][name].get("parallel", {})
         if par.get("error_count_all_rounds"):
-            errs += [f"{name}.parallel: {e}" for e in par["errors"]]
+            par_errs += [f"{name}.parallel: {e}" for e in par["errors"]]
         for k, v in res["systems"][name].items():
             if not isinstance(v, dict):
                 continue
@@ -1208,6 +1209,7 @@ def report(res):
                                 f"{(v.get(first) or ['?'])[0]}")
             if v.get("budget_cut"):
                 print(f"note: {name}.{k}: {v['n']} of {v['of_n']} samples, {v['budget_cut']}")
+    errs += par_errs
     if errs:
         print(f"errors ({len(errs)}; all of them in the results):")
         for e in errs[:12]:
