@@ -868,6 +868,18 @@ def run_system(sysm, par_sessions=None):
     return r
 
 
+def rc_runs(path):
+    if not path:
+        return None
+    try:
+        with open(path, "rb") as f:
+            return f.read().count(b"\n")
+    except FileNotFoundError:
+        return 0
+    except OSError:
+        return None
+
+
 def run_warm(sysm, warm):
     prof = PROFILES["warm"]
     r = {"warm": warm}
@@ -982,6 +994,7 @@ def table(res):
     row("1 session: nginx CPU ms/cell", ("parallel", "single_nginx_cpu_ms_per_cell"))
     rows.append(("errors (samples that failed)",) + tuple(
         fmt(error_count(d)) for d in data))
+    row("shell rc runs (slow-rc user)", ("rc_runs",))
     row("seconds this column took", ("seconds",))
     return render(("measure",) + tuple(label for _, label in cols), rows)
 
@@ -1087,6 +1100,8 @@ def main():
     ap.add_argument("--hermes-ssh", help="the ssh backend, a user with no shell rc")
     ap.add_argument("--hermes-ssh-rc", help="the ssh backend, a user whose rc sleeps 1 s")
     ap.add_argument("--ssh-why", help="why there is no ssh backend in this run")
+    ap.add_argument("--ssh-rc-runs", metavar="FILE",
+                    help="a line in FILE each time the slow-rc user's rc runs")
     ap.add_argument("--hermes-warm", help="the local backend with warm=N")
     ap.add_argument("--warm", type=int, default=0)
     ap.add_argument("--warm-why", help="why there is no warm pool in this run")
@@ -1132,7 +1147,12 @@ def main():
         notes["hermes-local-warm"] = a.warm_why or "n/a: no warm pool location"
     for url, name in ((a.hermes_ssh, "hermes-ssh"), (a.hermes_ssh_rc, "hermes-ssh-rc")):
         if url:
+            rc0 = rc_runs(a.ssh_rc_runs)
             res["systems"][name] = run_system(HermesSystem(url, name, "ssh"))
+            if name == "hermes-ssh-rc" and rc0 is not None:
+                # how often the shell rc ran: once a channel today, once
+                # a connection with issue 9's agent
+                res["systems"][name]["rc_runs"] = rc_runs(a.ssh_rc_runs) - rc0
         else:
             notes[name] = a.ssh_why or "n/a: no ssh location"
     if a.jupyter:

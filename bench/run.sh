@@ -227,8 +227,9 @@ start_sshd() {
     # HOME (set by sshd) is where bash looks for ~/.bashrc; the kernels
     # roots are the users' own, 0700
     mkdir -p "$d/home-plain" "$d/home-rc" "$d/kroot-plain" "$d/kroot-rc"
+    # each run of it also leaves a line in ~/.rc-runs: bench.py counts them
     printf '%s\n' '# hermes bench: a slow shell rc (pyenv/conda init stands here)' \
-        'sleep 1' >"$d/home-rc/.bashrc"
+        'echo . >>"$HOME/.rc-runs" 2>/dev/null' 'sleep 1' >"$d/home-rc/.bashrc"
     chown -R hermes-bench: "$d/home-plain" "$d/kroot-plain"
     chown -R hermes-bench-rc: "$d/home-rc" "$d/kroot-rc"
     chmod 700 "$d/home-plain" "$d/home-rc" "$d/kroot-plain" "$d/kroot-rc"
@@ -477,7 +478,8 @@ if [ -n "$ssh_why" ]; then
     extra+=(--ssh-why "$ssh_why")
 else
     extra+=(--hermes-ssh "http://127.0.0.1:$hport/v1/execute-ssh"
-            --hermes-ssh-rc "http://127.0.0.1:$hport/v1/execute-ssh-rc")
+            --hermes-ssh-rc "http://127.0.0.1:$hport/v1/execute-ssh-rc"
+            --ssh-rc-runs "$prefix/ssh/home-rc/.rc-runs")
 fi
 if [ -n "$warm_location" ]; then
     extra+=(--hermes-warm "http://127.0.0.1:$hport/v1/execute-warm" --warm "$warm")
