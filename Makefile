@@ -122,7 +122,19 @@ test-asan: asan test-deps
 unit: module
 	$(MAKE) -C t/unit run
 
+# the plot of `make bench` (bench/run.sh installs the jupyter side itself)
+BENCH_PKGS := python3-matplotlib
+
 bench: module
+	@missing=""; for p in $(BENCH_PKGS); do \
+	    dpkg-query -W -f='$${Status}' $$p 2>/dev/null | grep -q 'ok installed' \
+	        || missing="$$missing $$p"; \
+	done; \
+	if [ -n "$$missing" ]; then \
+	    echo "installing Debian packages:$$missing"; \
+	    export DEBIAN_FRONTEND=noninteractive; \
+	    apt-get update -qq && apt-get install -y -qq $$missing >/dev/null; \
+	fi
 	bench/run.sh
 
 # The package: debian/rules builds with the targets above (nginx-dev, a

@@ -1,27 +1,41 @@
 #!/bin/bash
-# `make bench`: ngx_hermes (local backend) side by side with jupyter-server,
-# in one run, on loopback.
+# `make bench`: ngx_hermes (local and ssh backends) side by side with
+# jupyter-server, in one run, on loopback.
 #
 # Starts, each in its own temporary prefix and process group, on 127.0.0.1:
-#   - a hermes nginx (2 workers, local backend, kernels dir 0700,
-#     client_max_body_size 4m, hermes_max_stream 5m) with two locations:
-#     /v1/execute with its kernels root in the prefix under /tmp (a disk
-#     filesystem here), /v1/execute-tmpfs with its root under /dev/shm;
+#   - an OpenSSH sshd (a host key, a client key and known_hosts made for
+#     the run) on which two bench users log in: hermes-bench, whose login
+#     shell reads no rc (an empty HOME), and hermes-bench-rc, whose
+#     ~/.bashrc sleeps 1 s (bash reads it for `ssh host cmd`), standing in
+#     for the pyenv/conda init of real hosts.  The users are made once
+#     (useradd --system, shell bash, no password, HOME set by the sshd);
+#   - a hermes nginx (2 workers, client_max_body_size 4m, hermes_max_stream
+#     5m) with the locations /v1/execute (local backend, kernels root in
+#     the prefix under /tmp), /v1/execute-ssh and /v1/execute-ssh-rc (ssh
+#     backend through that sshd as each user), /v1/execute-warm (the local
+#     backend with warm=N, when the module takes it: nginx -t says) and,
+#     with BENCH_TMPFS=1, /v1/execute-tmpfs (a kernels root on /dev/shm);
 #   - Debian's jupyter-server with TCP_NODELAY set on the kernel websocket
 #     (set_nodelay(True) in ZMQChannelsHandler.open, from a
 #     jupyter_server_config.py), the variant SPEC section 6 compares with;
 #   - unless BENCH_STOCK=0, a second jupyter-server without that patch
 #     (stock Debian), for the trivial-cell round trip only.
-# Then runs bench/bench.py against all of them, prints a table, writes
-# bench/results.json, and stops everything it started (nginx, jupyter,
-# both kinds of kernels) on any exit.
+# Then runs bench/bench.py against all of them, prints the tables, writes
+# bench/results.json and, with python3-matplotlib, the plot
+# docs/benchmarks-latency.png; on any exit it stops everything it started
+# (nginx, sshd and its sessions, jupyter, both kinds of kernels).
 #
 # Environment:
+#   BENCH_SSH=0            skip the ssh backend (and the sshd)
+#   BENCH_WARM=N           warm=N on the /v1/execute-warm location (default
+#                          4; 0 skips it)
 #   BENCH_STOCK=0          skip the stock jupyter-server
-#   BENCH_TMPFS=0          skip the hermes location with its root on tmpfs
+#   BENCH_TMPFS=1          add the local location with its root on tmpfs
 #   BENCH_JUPYTER_PAR=N    also run the parallel test on jupyter with N
 #                          sessions (default 0: hermes only)
-#   BENCH_TIMEOUT=SECONDS  hard limit on bench.py (default 420)
+#   BENCH_TIMEOUT=SECONDS  hard limit on bench.py (default 480)
+#   BENCH_PLOT=FILE        where the plot goes (default
+#                          docs/benchmarks-latency.png; empty: none)
 #   BENCH_KEEP=1           keep the temporary prefix (logs) after the run
 set -euo pipefail
 
@@ -55,38 +69,59 @@ chmod 711 "$prefix"
 # A second kernels root on tmpfs: the file protocol (a few files created,
 # renamed and deleted a cell) costs much more on a disk filesystem.
 shm=""
-if [ "${BENCH_TMPFS:-1}" = 1 ] && [ -d /dev/shm ] && [ -w /dev/shm ]; then
+if [ "${BENCH_TMPFS:-0}" = 1 ] && [ -d /dev/shm ] && [ -w /dev/shm ]; then
     shm=$(mktemp -d /dev/shm/hermes-bench.XXXXXXXX)
     chmod 711 "$shm"
 fi
-pids=()           # group leaders we started (setsid): nginx, jupyter x2
+pids=()           # group leaders we started (setsid): nginx, sshd, jupyter x2
 
 # Kill, by pid, whatever still runs from our prefix: processes whose cwd is
-# under it (hermes kernels run in PREFIX/kernels/hermes_rkernel_*) or whose
-# command line names it (jupyter's kernels get -f PREFIX/.../kernel-*.json).
+# under it (hermes kernels run in PREFIX/.../hermes_rkernel_*), whose
+# command line names it (jupyter's kernels get -f PREFIX/.../kernel-*.json)
+# or whose environment does (everything our sshd started for a login has
+# HOME=PREFIX/ssh/home-*), and the descendants of our sshd listener (the
+# per-connection sshd processes, which leave its process group).
 kill_strays() {
-    "$PY" - "$prefix" $shm <<'EOF' || true
+    "$PY" - "${sshd_pid:-0}" "$prefix" $shm <<'EOF' || true
 import os, signal, sys
-prefixes = [p.rstrip("/") + "/" for p in sys.argv[1:]]
+root = int(sys.argv[1])
+prefixes = [p.rstrip("/") + "/" for p in sys.argv[2:]]
 me = os.getpid()
+kids, victims = {}, set()
 for d in os.listdir("/proc"):
     if not d.isdigit() or int(d) in (me, os.getppid()):
         continue
     pid = int(d)
     try:
+        with open(f"/proc/{pid}/stat") as f:
+            ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+        kids.setdefault(ppid, []).append(pid)
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
         cwd = os.readlink(f"/proc/{pid}/cwd") + "/"
     except OSError:
         cwd = ""
-    try:
-        with open(f"/proc/{pid}/cmdline", "rb") as f:
-            cmd = f.read().replace(b"\0", b" ").decode(errors="replace")
-    except OSError:
-        cmd = ""
-    if any(cwd.startswith(p) or p in cmd for p in prefixes):
+    text = ""
+    for name in ("cmdline", "environ"):
         try:
-            os.kill(pid, signal.SIGKILL)
+            with open(f"/proc/{pid}/{name}", "rb") as f:
+                text += f.read().replace(b"\0", b" ").decode(errors="replace")
         except OSError:
             pass
+    if any(cwd.startswith(p) or p in text for p in prefixes):
+        victims.add(pid)
+todo = [root] if root > 1 else []
+while todo:
+    for c in kids.get(todo.pop(), []):
+        if c not in victims and c != me:
+            victims.add(c)
+            todo.append(c)
+for pid in victims:
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except OSError:
+        pass
 EOF
 }
 
@@ -105,11 +140,16 @@ cleanup() {
     for p in ${jup_pids[@]+"${jup_pids[@]}"}; do kill -TERM "$p" 2>/dev/null; done
     for _ in $(seq 50); do
         alive=0
-        for p in ${pids[@]+"${pids[@]}"}; do kill -0 "$p" 2>/dev/null && alive=1; done
+        for p in ${pids[@]+"${pids[@]}"}; do
+            [ "$p" = "${sshd_pid:-}" ] && continue
+            kill -0 "$p" 2>/dev/null && alive=1
+        done
         [ $alive = 0 ] && break
         sleep 0.1
     done
-    # then by force: each group we started, then the strays (kernels)
+    # then by force: the strays (kernels, sshd's sessions: found while the
+    # listener still lives), then each group we started, then strays again
+    kill_strays
     for p in ${pids[@]+"${pids[@]}"}; do kill -KILL -- "-$p" 2>/dev/null; done
     kill_strays
     sleep 0.2
@@ -141,6 +181,126 @@ wait_http() {   # URL [header]: wait up to 30 s for an answer < 500
     return 1
 }
 
+# --- sshd on 127.0.0.1, two bench users -------------------------------------
+# The ssh backend logs in to this machine: one user whose login shell reads
+# no rc, one whose ~/.bashrc sleeps 1 s.  Keys, known_hosts, homes and the
+# kernels roots are made for the run in PREFIX/ssh; the users themselves
+# are system users made once (they are what sshd needs to log in as).
+ssh_users="hermes-bench hermes-bench-rc"
+ssh_why=""
+sshd_pid=""
+if [ "${BENCH_SSH:-1}" != 1 ]; then
+    ssh_why="skipped (BENCH_SSH=0)"
+elif [ "$(id -u)" != 0 ]; then
+    ssh_why="n/a: needs root (logs in as two bench users)"
+elif [ ! -x /usr/sbin/sshd ] || [ ! -x /usr/bin/ssh-keygen ]; then
+    ssh_why="n/a: openssh-server/openssh-client not installed (make deps)"
+fi
+
+ensure_user() {   # a login user with bash, no password (not locked)
+    local u=$1
+    if ! id -u "$u" >/dev/null 2>&1; then
+        echo "bench: creating the system user $u (ssh bench logins)"
+        useradd --system --no-create-home --home-dir / --shell /bin/bash "$u" \
+            2>/dev/null || id -u "$u" >/dev/null
+    fi
+    # sshd refuses a locked account ("!" in shadow) without PAM; "*" only
+    # means no password
+    case $(getent shadow "$u" | cut -d: -f2) in
+        '!'*) usermod -p '*' "$u" ;;
+    esac
+}
+
+start_sshd() {
+    local d=$prefix/ssh
+    mkdir -p "$d"
+    chmod 711 "$d"
+    for u in $ssh_users; do ensure_user "$u"; done
+    ssh-keygen -q -t ed25519 -N '' -C hermes-bench-host -f "$d/host_ed25519" </dev/null \
+        || return 1
+    ssh-keygen -q -t ed25519 -N '' -C hermes-bench-client -f "$d/id_ed25519" </dev/null \
+        || return 1
+    cp "$d/id_ed25519.pub" "$d/authorized_keys"
+    chmod 644 "$d/authorized_keys"
+    sport=$(free_port)
+    echo "[127.0.0.1]:$sport $(cut -d' ' -f1,2 "$d/host_ed25519.pub")" >"$d/known_hosts"
+    # HOME (set by sshd) is where bash looks for ~/.bashrc; the kernels
+    # roots are the users' own, 0700
+    mkdir -p "$d/home-plain" "$d/home-rc" "$d/kroot-plain" "$d/kroot-rc"
+    # each run of it also leaves a line in ~/.rc-runs: bench.py counts them
+    printf '%s\n' '# hermes bench: a slow shell rc (pyenv/conda init stands here)' \
+        'echo . >>"$HOME/.rc-runs" 2>/dev/null' 'sleep 1' >"$d/home-rc/.bashrc"
+    chown -R hermes-bench: "$d/home-plain" "$d/kroot-plain"
+    chown -R hermes-bench-rc: "$d/home-rc" "$d/kroot-rc"
+    chmod 700 "$d/home-plain" "$d/home-rc" "$d/kroot-plain" "$d/kroot-rc"
+    mkdir -p /run/sshd && chmod 755 /run/sshd
+    local conf="ListenAddress 127.0.0.1
+Port $sport
+HostKey $d/host_ed25519
+AuthorizedKeysFile $d/authorized_keys
+PidFile $d/sshd.pid
+StrictModes no
+UsePAM no
+PasswordAuthentication no
+KbdInteractiveAuthentication no
+PubkeyAuthentication yes
+PermitRootLogin no
+AllowUsers $ssh_users
+AllowAgentForwarding no
+AllowTcpForwarding no
+X11Forwarding no
+PermitUserEnvironment no
+PrintMotd no
+PrintLastLog no
+UseDNS no
+LogLevel INFO
+MaxStartups 100
+MaxSessions 100
+LoginGraceTime 30"
+    local match="Match User hermes-bench
+    SetEnv HOME=$d/home-plain
+Match User hermes-bench-rc
+    SetEnv HOME=$d/home-rc"
+    # OpenSSH >= 9.8 penalizes sources that fail: off, where it exists
+    printf '%s\nPerSourcePenalties no\n%s\n' "$conf" "$match" >"$d/sshd_config"
+    if ! /usr/sbin/sshd -t -f "$d/sshd_config" 2>/dev/null; then
+        printf '%s\n%s\n' "$conf" "$match" >"$d/sshd_config"
+        /usr/sbin/sshd -t -f "$d/sshd_config" || return 1
+    fi
+    setsid /usr/sbin/sshd -D -e -f "$d/sshd_config" </dev/null \
+        >>"$d/sshd.log" 2>&1 &
+    sshd_pid=$!
+    disown "$sshd_pid"      # no "Killed" line from bash when it is stopped
+    pids+=("$sshd_pid")
+    # up when both users get a shell (the rc user's takes 1 s)
+    local u ok
+    for u in $ssh_users; do
+        ok=""
+        for _ in $(seq 50); do
+            if [ "$(ssh -F /dev/null -i "$d/id_ed25519" -o IdentitiesOnly=yes \
+                    -o UserKnownHostsFile="$d/known_hosts" \
+                    -o GlobalKnownHostsFile=/dev/null -o StrictHostKeyChecking=yes \
+                    -o BatchMode=yes -o ConnectTimeout=5 -o LogLevel=ERROR \
+                    -p "$sport" "$u@127.0.0.1" 'id -un' </dev/null 2>/dev/null)" = "$u" ]
+            then
+                ok=1
+                break
+            fi
+            sleep 0.2
+        done
+        if [ -z "$ok" ]; then
+            echo "bench: cannot log in as $u to the bench sshd; sshd.log:" >&2
+            tail -5 "$d/sshd.log" >&2
+            return 1
+        fi
+    done
+}
+
+if [ -z "$ssh_why" ] && ! start_sshd; then
+    ssh_why="n/a: the bench sshd did not work (see above)"
+fi
+[ -n "$ssh_why" ] && echo "bench: ssh backend $ssh_why" >&2
+
 # --- hermes nginx ---------------------------------------------------------------
 hport=$(free_port)
 tport=$(free_port)
@@ -164,6 +324,44 @@ if [ -n "$shm" ]; then
             hermes_max_stream 5m;
         }"
 fi
+ssh_locations=""
+if [ -z "$ssh_why" ]; then
+    sd=$prefix/ssh
+    for v in plain rc; do
+        u=hermes-bench
+        [ $v = rc ] && u=hermes-bench-rc
+        loc=/v1/execute-ssh
+        [ $v = rc ] && loc=/v1/execute-ssh-rc
+        ssh_locations="$ssh_locations
+        location = $loc {
+            hermes_backend ssh host=127.0.0.1:$sport user=$u
+                identity=$sd/id_ed25519 known_hosts=$sd/known_hosts
+                root=$sd/kroot-$v;
+            hermes_execute;
+            hermes_cell_timeout 60s;
+            hermes_max_stream 5m;
+        }"
+    done
+fi
+# The warm pool (hermes_backend ... warm=N) on a location of its own, where
+# the module takes it: nginx -t on the whole configuration says.
+warm=${BENCH_WARM:-4}
+warm_location=""
+warm_why=""
+if [ "$warm" = 0 ]; then
+    warm_why="skipped (BENCH_WARM=0)"
+else
+    mkdir -p "$prefix/kernels-warm"
+    chmod 711 "$prefix/kernels-warm"
+    warm_location="
+        location = /v1/execute-warm {
+            hermes_backend local root=$prefix/kernels-warm warm=$warm;
+            hermes_execute;
+            hermes_cell_timeout 60s;
+            hermes_max_stream 5m;
+        }"
+fi
+write_conf() {   # WARM_LOCATION
 cat > "$prefix/nginx/nginx.conf" <<EOF
 load_module $prefix/nginx/ngx_http_hermes_module.so;
 $user
@@ -179,7 +377,7 @@ http {
     access_log off;
     client_body_temp_path $prefix/nginx/tmp;
 
-    hermes_zone bench:4m max_kernels=128 max_kernels_per_owner=128 idle_timeout=10m;
+    hermes_zone bench:4m max_kernels=512 max_kernels_per_owner=512 idle_timeout=10m;
     hermes_backend local root=$prefix/kernels;
 
     server {
@@ -195,7 +393,7 @@ http {
             hermes_tools_pass /tools;
             hermes_max_tool_calls 1000;
         }
-$shm_location
+$shm_location$ssh_locations$1
 
         # tool calls: a subrequest through a real proxy hop
         location /tools {
@@ -214,6 +412,18 @@ $shm_location
     }
 }
 EOF
+}
+if [ -n "$warm_location" ]; then
+    write_conf "$warm_location"
+    if ! out=$(/usr/sbin/nginx -t -q -p "$prefix/nginx" -c "$prefix/nginx/nginx.conf" \
+                   -e "$prefix/nginx/logs/warm-test.log" 2>&1); then
+        warm_why="n/a: module has no warm="
+        echo "bench: warm pool $warm_why; nginx -t said:" \
+            "$(printf '%s' "$out" | grep -m1 emerg | sed 's/.*\[emerg\] //')" >&2
+        warm_location=""
+    fi
+fi
+write_conf "$warm_location"
 /usr/sbin/nginx -t -q -p "$prefix/nginx" -c "$prefix/nginx/nginx.conf" -e "$prefix/nginx/logs/error.log"
 setsid /usr/sbin/nginx -p "$prefix/nginx" -c "$prefix/nginx/nginx.conf" \
     -e "$prefix/nginx/logs/error.log" -g 'daemon off;' </dev/null \
@@ -282,12 +492,27 @@ fi
 # In the background and waited for, so that a signal to this script runs
 # the cleanup at once (bash defers traps while a foreground child runs);
 # timeout leads its own process group, which the cleanup also kills.
+extra=()
+if [ -n "$ssh_why" ]; then
+    extra+=(--ssh-why "$ssh_why")
+else
+    extra+=(--hermes-ssh "http://127.0.0.1:$hport/v1/execute-ssh"
+            --hermes-ssh-rc "http://127.0.0.1:$hport/v1/execute-ssh-rc"
+            --ssh-rc-runs "$prefix/ssh/home-rc/.rc-runs")
+fi
+if [ -n "$warm_location" ]; then
+    extra+=(--hermes-warm "http://127.0.0.1:$hport/v1/execute-warm" --warm "$warm")
+else
+    extra+=(--warm-why "$warm_why")
+fi
+rm -f "$top/bench/results.json"     # no plot from an earlier run's figures
 set +e
-timeout --kill-after=10 "${BENCH_TIMEOUT:-420}" "$PY" "$top/bench/bench.py" \
+timeout --kill-after=10 "${BENCH_TIMEOUT:-480}" "$PY" "$top/bench/bench.py" \
     --hermes "http://127.0.0.1:$hport/v1/execute" \
     ${shm:+--hermes-tmpfs "http://127.0.0.1:$hport/v1/execute-tmpfs"} \
     --jupyter "http://127.0.0.1:$jport_nodelay" \
     ${stock_arg[@]+"${stock_arg[@]}"} \
+    "${extra[@]}" \
     --jupyter-par "${BENCH_JUPYTER_PAR:-0}" \
     --hermes-log "$prefix/nginx/logs/error.log" --hermes-pid "$nginx_pid" \
     --out "$top/bench/results.json" &
@@ -299,5 +524,15 @@ set -e
 if [ $rc != 0 ]; then
     echo "bench: bench.py failed ($rc); last lines of the hermes error log:" >&2
     tail -20 "$prefix/nginx/logs/error.log" >&2 || true
+fi
+# the plot, from results.json (python3-matplotlib, Debian's)
+plot=${BENCH_PLOT-$top/docs/benchmarks-latency.png}
+if [ -n "$plot" ] && [ -s "$top/bench/results.json" ]; then
+    if "$PY" -c 'import matplotlib' 2>/dev/null; then
+        timeout 60 "$PY" "$top/bench/plot.py" "$top/bench/results.json" "$plot" \
+            || echo "bench: the plot failed" >&2
+    else
+        echo "bench: no plot (python3-matplotlib missing; make bench installs it)" >&2
+    fi
 fi
 exit $rc
