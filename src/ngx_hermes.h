@@ -500,7 +500,7 @@ ngx_int_t ngx_http_hermes_registry_running(ngx_http_hermes_zone_t *zone,
     uint32_t *cell);
 ngx_int_t ngx_http_hermes_registry_kernel(ngx_http_hermes_zone_t *zone,
     ngx_str_t *owner, ngx_str_t *session, ngx_http_hermes_victim_t *v,
-    uint32_t *uid);
+    ngx_http_hermes_kernel_ref_t *ref);
 ngx_int_t ngx_http_hermes_registry_shutdown(ngx_http_hermes_zone_t *zone,
     ngx_str_t *owner, ngx_str_t *session, ngx_uint_t force,
     ngx_http_hermes_victims_t *victims);
@@ -573,8 +573,8 @@ ngx_http_hermes_ssh_host_t *ngx_http_hermes_ssh_host_create(ngx_pool_t *pool,
     ngx_str_t *name, u_char *host, ngx_uint_t port);
 ngx_int_t ngx_http_hermes_ssh_relay(ngx_http_hermes_conn_t *conn,
     ngx_http_hermes_kernel_ref_t *ref, off_t out_limit, off_t res_limit,
-    ngx_msec_t timeout, u_char *req, size_t req_len, ngx_socket_t fd,
-    ngx_log_t *log);
+    ngx_msec_t timeout, u_char *req, size_t req_len, off_t offset,
+    ngx_socket_t fd, ngx_log_t *log);
 char *ngx_http_hermes_ssh_check_files(ngx_str_t *identity,
     ngx_str_t *known_hosts);
 
@@ -859,7 +859,10 @@ struct ngx_http_hermes_stream_s {
     ngx_log_t                    *log;
     ngx_http_hermes_loc_conf_t   *hlcf;
     ngx_http_hermes_kernel_ref_t *ref;
-    ngx_buf_t                    *request;      /* cell_req_N.json */
+    ngx_buf_t                    *request;      /* cell_req_N.json; NULL:
+                                                   a shipped cell's stream
+                                                   again, from offset */
+    off_t                         offset;
     off_t                         out_limit;    /* of cell_out, read */
     size_t                        res_limit;
     ngx_msec_t                    timeout;
@@ -992,6 +995,7 @@ struct ngx_http_hermes_response_s {
 ngx_int_t ngx_http_hermes_response_attach(ngx_http_hermes_response_t *rs,
     ngx_http_request_t *r);
 void ngx_http_hermes_response_release(ngx_http_hermes_response_t *rs);
+ngx_int_t ngx_http_hermes_response_header(ngx_http_hermes_response_t *rs);
 ngx_int_t ngx_http_hermes_response_kernel(ngx_http_hermes_response_t *rs,
     ngx_http_hermes_kernel_ref_t *ref, ngx_http_hermes_request_t *req);
 ngx_int_t ngx_http_hermes_response_output(ngx_http_hermes_response_t *rs,
@@ -1011,6 +1015,13 @@ ngx_int_t ngx_http_hermes_response_add_header(ngx_http_request_t *r,
     char *key, char *value);
 ngx_http_hermes_ctx_t *ngx_http_hermes_response_ctx(ngx_http_request_t *r);
 ngx_int_t ngx_http_hermes_response_filter_init(ngx_conf_t *cf);
+
+
+/* a shipped cell's stream again, from an offset */
+
+ngx_int_t ngx_http_hermes_resume_handler(ngx_http_request_t *r,
+    ngx_http_hermes_zone_t *zone, ngx_str_t *owner, ngx_str_t *session,
+    uint32_t cell, off_t offset);
 
 
 /* files into and out of a kernel's directory */

@@ -670,7 +670,8 @@ ngx_http_hermes_ssh_root(ngx_http_hermes_backend_conf_t *bcf)
 /*
  * Event loop: relay cell "id" of the kernel "ref" into fd, for at most
  * "timeout" ms (the cell's): no more than "out_limit" bytes of cell_out
- * and a result of "res_limit" bytes at most.  The link's I/O thread owns
+ * and a result of "res_limit" bytes at most.  "offset" -1 ships the
+ * request first; another offset streams a shipped cell again from there.  The link's I/O thread owns
  * the fd and a copy of the request from here on, and closes the fd once
  * the cell is relayed, or ended.
  */
@@ -678,8 +679,8 @@ ngx_http_hermes_ssh_root(ngx_http_hermes_backend_conf_t *bcf)
 ngx_int_t
 ngx_http_hermes_ssh_relay(ngx_http_hermes_conn_t *conn,
     ngx_http_hermes_kernel_ref_t *ref, off_t out_limit, off_t res_limit,
-    ngx_msec_t timeout, u_char *req, size_t req_len, ngx_socket_t fd,
-    ngx_log_t *log)
+    ngx_msec_t timeout, u_char *req, size_t req_len, off_t offset,
+    ngx_socket_t fd, ngx_log_t *log)
 {
     u_char                        *p;
     ngx_http_hermes_ssh_link_t    *l;
@@ -726,6 +727,15 @@ ngx_http_hermes_ssh_relay(ngx_http_hermes_conn_t *conn,
     s->frame_len = ngx_cpymem(p, req, req_len) - s->frame;
 
     s->fd = fd;
+
+    if (offset >= 0) {
+        /* a shipped cell's stream again, from "offset": as on a resume */
+        s->shipped = 1;
+        s->hdr = 2;
+        s->recvd = offset;
+        s->taken = offset;
+        s->acked = offset;
+    }
 
     /* before the cell's timer fires, which is set just after this */
     s->deadline = ngx_http_hermes_ssh_now() + timeout
@@ -797,14 +807,16 @@ ngx_http_hermes_ssh_thread(void *data)
         {
             s = ngx_queue_data(q, ngx_http_hermes_ssh_stream_t, queue);
 
-            if (s->sent || s->ended || (s->exec == NULL && s->shipped)) {
+            if (s->sent || s->ended) {
                 continue;
             }
 
             if (l->ready) {
+                /* a shipped one: a resume (a client's, or after a break) */
                 ngx_http_hermes_ssh_send(l, s);
 
-            } else {
+            } else if (s->exec || !s->shipped) {
+                /* shipped ones wait for the link's own retry */
                 urgent = 1;
             }
         }

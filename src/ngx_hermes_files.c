@@ -68,12 +68,12 @@ ngx_http_hermes_files_handler(ngx_http_request_t *r,
     ngx_str_t *path)
 {
     u_char                          *p, *last;
-    uint32_t                         uid;
     ngx_int_t                        rc;
     ngx_uint_t                       i;
     ngx_http_hermes_files_t         *f;
     ngx_http_hermes_victim_t         v;
     ngx_http_hermes_loc_conf_t      *hlcf;
+    ngx_http_hermes_kernel_ref_t     ref;
     ngx_http_hermes_main_conf_t     *hmcf;
     ngx_http_hermes_backend_conf_t **bcfs, *bcf;
     ngx_http_hermes_remote_file_t   *rf;
@@ -105,7 +105,7 @@ ngx_http_hermes_files_handler(ngx_http_request_t *r,
                                                    "the kernel's own files");
     }
 
-    if (ngx_http_hermes_registry_kernel(zone, owner, session, &v, &uid)
+    if (ngx_http_hermes_registry_kernel(zone, owner, session, &v, &ref)
         != NGX_OK)
     {
         return ngx_http_hermes_response_send_error(r, NGX_HTTP_NOT_FOUND,
@@ -183,7 +183,7 @@ ngx_http_hermes_files_handler(ngx_http_request_t *r,
                      "exec python3 -I -c '" NGX_HTTP_HERMES_FILES_LOADER "'"
                      " %s '%s' '%V' %i %uz",
                      f->get ? "get" : "put", v.dir, path,
-                     bcf->ops->root(bcf) ? (ngx_int_t) uid : -1,
+                     bcf->ops->root(bcf) ? (ngx_int_t) ref.uid : -1,
                      hlcf->max_file);
     *p = '\0';
 

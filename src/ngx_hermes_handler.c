@@ -57,6 +57,9 @@ static ngx_uint_t ngx_http_hermes_accepts_json(ngx_http_request_t *r);
 static ngx_int_t ngx_http_hermes_kernels_path(ngx_http_request_t *r,
     ngx_str_t *session, ngx_uint_t *interrupt, ngx_str_t *file,
     ngx_int_t *rc);
+static ngx_int_t ngx_http_hermes_kernel_cell(ngx_http_request_t *r,
+    ngx_http_hermes_zone_t *zone, ngx_str_t *owner, ngx_str_t *session,
+    ngx_str_t *path);
 static ngx_int_t ngx_http_hermes_kernel_interrupt_cell(ngx_http_request_t *r,
     ngx_str_t *owner, ngx_str_t *session);
 static ngx_int_t ngx_http_hermes_kernel_get(ngx_http_request_t *r,
@@ -818,6 +821,16 @@ ngx_http_hermes_kernels_handler(ngx_http_request_t *r)
         return rc;
     }
 
+    if (interrupt == 2) {
+        /* <loc>/SESSION/cells/ID?offset=N */
+
+        if (ngx_http_hermes_owner(r, &owner, &rc) != NGX_OK) {
+            return rc;
+        }
+
+        return ngx_http_hermes_kernel_cell(r, zone, &owner, &session, &file);
+    }
+
     if (file.len) {
         /* <loc>/SESSION/files/PATH: a PUT reads its body itself */
 
@@ -1014,6 +1027,14 @@ ngx_http_hermes_kernels_path(ngx_http_request_t *r, ngx_str_t *session,
             file->data = p + sizeof("/files/") - 1;
             file->len = last - file->data;
 
+        } else if ((size_t) (last - p) > sizeof("/cells/") - 1
+                   && ngx_strncmp(p, "/cells/", sizeof("/cells/") - 1) == 0)
+        {
+            /* a cell's stream: the caller tells it from a file by "cells" */
+            file->data = p + 1;
+            file->len = last - file->data;
+            *interrupt = 2;
+
         } else if ((size_t) (last - p) == sizeof("/interrupt") - 1
                    && ngx_strncmp(p, "/interrupt", sizeof("/interrupt") - 1)
                       == 0)
@@ -1039,6 +1060,58 @@ not_found:
     *rc = ngx_http_hermes_response_send_error(r, NGX_HTTP_NOT_FOUND,
                                               "not_found", "no such resource");
     return NGX_DECLINED;
+}
+
+
+/* GET <loc>/SESSION/cells/ID?offset=N: the ID and the offset checked */
+
+static ngx_int_t
+ngx_http_hermes_kernel_cell(ngx_http_request_t *r, ngx_http_hermes_zone_t *zone,
+    ngx_str_t *owner, ngx_str_t *session, ngx_str_t *path)
+{
+    off_t      offset;
+    ngx_int_t  rc, id;
+    ngx_str_t  value;
+
+    rc = ngx_http_discard_request_body(r);
+    if (rc != NGX_OK) {
+        return rc;
+    }
+
+    /* "cells/ID" */
+
+    id = NGX_ERROR;
+
+    if (path->len > sizeof("cells/") - 1
+        && path->len <= sizeof("cells/") - 1 + 10)
+    {
+        id = ngx_atoi(path->data + sizeof("cells/") - 1,
+                      path->len - (sizeof("cells/") - 1));
+    }
+
+    if (id == NGX_ERROR || id == 0 || id > 0xffffffff) {
+        return ngx_http_hermes_response_send_error(r, NGX_HTTP_NOT_FOUND,
+                                                   "not_found",
+                                                   "a cell is named by its "
+                                                   "id, a positive integer");
+    }
+
+    offset = 0;
+
+    if (ngx_http_arg(r, (u_char *) "offset", 6, &value) == NGX_OK) {
+        offset = value.len ? ngx_atoof(value.data, value.len) : NGX_ERROR;
+
+        if (offset == NGX_ERROR) {
+            return ngx_http_hermes_response_send_error(r,
+                                                       NGX_HTTP_BAD_REQUEST,
+                                                       "invalid_offset",
+                                                       "offset is a number "
+                                                       "of bytes, 0 or more");
+        }
+    }
+
+    return ngx_http_hermes_resume_handler(r, zone, owner, session,
+                                          (uint32_t) id, offset);
 }
 
 

@@ -1161,15 +1161,16 @@ ngx_http_hermes_registry_running(ngx_http_hermes_zone_t *zone,
 
 
 /*
- * The owner's kernel of the session, started and not lost, for its files:
- * where it is (v: dir, host, backend tag) and its user.  NGX_DECLINED:
- * none.
+ * The owner's kernel of the session, started and not lost, for its files
+ * and its cells' streams: where it is (v: dir, host, backend tag) and, in
+ * ref, what tells it from a stranger (pid, start, inode, user), its id and
+ * its last cell.  NGX_DECLINED: none.
  */
 
 ngx_int_t
 ngx_http_hermes_registry_kernel(ngx_http_hermes_zone_t *zone,
     ngx_str_t *owner, ngx_str_t *session, ngx_http_hermes_victim_t *v,
-    uint32_t *uid)
+    ngx_http_hermes_kernel_ref_t *ref)
 {
     uint32_t                    ohash;
     ngx_int_t                   rc;
@@ -1195,7 +1196,18 @@ ngx_http_hermes_registry_kernel(ngx_http_hermes_zone_t *zone,
         (void) ngx_http_hermes_registry_victim(kn, &one, kn->pid);
 
         *v = one.v[0];
-        *uid = kn->uid;
+
+        ngx_memcpy(ref->kernel_id, kn->kernel_id, NGX_HTTP_HERMES_ID_LEN);
+        ngx_memcpy(ref->dir, v->dir, v->dir_len + 1);
+        ref->dir_len = v->dir_len;
+        ref->pid = kn->pid;
+        ref->start = kn->start;
+        ref->ino = kn->ino;
+        ref->uid = kn->uid;
+        ref->host = kn->host;
+        ref->cell_id = kn->cell_seq;
+        ref->execution_count = kn->execution_count;
+
         rc = NGX_OK;
         break;
     }

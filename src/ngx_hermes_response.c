@@ -15,8 +15,6 @@
 #define NGX_HTTP_HERMES_OUT_CHUNK      (128 * 1024)
 
 
-static ngx_int_t ngx_http_hermes_response_header(
-    ngx_http_hermes_response_t *rs);
 static ngx_int_t ngx_http_hermes_response_send(ngx_http_hermes_response_t *rs,
     ngx_buf_t *b);
 static ngx_int_t ngx_http_hermes_response_send_chain(
@@ -484,11 +482,12 @@ ngx_http_hermes_response_kernel(ngx_http_hermes_response_t *rs,
 
     b->last = ngx_sprintf(b->last,
                   "{\"type\":\"kernel\",\"session\":\"%V\","
-                  "\"kernel_id\":\"%*s\",\"reused\":%s,"
+                  "\"kernel_id\":\"%*s\",\"cell\":%uD,\"reused\":%s,"
                   "\"execution_count\":%uD,\"state_lost\":%s,"
                   "\"state_reset\":%s}\n",
                   &req->session,
                   (size_t) NGX_HTTP_HERMES_ID_LEN, ref->kernel_id,
+                  ref->cell_id,
                   ref->reused ? "true" : "false",
                   ref->execution_count + 1,
                   ref->state_lost ? "true" : "false",
@@ -702,7 +701,9 @@ ngx_http_hermes_response_error(ngx_http_hermes_response_t *rs,
 }
 
 
-static ngx_int_t
+/* the status line and headers of a cell's answer, once */
+
+ngx_int_t
 ngx_http_hermes_response_header(ngx_http_hermes_response_t *rs)
 {
     ngx_int_t            rc;

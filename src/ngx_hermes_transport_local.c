@@ -189,6 +189,13 @@ ngx_http_hermes_local_stream_run(ngx_http_hermes_stream_t *st)
         goto ship_failed;
     }
 
+    if (st->request == NULL) {
+        /* a shipped cell's stream again, from its offset: it may be over */
+        ls->out_off = st->offset;
+        ls->res_ready = 1;
+        goto shipped;
+    }
+
     ngx_http_hermes_local_stream_name(ls, name, "cell_req");
 
     rc = ngx_http_hermes_local_write_at(ls->cells_fd, (char *) name,
@@ -215,6 +222,8 @@ ngx_http_hermes_local_stream_run(ngx_http_hermes_stream_t *st)
     if (rc != NGX_OK) {
         goto ship_failed;
     }
+
+shipped:
 
     st->is_shipped = 1;
 
@@ -361,8 +370,28 @@ ngx_http_hermes_local_stream_private_dir(ngx_file_info_t *fi, uint32_t uid)
 static void
 ngx_http_hermes_local_stream_unwatch(ngx_http_hermes_local_stream_t *ls)
 {
+    ngx_queue_t                     *q;
+    ngx_http_hermes_local_stream_t  *o;
+
     if (ls->wd != -1) {
-        (void) inotify_rm_watch(ngx_http_hermes_inotify->fd, ls->wd);
+
+        /* one watch a directory: another stream of the cell may share it */
+
+        for (q = ngx_queue_head(&ngx_http_hermes_local_streams);
+             q != ngx_queue_sentinel(&ngx_http_hermes_local_streams);
+             q = ngx_queue_next(q))
+        {
+            o = ngx_queue_data(q, ngx_http_hermes_local_stream_t, queue);
+
+            if (o != ls && o->wd == ls->wd) {
+                break;
+            }
+        }
+
+        if (q == ngx_queue_sentinel(&ngx_http_hermes_local_streams)) {
+            (void) inotify_rm_watch(ngx_http_hermes_inotify->fd, ls->wd);
+        }
+
         ls->wd = -1;
     }
 
@@ -415,7 +444,7 @@ ngx_http_hermes_local_stream_inotify_handler(ngx_event_t *ev)
 {
     ssize_t                          n;
     u_char                          *p, res[32];
-    ngx_queue_t                     *q;
+    ngx_queue_t                     *q, *next;
     ngx_connection_t                *c, *client;
     struct inotify_event            *e;
     ngx_http_hermes_local_stream_t  *ls;
@@ -450,10 +479,14 @@ ngx_http_hermes_local_stream_inotify_handler(ngx_event_t *ev)
                 continue;
             }
 
+            /* every stream of that directory: a cell, and its readers */
+
             for (q = ngx_queue_head(&ngx_http_hermes_local_streams);
                  q != ngx_queue_sentinel(&ngx_http_hermes_local_streams);
-                 q = ngx_queue_next(q))
+                 q = next)
             {
+                /* a pump may end its own stream, no other */
+                next = ngx_queue_next(q);
                 ls = ngx_queue_data(q, ngx_http_hermes_local_stream_t, queue);
 
                 if (ls->st->rpc && ngx_http_hermes_rpc_wd(ls->st->rpc) == e->wd)
@@ -490,8 +523,6 @@ ngx_http_hermes_local_stream_inotify_handler(ngx_event_t *ev)
                 if (client) {
                     ngx_http_run_posted_requests(client);
                 }
-
-                break;
             }
         }
     }

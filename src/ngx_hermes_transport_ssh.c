@@ -74,6 +74,7 @@ ngx_http_hermes_ssh_stream_run(ngx_http_hermes_stream_t *st)
     }
 
     ss->st = st;
+    ss->out_sent = st->request ? 0 : (size_t) st->offset;
     st->ctx = ss;
 
     ss->rbuf = ngx_create_temp_buf(st->pool, NGX_HTTP_HERMES_RELAY_CHUNK);
@@ -114,8 +115,11 @@ ngx_http_hermes_ssh_stream_run(ngx_http_hermes_stream_t *st)
 
     rc = ngx_http_hermes_ssh_relay(&conn, st->ref,
                                    st->out_limit, (off_t) st->res_limit,
-                                   st->timeout, st->request->pos,
-                                   st->request->last - st->request->pos,
+                                   st->timeout,
+                                   st->request ? st->request->pos : NULL,
+                                   st->request ? (size_t) (st->request->last
+                                                 - st->request->pos) : 0,
+                                   st->request ? -1 : st->offset,
                                    sv[1], st->log);
     if (rc != NGX_OK) {
         ngx_http_hermes_backend_give(&conn);
