@@ -53,6 +53,7 @@ typedef struct ngx_http_hermes_ssh_host_s  ngx_http_hermes_ssh_host_t;
 typedef struct {
     ngx_uint_t                    type;
     ngx_str_t                     root;
+    ngx_uint_t                    warm;         /* idle kernels kept per host */
     /* identifies the backend in registry keys: a hash of its arguments */
     u_char                        tag[NGX_HTTP_HERMES_BACKEND_TAG_LEN];
 
@@ -91,6 +92,8 @@ typedef struct {
     ngx_msec_t                    sweep;
     ngx_thread_pool_t            *thread_pool;  /* kills evicted kernels */
     ngx_event_t                  *sweep_event;  /* this worker's */
+    ngx_array_t                  *warm;         /* ngx_http_hermes_warm_t */
+    ngx_event_t                  *warm_event;   /* this worker's refill */
 } ngx_http_hermes_zone_t;
 
 
@@ -157,6 +160,29 @@ typedef struct {
     ngx_str_t                     thread_pool_name;
     ngx_thread_pool_t            *thread_pool;
 } ngx_http_hermes_loc_conf_t;
+
+
+/*
+ * A warm pool: kernels spawned ahead for new sessions, alike to what a
+ * location would spawn (the hash says what they were spawned with).  One
+ * per backend of a zone; the locations that use it spawn alike.
+ */
+
+#define NGX_HTTP_HERMES_WARM_HASH_LEN   16      /* hex of an 8-byte hash */
+#define NGX_HTTP_HERMES_WARM_MAX        64      /* warm=, per host */
+
+/* a warm kernel's registry key: "\0 backend-tag \0 hash slot" */
+#define NGX_HTTP_HERMES_WARM_KEY_LEN                                          \
+    (2 + NGX_HTTP_HERMES_BACKEND_TAG_LEN + NGX_HTTP_HERMES_WARM_HASH_LEN      \
+     + NGX_HTTP_HERMES_ID_LEN)
+
+typedef struct {
+    u_char                        tag[NGX_HTTP_HERMES_BACKEND_TAG_LEN];
+    u_char                        hash[NGX_HTTP_HERMES_WARM_HASH_LEN];
+    ngx_uint_t                    n;            /* per host; 0: no pool */
+    ngx_http_hermes_loc_conf_t   *hlcf;         /* spawns them */
+    ngx_msec_t                   *retry;        /* per host, after a failure */
+} ngx_http_hermes_warm_t;
 
 
 /* the registry */
@@ -274,6 +300,7 @@ typedef struct {
 typedef struct {
     ngx_uint_t                    kernels;
     ngx_uint_t                    running;
+    ngx_uint_t                    warm;         /* ready in warm pools */
     ngx_uint_t                    queued;       /* cells waiting their turn */
     ngx_uint_t                    spawned_total;
     ngx_uint_t                    spawn_failures_total;
@@ -473,6 +500,18 @@ ngx_int_t ngx_http_hermes_registry_spawned(ngx_http_hermes_zone_t *zone,
 void ngx_http_hermes_registry_release(ngx_http_hermes_zone_t *zone,
     ngx_http_hermes_kernel_ref_t *ref, ngx_uint_t how,
     ngx_uint_t execution_count);
+ngx_int_t ngx_http_hermes_registry_warm_reserve(ngx_http_hermes_zone_t *zone,
+    ngx_http_hermes_warm_t *w, ngx_uint_t host,
+    ngx_http_hermes_kernel_ref_t *ref);
+ngx_int_t ngx_http_hermes_registry_warm_spawned(ngx_http_hermes_zone_t *zone,
+    ngx_http_hermes_kernel_ref_t *ref, ngx_http_hermes_spawned_t *k);
+void ngx_http_hermes_registry_warm_failed(ngx_http_hermes_zone_t *zone,
+    ngx_http_hermes_kernel_ref_t *ref, ngx_uint_t failed);
+ngx_uint_t ngx_http_hermes_registry_warm_sweep(ngx_http_hermes_zone_t *zone,
+    ngx_http_hermes_victims_t *victims, ngx_http_hermes_victim_t *check,
+    ngx_uint_t *ncheck);
+void ngx_http_hermes_registry_warm_drop(ngx_http_hermes_zone_t *zone,
+    ngx_http_hermes_victim_t *v, ngx_http_hermes_victims_t *victims);
 
 #define ngx_http_hermes_count(zone, counter)                                  \
     (void) ngx_atomic_fetch_add(&(zone)->sh->counter, 1)
@@ -555,6 +594,8 @@ void ngx_http_hermes_kernel_kill_victims(ngx_thread_pool_t *tp,
 ngx_int_t ngx_http_hermes_kernel_init_process(ngx_cycle_t *cycle,
     ngx_http_hermes_main_conf_t *hmcf);
 void ngx_http_hermes_kernel_exit_process(ngx_cycle_t *cycle);
+char *ngx_http_hermes_kernel_warm_conf(ngx_conf_t *cf,
+    ngx_http_hermes_loc_conf_t *hlcf);
 ngx_int_t ngx_http_hermes_backend_exec(ngx_http_hermes_conn_t *conn,
     ngx_http_hermes_cmd_t *cmd);
 u_char *ngx_http_hermes_log_escape(u_char *dst, u_char *last, u_char *src,
