@@ -1457,15 +1457,41 @@ ngx_http_hermes_kernel_warm(ngx_http_hermes_zone_t *zone, ngx_log_t *log)
 }
 
 
-/* a local warm kernel is alive: its process and its directory */
+/*
+ * A local warm kernel is alive: its process (not a zombie, nor a later one
+ * given its pid) and its directory.
+ */
 
 static ngx_uint_t
 ngx_http_hermes_warm_alive(ngx_http_hermes_victim_t *v)
 {
-    uint64_t         start;
-    ngx_file_info_t  fi;
+    u_char           *p;
+    ssize_t           n;
+    ngx_fd_t          fd;
+    uint64_t          start;
+    ngx_file_info_t   fi;
+    u_char            path[64], buf[1024];
 
-    if (ngx_http_hermes_local_proc_start(v->pid, &start) != NGX_OK
+    ngx_sprintf(path, "/proc/%P/stat%Z", v->pid);
+
+    fd = open((char *) path, O_RDONLY|O_CLOEXEC);
+    if (fd == -1) {
+        return 0;
+    }
+
+    n = read(fd, buf, sizeof(buf));
+    close(fd);
+
+    if (n <= 0) {
+        return 0;
+    }
+
+    /* the state follows the command name, which may hold a ')' */
+
+    for (p = buf + n; p > buf && p[-1] != ')'; p--) { /* void */ }
+
+    if (buf + n - p < 2 || p[1] == 'Z' || p[1] == 'X'
+        || ngx_http_hermes_proc_start(buf, n, &start) != NGX_OK
         || start != v->start)
     {
         return 0;
@@ -1566,7 +1592,7 @@ ngx_http_hermes_warm_spawned(void *data, ngx_int_t rc,
     }
 
     if (ngx_http_hermes_registry_warm_spawned(zone, &ws->ref, k) != NGX_OK) {
-        /* its slot was taken back meanwhile (a reclaim): it goes */
+        /* its slot went meanwhile (over the cap, a reclaim): it goes */
 
         ngx_memzero(&v, sizeof(ngx_http_hermes_victim_t));
         ngx_memcpy(v.dir, k->dir, k->dir_len + 1);

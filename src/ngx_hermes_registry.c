@@ -2006,7 +2006,8 @@ ngx_http_hermes_registry_warm_drop(ngx_http_hermes_zone_t *zone,
 
 /*
  * Called locked, over the cap: warm kernels go first, the least recently
- * made one first.  Not an eviction of anyone's kernel: not counted.
+ * made one first; then a slot still spawning (its spawn, finding no slot,
+ * kills what it made).  Not an eviction of anyone's kernel: not counted.
  */
 
 static ngx_uint_t
@@ -2014,10 +2015,11 @@ ngx_http_hermes_registry_warm_evict(ngx_http_hermes_zone_t *zone,
     ngx_http_hermes_victims_t *victims)
 {
     uint32_t                 ohash;
-    ngx_http_hermes_node_t  *kn, *lru;
+    ngx_http_hermes_node_t  *kn, *lru, *spawning;
 
     ohash = ngx_crc32_short(ngx_http_hermes_warm_owner.data, 0);
     lru = NULL;
+    spawning = NULL;
 
     for (kn = ngx_http_hermes_registry_owner_next(zone,
                                     &ngx_http_hermes_warm_owner, ohash, NULL);
@@ -2025,19 +2027,25 @@ ngx_http_hermes_registry_warm_evict(ngx_http_hermes_zone_t *zone,
          kn = ngx_http_hermes_registry_owner_next(zone,
                                     &ngx_http_hermes_warm_owner, ohash, kn))
     {
-        if (kn->state == NGX_HTTP_HERMES_STATE_IDLE
-            && ngx_http_hermes_pending(kn) == 0
-            && (lru == NULL || kn->last_used < lru->last_used))
+        if (kn->state == NGX_HTTP_HERMES_STATE_SPAWNING) {
+            spawning = kn;
+
+        } else if (kn->state == NGX_HTTP_HERMES_STATE_IDLE
+                   && ngx_http_hermes_pending(kn) == 0
+                   && (lru == NULL || kn->last_used < lru->last_used))
         {
             lru = kn;
         }
     }
 
-    if (lru == NULL
-        || ngx_http_hermes_registry_evict(zone, lru, victims) != NGX_OK)
-    {
-        return 0;
+    if (lru) {
+        return ngx_http_hermes_registry_evict(zone, lru, victims) == NGX_OK;
     }
 
-    return 1;
+    if (spawning) {
+        ngx_http_hermes_registry_delete(zone, spawning);
+        return 1;
+    }
+
+    return 0;
 }
