@@ -13,6 +13,10 @@ use Time::HiRes qw(time sleep);
 use JSON::PP ();
 
 use Hermes::Test;
+use Hermes::Sshd;
+
+# a test stopped by a signal still runs END: nginx, sshd and kernels go
+$SIG{$_} = sub { exit 1 } for qw(INT TERM HUP);
 
 plan skip_all => 'bwrap not installed (Debian package bubblewrap)'
     unless -x '/usr/bin/bwrap';
@@ -298,6 +302,95 @@ ok(wait_until(sub { (vstatus()->{warm} // 0) == 2 }, 15), 'warm 2 again');
 is(vstatus()->{evictions_total}{idle} // 0, 0, 'not counted as idle evictions');
 
 $v->stop;
+
+# --- ssh: one pool per host, served over ssh; a dead one taken is
+#     replaced before the cell
+
+SKIP: {
+    my $why = Hermes::Sshd->unavailable;
+    skip $why, 14 if $why;
+
+    my $x = Hermes::Test->new(workers => 1);
+    my $p = $x->prefix;
+    my $s1 = Hermes::Sshd->new(dir => "$p/ssh1", port => $x->port(5));
+    my $s2 = Hermes::Sshd->new(dir => "$p/ssh2", port => $x->port(6));
+    $s2->authorize($s1->identity_pub);
+    {
+        open my $kh, '>', "$p/known_hosts_both" or die;
+        for my $f ($s1->known_hosts, $s2->known_hosts) {
+            open my $k, '<', $f or die;
+            print {$kh} <$k>;
+        }
+        close $kh;
+        chmod 0600, "$p/known_hosts_both";
+    }
+    $s1->start;
+    $s2->start;
+    my ($P1, $P2, $ID) = ($s1->port, $s2->port, $s1->identity);
+
+    $x->write_conf(<<"CONF");
+    hermes_zone kernels:1m sweep=1h;
+
+    server {
+        listen 127.0.0.1:%%PORT_0%%;
+
+        location = /v1/execute {
+            hermes_execute;
+            hermes_backend ssh host=127.0.0.1:$P1 host=127.0.0.1:$P2 user=root
+                identity=$ID known_hosts=%%PREFIX%%/known_hosts_both
+                root=%%KROOT%% warm=1;
+        }
+
+        location = /v1/status {
+            hermes_status;
+        }
+    }
+CONF
+    $x->run;
+
+    sub xstatus { $_[0]->http('GET', '/v1/status')->{json} // {} }
+    sub xids { map { m{/hermes_rkernel_([0-9a-f]{32})$} ? $1 : () } $_[0]->kroot_dirs }
+    sub ssh_port_of {
+        my ($pid) = @_;
+        open my $fh, '<:raw', "/proc/$pid/environ" or return '';
+        local $/;
+        my $env = <$fh> // '';
+        return $env =~ /(?:^|\0)SSH_CONNECTION=\S+ \d+ \S+ (\d+)(?:\0|$)/ ? $1 : '';
+    }
+
+    ok(wait_until(sub { (xstatus($x)->{warm} // 0) == 2 }, 30), 'ssh, two hosts, warm=1: two warm kernels');
+    my @w = xids($x);
+    is(scalar @w, 2, 'two kernel dirs');
+    is(join(' ', sort map { ssh_port_of(runner_pid($_) // 0) } @w), join(' ', sort($P1, $P2)),
+        'one started over each host\'s sshd');
+
+    my $r = $x->execute('/v1/execute', { session => 's', code => "y = 6\nprint(y * 7)" }, timeout => 40);
+    is($r->{result}{output}, "42\n", 'a new ssh session\'s first cell');
+    my $ks = $r->{result}{kernel}{kernel_id};
+    ok((grep { $_ eq $ks } @w), 'ran on a warm kernel');
+    is($r->{result}{kernel}{reused}, JSON::PP::false, 'reused false');
+    unlike($x->error_log, qr/started for session "s"/, 'no spawn for it');
+    ok(wait_until(sub { (xstatus($x)->{warm} // 0) == 2 }, 30), 'the pool refilled');
+    $r = $x->execute('/v1/execute', { session => 's', code => "print(y)" }, timeout => 40);
+    is($r->{result}{output}, "6\n", 'the session keeps it');
+
+    # kill the warm ones: the sweep is slow, the next take finds one dead
+    my @dead = grep { $_ ne $ks } xids($x);
+    is(scalar @dead, 2, 'two warm kernels again');
+    for my $k (@dead) {
+        my $pid = runner_pid($k);
+        kill 'KILL', -$pid if $pid;
+    }
+    ok(wait_until(sub { !grep { runner_pid($_) } @dead }, 5), 'killed');
+    $r = $x->execute('/v1/execute', { session => 't', code => "print('fine')" }, timeout => 40);
+    is($r->{result}{output}, "fine\n", 'a session that takes a dead one is served');
+    ok(!grep({ $_ eq $r->{result}{kernel}{kernel_id} } @dead), 'by a new kernel');
+    is($r->{result}{kernel}{state_lost}, JSON::PP::false, 'state_lost false');
+
+    $x->stop;
+    $s1->stop;
+    $s2->stop;
+}
 
 # --- configuration
 
