@@ -596,6 +596,7 @@ ngx_int_t ngx_http_hermes_kernel_init_process(ngx_cycle_t *cycle,
 void ngx_http_hermes_kernel_exit_process(ngx_cycle_t *cycle);
 char *ngx_http_hermes_kernel_warm_conf(ngx_conf_t *cf,
     ngx_http_hermes_loc_conf_t *hlcf);
+void ngx_http_hermes_kernel_warm_post(ngx_http_hermes_zone_t *zone);
 ngx_int_t ngx_http_hermes_backend_exec(ngx_http_hermes_conn_t *conn,
     ngx_http_hermes_cmd_t *cmd);
 u_char *ngx_http_hermes_log_escape(u_char *dst, u_char *last, u_char *src,

@@ -1353,7 +1353,7 @@ ngx_http_hermes_json_stats(ngx_pool_t *pool, ngx_http_hermes_stats_t *st,
     yajl_gen_map_open(g);
     ngx_http_hermes_gen_counter("kernels", st->kernels);
     ngx_http_hermes_gen_counter("running", st->running);
-    ngx_http_hermes_gen_counter("warm", st->warm);
+    ngx_http_hermes_gen_counter("warm_kernels", st->warm);
     ngx_http_hermes_gen_counter("max_kernels", max_kernels);
     ngx_http_hermes_gen_counter("queue_depth", st->queued);
 

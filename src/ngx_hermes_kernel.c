@@ -1376,6 +1376,17 @@ ngx_http_hermes_kernel_warm_conf(ngx_conf_t *cf,
 }
 
 
+/* a warm kernel was taken: the pool refills after the request's work */
+
+void
+ngx_http_hermes_kernel_warm_post(ngx_http_hermes_zone_t *zone)
+{
+    if (zone->warm_event) {
+        ngx_post_event(zone->warm_event, &ngx_posted_events);
+    }
+}
+
+
 static void
 ngx_http_hermes_warm_handler(ngx_event_t *ev)
 {

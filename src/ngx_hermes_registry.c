@@ -1881,9 +1881,7 @@ ngx_http_hermes_registry_warm_take(ngx_http_hermes_zone_t *zone,
     ref->reused = 0;
     ref->spawn = 0;
 
-    if (zone->warm_event) {
-        ngx_post_event(zone->warm_event, &ngx_posted_events);
-    }
+    ngx_http_hermes_kernel_warm_post(zone);
 
     return NGX_HTTP_HERMES_ACQ_RUN;
 }

@@ -65,7 +65,7 @@ sub listing {
 
 # --- after start: two kernels of no one, up and sandboxed
 
-ok(wait_until(sub { (status()->{warm} // 0) == 2 }, 15), 'status: warm 2 after start');
+ok(wait_until(sub { (status()->{warm_kernels} // 0) == 2 }, 15), 'status: warm_kernels 2 after start');
 my @pool = ids();
 is(scalar @pool, 2, 'two kernel dirs under the root');
 ok(!grep({ !runner_pid($_) } @pool), 'a runner in each')
@@ -90,7 +90,7 @@ is($r->{result}{kernel}{state_lost}, JSON::PP::false, 'state_lost false');
 is($r->{result}{execution_count}, 1, 'execution_count 1');
 unlike(substr($t->error_log, $log0), qr/started for session "a"/, 'no spawn for the session');
 
-ok(wait_until(sub { (status()->{warm} // 0) == 2 }, 15), 'the pool refilled to 2');
+ok(wait_until(sub { (status()->{warm_kernels} // 0) == 2 }, 15), 'the pool refilled to 2');
 is(status()->{spawned_total}, $spawned + 1, 'by one spawn');
 my @after = ids();
 is(scalar @after, 3, 'three kernel dirs: the session\'s and the pool\'s');
@@ -116,7 +116,7 @@ $r = run_cell('bob', 'b', "print('bob')");
 is($r->{result}{output}, "bob\n", 'another owner takes a warm kernel');
 is($busy->wait->{status}, 200, 'alice\'s cell finished');
 is(status()->{evictions_total}{cap} // 0, 0, 'no kernel evicted for room');
-ok(wait_until(sub { (status()->{warm} // 0) == 2 }, 15), 'warm 2 again');
+ok(wait_until(sub { (status()->{warm_kernels} // 0) == 2 }, 15), 'warm 2 again');
 
 # --- two workers never over-fill: a burst of new sessions
 
@@ -136,7 +136,7 @@ while (time < $deadline) {
 }
 my @res = map { $_->wait } @burst;
 is(scalar(grep { $_->{status} == 200 } @res), 8, 'the burst: every session answered');
-ok(wait_until(sub { (status()->{warm} // 0) == 2 }, 15), 'the pool refilled to 2');
+ok(wait_until(sub { (status()->{warm_kernels} // 0) == 2 }, 15), 'the pool refilled to 2');
 for (1 .. 20) {
     my $n = () = ids();
     $max = $n if $n > $max;
@@ -158,7 +158,7 @@ my $vpid = runner_pid($victim);
 ok($vpid, "warm kernel $victim runs as $vpid");
 kill 'KILL', -$vpid;    # its runner's process group; the sandbox follows
 ok(wait_until(sub { !-d $t->kroot . "/hermes_rkernel_$victim" }, 10), 'its remains removed');
-ok(wait_until(sub { (status()->{warm} // 0) == 2 && !grep { $_ eq $victim } ids() }, 15),
+ok(wait_until(sub { (status()->{warm_kernels} // 0) == 2 && !grep { $_ eq $victim } ids() }, 15),
     'a new one took its place');
 like($t->error_log, qr/warm kernel "[^"]*$victim" \(pid \d+\) is gone/, 'logged');
 
@@ -172,14 +172,14 @@ ok($t->reload, 'reload, same configuration');
 sleep 1;
 is(join(' ', sort(grep { my $k = $_; grep { $_ eq $k } @pool } ids())), join(' ', sort @pool),
     'the warm kernels are kept');
-is(status()->{warm}, 2, 'warm 2');
+is(status()->{warm_kernels}, 2, 'warm 2');
 
 ($c = $conf) =~ s/%%MEMORY%%/memory=512m/;
 $t->write_conf($c);
 ok($t->reload, 'reload with another sandbox memory=');
 ok(wait_until(sub { !grep { my $k = $_; grep { $_ eq $k } @pool } ids() }, 15),
     'the old warm kernels are reaped');
-ok(wait_until(sub { (status()->{warm} // 0) == 2 }, 15), 'two new ones');
+ok(wait_until(sub { (status()->{warm_kernels} // 0) == 2 }, 15), 'two new ones');
 $r = run_cell('alice', 'a', "print(x)");
 is($r->{result}{output}, "41\n", 'a session\'s kernel survives the reload');
 $r = run_cell('carol', 'c', "print('c')");
@@ -215,7 +215,7 @@ $u->write_conf(<<'CONF');
 CONF
 $u->run;
 
-ok(wait_until(sub { ($u->http('GET', '/v1/status')->{json}{warm} // 0) == 2 }, 15), 'warm 2');
+ok(wait_until(sub { ($u->http('GET', '/v1/status')->{json}{warm_kernels} // 0) == 2 }, 15), 'warm 2');
 my @dead = map { m{/hermes_rkernel_([0-9a-f]{32})$} ? $1 : () } $u->kroot_dirs;
 is(scalar @dead, 2, 'two warm kernels');
 # a kernel's processes: its runner, and the sandbox around it
@@ -237,7 +237,7 @@ ok($kd && !grep({ $_ eq $kd } @dead), 'not a dead one');
 is($r->{result}{kernel}{state_lost}, JSON::PP::false, 'state_lost false: it had no state');
 like($u->error_log, qr/kernel \w+ of session "d" is gone, starting a new one/,
     'the dead one was found before the cell and replaced by a spawn');
-ok(wait_until(sub { ($u->http('GET', '/v1/status')->{json}{warm} // 0) == 2 }, 15),
+ok(wait_until(sub { ($u->http('GET', '/v1/status')->{json}{warm_kernels} // 0) == 2 }, 15),
     'the pool refilled after the take');
 ok(wait_until(sub { !grep { my $k = $_; grep { $_ eq $k } @dead } map { m{_([0-9a-f]{32})$} ? $1 : () }
     $u->kroot_dirs }, 10), 'the dead ones removed') or diag $u->error_log;
@@ -251,9 +251,9 @@ is($r->{result}{output}, "1\n", 'a session of a backend without a pool spawns');
 is(ustatus()->{kernels}, 4, 'at the cap') or diag explain ustatus(), [$u->kroot_dirs];
 $r = $u->execute('/v1/cold', { session => 'o2', code => "print(2)" });
 is($r->{result}{output}, "2\n", 'another, over the cap');
-is(ustatus()->{warm}, 1, 'a warm kernel made room');
+is(ustatus()->{warm_kernels}, 1, 'a warm kernel made room');
 $r = $u->execute('/v1/cold', { session => 'o3', code => "print(3)" });
-is(ustatus()->{warm}, 0, 'then the other');
+is(ustatus()->{warm_kernels}, 0, 'then the other');
 is(ustatus()->{evictions_total}{cap}, 0, 'no session evicted, none counted');
 $r = $u->execute('/v1/execute', { session => 'd', code => "print('still')" });
 is($r->{result}{output}, "still\n", 'the first session kept its kernel');
@@ -261,7 +261,7 @@ is($r->{result}{kernel}{kernel_id}, $kd, 'the same one');
 $r = $u->execute('/v1/cold', { session => 'o4', code => "print(4)" });
 is(ustatus()->{evictions_total}{cap}, 1, 'then sessions: the least recently used');
 is(ustatus()->{kernels}, 4, 'four kernels');
-is(ustatus()->{warm}, 0, 'no room for the pool');
+is(ustatus()->{warm_kernels}, 0, 'no room for the pool');
 $u->stop;
 
 # --- warm kernels retire at half the idle timeout, long before their
@@ -289,7 +289,7 @@ $v->run;
 sub vstatus { $v->http('GET', '/v1/status')->{json} // {} }
 sub vids { map { m{/hermes_rkernel_([0-9a-f]{32})$} ? $1 : () } $v->kroot_dirs }
 
-ok(wait_until(sub { (vstatus()->{warm} // 0) == 2 }, 15), 'warm 2');
+ok(wait_until(sub { (vstatus()->{warm_kernels} // 0) == 2 }, 15), 'warm 2');
 my @first = vids();
 my $t0 = time;
 sleep 1;
@@ -298,7 +298,7 @@ ok(wait_until(sub { !grep { my $k = $_; grep { $_ eq $k } @first } vids() }, 6),
     'replaced once half the idle timeout passed');
 my $took = time - $t0;
 ok($took >= 1.5 && $took < 4, sprintf('after %.1fs (idle_timeout 4s)', $took));
-ok(wait_until(sub { (vstatus()->{warm} // 0) == 2 }, 15), 'warm 2 again');
+ok(wait_until(sub { (vstatus()->{warm_kernels} // 0) == 2 }, 15), 'warm 2 again');
 is(vstatus()->{evictions_total}{idle} // 0, 0, 'not counted as idle evictions');
 
 $v->stop;
@@ -358,7 +358,7 @@ CONF
         return $env =~ /(?:^|\0)SSH_CONNECTION=\S+ \d+ \S+ (\d+)(?:\0|$)/ ? $1 : '';
     }
 
-    ok(wait_until(sub { (xstatus($x)->{warm} // 0) == 2 }, 30), 'ssh, two hosts, warm=1: two warm kernels');
+    ok(wait_until(sub { (xstatus($x)->{warm_kernels} // 0) == 2 }, 30), 'ssh, two hosts, warm=1: two warm kernels');
     my @w = xids($x);
     is(scalar @w, 2, 'two kernel dirs');
     is(join(' ', sort map { ssh_port_of(runner_pid($_) // 0) } @w), join(' ', sort($P1, $P2)),
@@ -370,7 +370,7 @@ CONF
     ok((grep { $_ eq $ks } @w), 'ran on a warm kernel');
     is($r->{result}{kernel}{reused}, JSON::PP::false, 'reused false');
     unlike($x->error_log, qr/started for session "s"/, 'no spawn for it');
-    ok(wait_until(sub { (xstatus($x)->{warm} // 0) == 2 }, 30), 'the pool refilled');
+    ok(wait_until(sub { (xstatus($x)->{warm_kernels} // 0) == 2 }, 30), 'the pool refilled');
     $r = $x->execute('/v1/execute', { session => 's', code => "print(y)" }, timeout => 40);
     is($r->{result}{output}, "6\n", 'the session keeps it');
 
