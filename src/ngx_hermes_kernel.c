@@ -82,8 +82,8 @@ typedef struct {
     u_char                         key[NGX_HTTP_HERMES_WARM_KEY_LEN];
 } ngx_http_hermes_warm_spawn_t;
 
-/* kernels to check alive per round of a pool's upkeep */
-#define NGX_HTTP_HERMES_WARM_CHECK    32
+/* local warm kernels checked alive per upkeep: a full pool of one backend */
+#define NGX_HTTP_HERMES_WARM_CHECK    NGX_HTTP_HERMES_WARM_MAX
 
 /* a pool whose spawn failed waits this long before the next */
 #define NGX_HTTP_HERMES_WARM_RETRY    30000
