@@ -603,6 +603,10 @@ ngx_http_hermes_merge_loc_conf(ngx_conf_t *cf, void *parent, void *child)
         return NGX_CONF_ERROR;
     }
 
+    if (conf->handler == NGX_HTTP_HERMES_HANDLER_EXECUTE) {
+        return ngx_http_hermes_kernel_warm_conf(cf, conf);
+    }
+
     return NGX_CONF_OK;
 }
 
@@ -982,9 +986,10 @@ ngx_http_hermes_zone(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
 
 
 /*
- * hermes_backend local [root=PATH];
+ * hermes_backend local [root=PATH] [warm=N];
  * hermes_backend ssh host=HOST[:PORT] [host=...] user=NAME identity=FILE
- *                known_hosts=FILE [root=PATH] [connect_timeout=TIME];
+ *                known_hosts=FILE [root=PATH] [connect_timeout=TIME]
+ *                [warm=N];
  */
 
 static char *
@@ -994,7 +999,7 @@ ngx_http_hermes_backend(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
 
     char                             *why;
     u_char                           *p, *host;
-    ngx_int_t                         port;
+    ngx_int_t                         port, warm;
     ngx_str_t                        *value, root, name, v;
     ngx_uint_t                        i;
     ngx_file_info_t                   fi;
@@ -1024,6 +1029,7 @@ ngx_http_hermes_backend(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
     ngx_str_set(&root, "/tmp");
     ngx_memzero(&ssh, sizeof(ngx_http_hermes_backend_conf_t));
     ssh.connect_timeout = 10000;
+    warm = 0;
 
     if (ops == &ngx_http_hermes_backend_ssh_ops) {
         ssh.hosts = ngx_array_create(cf->pool, 2,
@@ -1038,6 +1044,22 @@ ngx_http_hermes_backend(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
         if (ngx_strncmp(value[i].data, "root=", 5) == 0) {
             root.data = value[i].data + 5;
             root.len = value[i].len - 5;
+            continue;
+        }
+
+        /* not in the tag: the pool's size makes no other place */
+
+        if (ngx_strncmp(value[i].data, "warm=", 5) == 0) {
+            warm = ngx_atoi(value[i].data + 5, value[i].len - 5);
+
+            if (warm == NGX_ERROR || warm > NGX_HTTP_HERMES_WARM_MAX) {
+                ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                                   "invalid hermes_backend warm \"%V\": "
+                                   "a number from 0 to %d expected",
+                                   &value[i], NGX_HTTP_HERMES_WARM_MAX);
+                return NGX_CONF_ERROR;
+            }
+
             continue;
         }
 
@@ -1142,6 +1164,8 @@ ngx_http_hermes_backend(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
     if (hlcf->backend == NULL) {
         return NGX_CONF_ERROR;
     }
+
+    hlcf->backend->warm = warm;
 
     if (ops == &ngx_http_hermes_backend_local_ops) {
         return ngx_http_hermes_local_check(cf, &root);

@@ -61,6 +61,7 @@ typedef struct {
     ngx_http_hermes_backend_ops_t *ops;
     ngx_uint_t                    nhosts;
     ngx_str_t                     root;
+    ngx_uint_t                    warm;         /* idle kernels kept per host */
     /* identifies the backend in registry keys: a hash of its arguments */
     u_char                        tag[NGX_HTTP_HERMES_BACKEND_TAG_LEN];
 
@@ -103,6 +104,8 @@ typedef struct {
     ngx_event_t                  *sweep_event;  /* this worker's */
     /* this gateway's zone (nginx.conf's path and the zone's name) */
     u_char                        gateway[NGX_HTTP_HERMES_TAG_HEX];
+    ngx_array_t                  *warm;         /* ngx_http_hermes_warm_t */
+    ngx_event_t                  *warm_event;   /* this worker's refill */
 } ngx_http_hermes_zone_t;
 
 
@@ -185,6 +188,29 @@ typedef enum {
     NGX_HTTP_HERMES_TOOLS_HERMES = 0,
     NGX_HTTP_HERMES_TOOLS_MCP
 } ngx_http_hermes_tools_protocol_e;
+
+
+/*
+ * A warm pool: kernels spawned ahead for new sessions, alike to what a
+ * location would spawn (the hash says what they were spawned with).  One
+ * per backend of a zone; the locations that use it spawn alike.
+ */
+
+#define NGX_HTTP_HERMES_WARM_HASH_LEN   16      /* hex of an 8-byte hash */
+#define NGX_HTTP_HERMES_WARM_MAX        64      /* warm=, per host */
+
+/* a warm kernel's registry key: "\0 backend-tag \0 hash slot" */
+#define NGX_HTTP_HERMES_WARM_KEY_LEN                                          \
+    (2 + NGX_HTTP_HERMES_BACKEND_TAG_LEN + NGX_HTTP_HERMES_WARM_HASH_LEN      \
+     + NGX_HTTP_HERMES_ID_LEN)
+
+typedef struct {
+    u_char                        tag[NGX_HTTP_HERMES_BACKEND_TAG_LEN];
+    u_char                        hash[NGX_HTTP_HERMES_WARM_HASH_LEN];
+    ngx_uint_t                    n;            /* per host; 0: no pool */
+    ngx_http_hermes_loc_conf_t   *hlcf;         /* spawns them */
+    ngx_msec_t                   *retry;        /* per host, after a failure */
+} ngx_http_hermes_warm_t;
 
 
 /* the registry */
@@ -309,6 +335,7 @@ typedef struct {
 typedef struct {
     ngx_uint_t                    kernels;
     ngx_uint_t                    running;
+    ngx_uint_t                    warm;         /* ready in warm pools */
     ngx_uint_t                    queued;       /* cells waiting their turn */
     ngx_uint_t                    owners;       /* with kernels, if asked */
     ngx_uint_t                    spawned_total;
@@ -527,6 +554,18 @@ ngx_int_t ngx_http_hermes_registry_spawned(ngx_http_hermes_zone_t *zone,
 void ngx_http_hermes_registry_release(ngx_http_hermes_zone_t *zone,
     ngx_http_hermes_kernel_ref_t *ref, ngx_uint_t how,
     ngx_uint_t execution_count);
+ngx_int_t ngx_http_hermes_registry_warm_reserve(ngx_http_hermes_zone_t *zone,
+    ngx_http_hermes_warm_t *w, ngx_uint_t host,
+    ngx_http_hermes_kernel_ref_t *ref);
+ngx_int_t ngx_http_hermes_registry_warm_spawned(ngx_http_hermes_zone_t *zone,
+    ngx_http_hermes_kernel_ref_t *ref, ngx_http_hermes_spawned_t *k);
+void ngx_http_hermes_registry_warm_failed(ngx_http_hermes_zone_t *zone,
+    ngx_http_hermes_kernel_ref_t *ref, ngx_uint_t failed);
+ngx_uint_t ngx_http_hermes_registry_warm_sweep(ngx_http_hermes_zone_t *zone,
+    ngx_http_hermes_victims_t *victims, ngx_http_hermes_victim_t *check,
+    ngx_uint_t *ncheck);
+void ngx_http_hermes_registry_warm_drop(ngx_http_hermes_zone_t *zone,
+    ngx_http_hermes_victim_t *v, ngx_http_hermes_victims_t *victims);
 
 #define ngx_http_hermes_count(zone, counter)                                  \
     (void) ngx_atomic_fetch_add(&(zone)->sh->counter, 1)
@@ -611,6 +650,8 @@ struct ngx_http_hermes_backend_ops_s {
     /* NULL: an interrupt is a command, in the thread pool */
     ngx_int_t                   (*interrupt)(ngx_http_hermes_victim_t *v,
                                              uint32_t cell, ngx_log_t *log);
+    /* is a kernel still itself, told at once; NULL: it cannot be */
+    ngx_uint_t                  (*alive)(ngx_http_hermes_victim_t *v);
     void                        (*exit_process)(
                                     ngx_http_hermes_backend_conf_t *bcf);
 };
@@ -702,6 +743,9 @@ ngx_int_t ngx_http_hermes_kernel_init_process(ngx_cycle_t *cycle,
     ngx_http_hermes_main_conf_t *hmcf);
 void ngx_http_hermes_kernel_exit_process(ngx_cycle_t *cycle);
 void ngx_http_hermes_kernel_exit_master(ngx_cycle_t *cycle);
+char *ngx_http_hermes_kernel_warm_conf(ngx_conf_t *cf,
+    ngx_http_hermes_loc_conf_t *hlcf);
+void ngx_http_hermes_kernel_warm_post(ngx_http_hermes_zone_t *zone);
 u_char *ngx_http_hermes_log_escape(u_char *dst, u_char *last, u_char *src,
     size_t len, ngx_uint_t quoted);
 

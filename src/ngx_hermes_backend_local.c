@@ -47,6 +47,7 @@ static ngx_str_t *ngx_http_hermes_local_host_name(
     ngx_http_hermes_backend_conf_t *bcf, ngx_uint_t host);
 static ngx_int_t ngx_http_hermes_local_interrupt_kernel(
     ngx_http_hermes_victim_t *v, uint32_t cell, ngx_log_t *log);
+static ngx_uint_t ngx_http_hermes_local_alive(ngx_http_hermes_victim_t *v);
 
 
 ngx_http_hermes_backend_ops_t  ngx_http_hermes_backend_local_ops = {
@@ -60,6 +61,7 @@ ngx_http_hermes_backend_ops_t  ngx_http_hermes_backend_local_ops = {
     ngx_http_hermes_local_pick_host,
     ngx_http_hermes_local_host_name,
     ngx_http_hermes_local_interrupt_kernel,
+    ngx_http_hermes_local_alive,
     NULL                                    /* exit_process */
 };
 
@@ -147,6 +149,57 @@ ngx_http_hermes_local_interrupt_kernel(ngx_http_hermes_victim_t *v,
 
     return rc;
 }
+
+
+/*
+ * A local warm kernel is alive: its process (not a zombie, nor a later one
+ * given its pid) and its directory.
+ */
+
+static ngx_uint_t
+ngx_http_hermes_local_alive(ngx_http_hermes_victim_t *v)
+{
+    u_char           *p;
+    ssize_t           n;
+    ngx_fd_t          fd;
+    uint64_t          start;
+    ngx_file_info_t   fi;
+    u_char            path[64], buf[1024];
+
+    ngx_sprintf(path, "/proc/%P/stat%Z", v->pid);
+
+    fd = open((char *) path, O_RDONLY|O_CLOEXEC);
+    if (fd == -1) {
+        return 0;
+    }
+
+    n = read(fd, buf, sizeof(buf));
+    close(fd);
+
+    if (n <= 0) {
+        return 0;
+    }
+
+    /* the state follows the command name, which may hold a ')' */
+
+    for (p = buf + n; p > buf && p[-1] != ')'; p--) { /* void */ }
+
+    if (buf + n - p < 2 || p[1] == 'Z' || p[1] == 'X'
+        || ngx_http_hermes_proc_start(buf, n, &start) != NGX_OK
+        || start != v->start)
+    {
+        return 0;
+    }
+
+    if (ngx_link_info(v->dir, &fi) == NGX_FILE_ERROR
+        || (uint64_t) fi.st_ino != v->ino)
+    {
+        return 0;
+    }
+
+    return 1;
+}
+
 
 
 ngx_int_t

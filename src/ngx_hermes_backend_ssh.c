@@ -224,6 +224,7 @@ ngx_http_hermes_backend_ops_t  ngx_http_hermes_backend_ssh_ops = {
     ngx_http_hermes_ssh_pick_host,
     ngx_http_hermes_ssh_host_name,
     NULL,                                   /* interrupt: a command */
+    NULL,                                   /* alive: a take finds out */
     ngx_http_hermes_ssh_exit_process
 };
 

@@ -1814,6 +1814,7 @@ ngx_http_hermes_json_stats(ngx_pool_t *pool, ngx_http_hermes_stats_t *st,
     yajl_gen_map_open(g);
     ngx_http_hermes_gen_counter("kernels", st->kernels);
     ngx_http_hermes_gen_counter("running", st->running);
+    ngx_http_hermes_gen_counter("warm_kernels", st->warm);
     ngx_http_hermes_gen_counter("max_kernels", max_kernels);
     ngx_http_hermes_gen_counter("queue_depth", st->queued);
 
@@ -2072,6 +2073,9 @@ ngx_http_hermes_prometheus_stats(ngx_pool_t *pool,
                          "running).", st->kernels);
     ngx_http_hermes_prom("running", "gauge", "Kernels running a cell.",
                          st->running);
+    ngx_http_hermes_prom("warm_kernels", "gauge",
+                         "Warm kernels ready for new sessions (counted in "
+                         "kernels too).", st->warm);
     ngx_http_hermes_prom("max_kernels", "gauge", "The registry's cap.",
                          max_kernels);
     ngx_http_hermes_prom("queue_depth", "gauge",

@@ -77,6 +77,11 @@ static ngx_int_t ngx_libc_cdecl ngx_http_hermes_registry_oldest_first(
     const void *one, const void *two);
 static ngx_int_t ngx_libc_cdecl ngx_http_hermes_registry_answer_order(
     const void *one, const void *two);
+static ngx_int_t ngx_http_hermes_registry_warm_take(
+    ngx_http_hermes_zone_t *zone, ngx_http_hermes_node_t *kn,
+    ngx_http_hermes_kernel_ref_t *ref);
+static ngx_uint_t ngx_http_hermes_registry_warm_evict(
+    ngx_http_hermes_zone_t *zone, ngx_http_hermes_victims_t *victims);
 
 
 #define ngx_http_hermes_node_dir(kn)   ((kn)->data + (kn)->key_len)
@@ -435,7 +440,8 @@ ngx_http_hermes_registry_acquire(ngx_http_hermes_zone_t *zone,
             kn = ngx_slab_alloc_locked(zone->shpool, n);
 
             if (kn || tries == NGX_HTTP_HERMES_VICTIMS
-                || !ngx_http_hermes_registry_evict_lru(zone, victims, 1))
+                || !(ngx_http_hermes_registry_warm_evict(zone, victims)
+                     || ngx_http_hermes_registry_evict_lru(zone, victims, 1)))
             {
                 break;
             }
@@ -472,6 +478,10 @@ ngx_http_hermes_registry_acquire(ngx_http_hermes_zone_t *zone,
     ref->gen = kn->gen;
 
     rc = ngx_http_hermes_registry_turn(zone, kn, ref, root);
+
+    if (rc == NGX_HTTP_HERMES_ACQ_SPAWN) {
+        rc = ngx_http_hermes_registry_warm_take(zone, kn, ref);
+    }
 
     /* a new kernel may take the registry over the cap: make room */
     ngx_http_hermes_registry_sweep_locked(zone, victims, 0);
@@ -630,6 +640,10 @@ ngx_http_hermes_registry_poll(ngx_http_hermes_zone_t *zone,
 
     } else {
         rc = ngx_http_hermes_registry_turn(zone, kn, ref, root);
+
+        if (rc == NGX_HTTP_HERMES_ACQ_SPAWN) {
+            rc = ngx_http_hermes_registry_warm_take(zone, kn, ref);
+        }
     }
 
     ngx_shmtx_unlock(&zone->shpool->mutex);
@@ -685,7 +699,11 @@ ngx_http_hermes_registry_renew(ngx_http_hermes_zone_t *zone,
 
     ngx_http_hermes_registry_snapshot(kn, ref);
 
-    ref->state_lost = 1;
+    /* a warm kernel taken dead (not reused) took no state with it */
+    if (ref->reused) {
+        ref->state_lost = 1;
+    }
+
     ref->reused = 0;
     ref->spawn = 1;
 
@@ -965,7 +983,9 @@ ngx_http_hermes_registry_sweep_locked(ngx_http_hermes_zone_t *zone,
     }
 
     while (zone->sh->kernels > zone->max_kernels) {
-        if (!ngx_http_hermes_registry_evict_lru(zone, victims, 0)) {
+        if (!ngx_http_hermes_registry_warm_evict(zone, victims)
+            && !ngx_http_hermes_registry_evict_lru(zone, victims, 0))
+        {
             break;
         }
     }
@@ -1332,6 +1352,7 @@ ngx_http_hermes_registry_stats(ngx_http_hermes_zone_t *zone,
     sh = zone->sh;
 
     st->running = 0;
+    st->warm = 0;
     st->queued = 0;
     st->nhosts = 0;
     h = NULL;
@@ -1348,6 +1369,11 @@ ngx_http_hermes_registry_stats(ngx_http_hermes_zone_t *zone,
 
         if (kn->state == NGX_HTTP_HERMES_STATE_RUNNING) {
             st->running++;
+
+        } else if (kn->state == NGX_HTTP_HERMES_STATE_IDLE
+                   && kn->owner_len == 0)
+        {
+            st->warm++;
         }
 
         /* the serving ticket waits too until its request claims it */
@@ -1871,4 +1897,478 @@ ngx_http_hermes_registry_set_host(ngx_http_hermes_zone_t *zone,
     }
 
     ngx_shmtx_unlock(&zone->shpool->mutex);
+}
+
+
+/*
+ * Warm pools.  A warm kernel is an entry of no owner (no owner is ""), so
+ * its owner's run of the tree holds the zone's warm kernels and nothing
+ * else, and no owner's listing or limit sees them.  Its session is the
+ * hash of what it was spawned with and a random slot: a kernel spawned
+ * with another configuration matches no pool and is reaped.
+ */
+
+#define ngx_http_hermes_node_warm_hash(kn)                                    \
+    ngx_http_hermes_node_session(kn)
+
+static ngx_str_t  ngx_http_hermes_warm_owner = ngx_string("");
+
+
+/* the zone's pool of warm kernels like kn (or of its backend: hash NULL) */
+
+static ngx_http_hermes_warm_t *
+ngx_http_hermes_registry_warm_pool(ngx_http_hermes_zone_t *zone, u_char *tag,
+    u_char *hash)
+{
+    ngx_uint_t               i;
+    ngx_http_hermes_warm_t  *w;
+
+    if (zone->warm == NULL) {
+        return NULL;
+    }
+
+    w = zone->warm->elts;
+
+    for (i = 0; i < zone->warm->nelts; i++) {
+        if (w[i].n
+            && ngx_memcmp(w[i].tag, tag, NGX_HTTP_HERMES_BACKEND_TAG_LEN) == 0
+            && (hash == NULL
+                || ngx_memcmp(w[i].hash, hash, NGX_HTTP_HERMES_WARM_HASH_LEN)
+                   == 0))
+        {
+            return &w[i];
+        }
+    }
+
+    return NULL;
+}
+
+
+static ngx_uint_t
+ngx_http_hermes_registry_warm_of(ngx_http_hermes_node_t *kn,
+    ngx_http_hermes_warm_t *w)
+{
+    return ngx_memcmp(ngx_http_hermes_node_tag(kn), w->tag,
+                      NGX_HTTP_HERMES_BACKEND_TAG_LEN) == 0
+           && ngx_memcmp(ngx_http_hermes_node_warm_hash(kn), w->hash,
+                         NGX_HTTP_HERMES_WARM_HASH_LEN) == 0;
+}
+
+
+/*
+ * A slot in a pool, made under the lock like the entry of a first request:
+ * workers that refill at once never make more than w->n.  The entry is
+ * SPAWNING, its turn held by this worker (a worker that dies spawning is
+ * reclaimed by the sweep); ref->key.data has NGX_HTTP_HERMES_WARM_KEY_LEN
+ * bytes.  NGX_DECLINED: the pool is full, or the registry is.
+ */
+
+ngx_int_t
+ngx_http_hermes_registry_warm_reserve(ngx_http_hermes_zone_t *zone,
+    ngx_http_hermes_warm_t *w, ngx_uint_t host,
+    ngx_http_hermes_kernel_ref_t *ref)
+{
+    u_char                  *p;
+    size_t                   n, dir_len;
+    uint32_t                 ohash;
+    ngx_str_t               *root;
+    ngx_uint_t               count;
+    ngx_rbtree_key_t         hash;
+    ngx_http_hermes_node_t  *kn;
+    u_char                   slot[NGX_HTTP_HERMES_ID_LEN / 2];
+
+    root = &w->hlcf->backend->root;
+
+    p = ref->key.data;
+    *p++ = '\0';
+    p = ngx_cpymem(p, w->tag, NGX_HTTP_HERMES_BACKEND_TAG_LEN);
+    *p++ = '\0';
+    p = ngx_cpymem(p, w->hash, NGX_HTTP_HERMES_WARM_HASH_LEN);
+    randombytes_buf(slot, sizeof(slot));
+    p = ngx_hex_dump(p, slot, sizeof(slot));
+
+    ref->key.len = p - ref->key.data;
+    ref->owner.data = ref->key.data;
+    ref->owner.len = 0;
+    ref->session.data = ref->key.data + 2 + NGX_HTTP_HERMES_BACKEND_TAG_LEN;
+    ref->session.len = p - ref->session.data;
+
+    hash = ngx_http_hermes_registry_key(ref, &ohash);
+
+    dir_len = root->len + sizeof("/hermes_rkernel_") - 1
+              + NGX_HTTP_HERMES_ID_LEN;
+    n = offsetof(ngx_http_hermes_node_t, data) + ref->key.len + dir_len;
+
+    ngx_shmtx_lock(&zone->shpool->mutex);
+
+    count = 0;
+
+    for (kn = ngx_http_hermes_registry_owner_next(zone, &ref->owner, ohash,
+                                                  NULL);
+         kn;
+         kn = ngx_http_hermes_registry_owner_next(zone, &ref->owner, ohash,
+                                                  kn))
+    {
+        if (kn->state != NGX_HTTP_HERMES_STATE_LOST && kn->host == host
+            && ngx_http_hermes_registry_warm_of(kn, w))
+        {
+            count++;
+        }
+    }
+
+    /* a pool never makes room for itself: it fills what is free */
+
+    if (count >= w->n || zone->sh->kernels >= zone->max_kernels) {
+        ngx_shmtx_unlock(&zone->shpool->mutex);
+        return NGX_DECLINED;
+    }
+
+    kn = ngx_slab_alloc_locked(zone->shpool, n);
+    if (kn == NULL) {
+        ngx_shmtx_unlock(&zone->shpool->mutex);
+        return NGX_DECLINED;
+    }
+
+    ngx_memzero(kn, offsetof(ngx_http_hermes_node_t, data));
+
+    kn->node.key = hash;
+    kn->key_len = (uint16_t) ref->key.len;
+    kn->owner_len = 0;
+    kn->dir_len = (uint16_t) dir_len;
+    kn->gen = randombytes_random();
+    kn->created = ngx_http_hermes_now_ms();
+    kn->last_used = kn->created;
+    kn->turn_at = kn->created;
+    kn->state = NGX_HTTP_HERMES_STATE_LOST;
+    kn->host = (uint8_t) host;
+
+    ngx_memcpy(kn->data, ref->key.data, ref->key.len);
+
+    ngx_rbtree_insert(&zone->sh->rbtree, &kn->node);
+    ngx_queue_insert_head(&zone->sh->lru, &kn->queue);
+
+    /* the spawn's turn, as a first request's */
+
+    kn->ticket_next = 1;
+    kn->claimed = 1;
+    kn->holder = ngx_pid;
+
+    ngx_http_hermes_registry_new_kernel(kn, root);
+    ngx_http_hermes_registry_set_state(zone, kn,
+                                       NGX_HTTP_HERMES_STATE_SPAWNING);
+
+    ngx_http_hermes_registry_snapshot(kn, ref);
+
+    ref->gen = kn->gen;
+    ref->ticket = 0;
+    ref->spawn = 1;
+    ref->reused = 0;
+    ref->state_lost = 0;
+
+    ngx_shmtx_unlock(&zone->shpool->mutex);
+
+    return NGX_OK;
+}
+
+
+/* a warm kernel is up: idle, in the pool, until a new session takes it */
+
+ngx_int_t
+ngx_http_hermes_registry_warm_spawned(ngx_http_hermes_zone_t *zone,
+    ngx_http_hermes_kernel_ref_t *ref, ngx_http_hermes_spawned_t *k)
+{
+    ngx_http_hermes_node_t  *kn;
+
+    ngx_shmtx_lock(&zone->shpool->mutex);
+
+    kn = ngx_http_hermes_registry_mine(zone, ref);
+
+    if (kn == NULL) {
+        ngx_shmtx_unlock(&zone->shpool->mutex);
+        return NGX_DECLINED;
+    }
+
+    if (k->dir_len == kn->dir_len) {
+        ngx_memcpy(kn->kernel_id, k->kernel_id, NGX_HTTP_HERMES_ID_LEN);
+        ngx_memcpy(ngx_http_hermes_node_dir(kn), k->dir, k->dir_len);
+    }
+
+    kn->pid = k->pid;
+    kn->start = k->start;
+    kn->ino = k->ino;
+    kn->uid = k->uid;
+    kn->had_kernel = 1;
+    kn->cell_seq = 0;
+    kn->execution_count = 0;
+    ngx_http_hermes_registry_set_state(zone, kn, NGX_HTTP_HERMES_STATE_IDLE);
+
+    /* the pool's clock starts now, as the runner's idle clock did */
+    ngx_http_hermes_registry_end_turn(zone, kn);
+
+    zone->sh->spawned_total++;
+
+    ngx_shmtx_unlock(&zone->shpool->mutex);
+
+    return NGX_OK;
+}
+
+
+/* a slot whose spawn failed ("failed") or was never posted goes */
+
+void
+ngx_http_hermes_registry_warm_failed(ngx_http_hermes_zone_t *zone,
+    ngx_http_hermes_kernel_ref_t *ref, ngx_uint_t failed)
+{
+    ngx_http_hermes_node_t  *kn;
+
+    ngx_shmtx_lock(&zone->shpool->mutex);
+
+    kn = ngx_http_hermes_registry_mine(zone, ref);
+
+    if (kn) {
+        if (failed) {
+            ngx_http_hermes_registry_host_failed(zone,
+                                                 ngx_http_hermes_node_tag(kn),
+                                                 kn->host);
+        }
+
+        ngx_http_hermes_registry_delete(zone, kn);
+    }
+
+    ngx_shmtx_unlock(&zone->shpool->mutex);
+}
+
+
+/*
+ * Called locked, by acquire: a request that would spawn a kernel for its
+ * entry kn takes a warm one of the pool of its backend instead, the oldest
+ * (the nearest to retiring).  The entry gets the kernel, its owner and
+ * session are bound now; the request runs its cell at once on it, as on a
+ * kernel it had spawned, and the pool is refilled off this request.
+ */
+
+static ngx_int_t
+ngx_http_hermes_registry_warm_take(ngx_http_hermes_zone_t *zone,
+    ngx_http_hermes_node_t *kn, ngx_http_hermes_kernel_ref_t *ref)
+{
+    uint32_t                 ohash;
+    ngx_http_hermes_warm_t  *w;
+    ngx_http_hermes_node_t  *wk, *best;
+
+    w = ngx_http_hermes_registry_warm_pool(zone, ngx_http_hermes_node_tag(kn),
+                                           NULL);
+    if (w == NULL) {
+        return NGX_HTTP_HERMES_ACQ_SPAWN;
+    }
+
+    ohash = ngx_crc32_short(ngx_http_hermes_warm_owner.data, 0);
+    best = NULL;
+
+    for (wk = ngx_http_hermes_registry_owner_next(zone,
+                                    &ngx_http_hermes_warm_owner, ohash, NULL);
+         wk;
+         wk = ngx_http_hermes_registry_owner_next(zone,
+                                    &ngx_http_hermes_warm_owner, ohash, wk))
+    {
+        if (wk->state == NGX_HTTP_HERMES_STATE_IDLE
+            && ngx_http_hermes_pending(wk) == 0
+            && wk->dir_len == kn->dir_len
+            && ngx_http_hermes_registry_warm_of(wk, w)
+            && (best == NULL || wk->last_used < best->last_used))
+        {
+            best = wk;
+        }
+    }
+
+    if (best == NULL) {
+        return NGX_HTTP_HERMES_ACQ_SPAWN;
+    }
+
+    ngx_memcpy(kn->kernel_id, best->kernel_id, NGX_HTTP_HERMES_ID_LEN);
+    ngx_memcpy(kn->token, best->token, NGX_HTTP_HERMES_TOKEN_LEN);
+    ngx_memcpy(ngx_http_hermes_node_dir(kn), ngx_http_hermes_node_dir(best),
+               kn->dir_len);
+
+    kn->pid = best->pid;
+    kn->start = best->start;
+    kn->ino = best->ino;
+    kn->uid = best->uid;
+    kn->host = best->host;
+    kn->had_kernel = 1;
+    kn->cell_seq = 1;
+    kn->execution_count = 0;
+    ngx_http_hermes_registry_set_state(zone, kn,
+                                       NGX_HTTP_HERMES_STATE_RUNNING);
+
+    /* the kernel moved: its pool entry goes, nothing is killed */
+    ngx_http_hermes_registry_delete(zone, best);
+
+    ngx_http_hermes_registry_snapshot(kn, ref);
+
+    ref->reused = 0;
+    ref->spawn = 0;
+
+    ngx_http_hermes_kernel_warm_post(zone);
+
+    return NGX_HTTP_HERMES_ACQ_RUN;
+}
+
+
+/*
+ * The pools' upkeep: entries of failed or reclaimed spawns go; kernels of
+ * no pool of this configuration (a reload changed what they would be
+ * spawned with) and kernels past half the idle timeout are reaped, long
+ * before their runners would exit by themselves.  The rest of the local
+ * ones are copied into check[] (*ncheck: its size, then its count), to be
+ * checked alive off the lock.  Returns 1 when victims is full.
+ */
+
+ngx_uint_t
+ngx_http_hermes_registry_warm_sweep(ngx_http_hermes_zone_t *zone,
+    ngx_http_hermes_victims_t *victims, ngx_http_hermes_victim_t *check,
+    ngx_uint_t *ncheck)
+{
+    uint32_t                    ohash;
+    uint64_t                    now;
+    ngx_uint_t                  n, max;
+    ngx_http_hermes_warm_t     *w;
+    ngx_http_hermes_node_t     *kn, *next;
+    ngx_http_hermes_victims_t   one;
+
+    now = ngx_http_hermes_now_ms();
+    ohash = ngx_crc32_short(ngx_http_hermes_warm_owner.data, 0);
+    max = *ncheck;
+    n = 0;
+
+    ngx_shmtx_lock(&zone->shpool->mutex);
+
+    for (kn = ngx_http_hermes_registry_owner_next(zone,
+                                    &ngx_http_hermes_warm_owner, ohash, NULL);
+         kn;
+         kn = next)
+    {
+        next = ngx_http_hermes_registry_owner_next(zone,
+                                    &ngx_http_hermes_warm_owner, ohash, kn);
+
+        if (ngx_http_hermes_pending(kn)) {
+            continue;
+        }
+
+        if (kn->state == NGX_HTTP_HERMES_STATE_LOST) {
+            ngx_http_hermes_registry_delete(zone, kn);
+            continue;
+        }
+
+        w = ngx_http_hermes_registry_warm_pool(zone,
+                                            ngx_http_hermes_node_tag(kn),
+                                            ngx_http_hermes_node_warm_hash(kn));
+
+        if (w == NULL
+            || kn->host >= w->hlcf->backend->nhosts
+            || (int64_t) (now - kn->last_used)
+               >= (int64_t) (zone->idle_timeout / 2))
+        {
+            if (ngx_http_hermes_registry_evict(zone, kn, victims) != NGX_OK) {
+                ngx_shmtx_unlock(&zone->shpool->mutex);
+                *ncheck = n;
+                return 1;
+            }
+
+            continue;
+        }
+
+        if (n < max) {
+            one.n = 0;
+            (void) ngx_http_hermes_registry_victim(kn, &one, kn->pid);
+            check[n++] = one.v[0];
+        }
+    }
+
+    ngx_shmtx_unlock(&zone->shpool->mutex);
+
+    *ncheck = n;
+
+    return 0;
+}
+
+
+/* a warm kernel found dead: out of the pool, its remains to be removed */
+
+void
+ngx_http_hermes_registry_warm_drop(ngx_http_hermes_zone_t *zone,
+    ngx_http_hermes_victim_t *v, ngx_http_hermes_victims_t *victims)
+{
+    uint32_t                 ohash;
+    ngx_http_hermes_node_t  *kn;
+
+    ohash = ngx_crc32_short(ngx_http_hermes_warm_owner.data, 0);
+
+    ngx_shmtx_lock(&zone->shpool->mutex);
+
+    for (kn = ngx_http_hermes_registry_owner_next(zone,
+                                    &ngx_http_hermes_warm_owner, ohash, NULL);
+         kn;
+         kn = ngx_http_hermes_registry_owner_next(zone,
+                                    &ngx_http_hermes_warm_owner, ohash, kn))
+    {
+        if (kn->state == NGX_HTTP_HERMES_STATE_IDLE
+            && ngx_http_hermes_pending(kn) == 0
+            && kn->pid == v->pid && kn->start == v->start
+            && kn->dir_len == v->dir_len
+            && ngx_memcmp(ngx_http_hermes_node_dir(kn), v->dir, v->dir_len)
+               == 0)
+        {
+            (void) ngx_http_hermes_registry_evict(zone, kn, victims);
+            break;
+        }
+    }
+
+    ngx_shmtx_unlock(&zone->shpool->mutex);
+}
+
+
+/*
+ * Called locked, over the cap: warm kernels go first, the least recently
+ * made one first; then a slot still spawning (its spawn, finding no slot,
+ * kills what it made).  Not an eviction of anyone's kernel: not counted.
+ */
+
+static ngx_uint_t
+ngx_http_hermes_registry_warm_evict(ngx_http_hermes_zone_t *zone,
+    ngx_http_hermes_victims_t *victims)
+{
+    uint32_t                 ohash;
+    ngx_http_hermes_node_t  *kn, *lru, *spawning;
+
+    ohash = ngx_crc32_short(ngx_http_hermes_warm_owner.data, 0);
+    lru = NULL;
+    spawning = NULL;
+
+    for (kn = ngx_http_hermes_registry_owner_next(zone,
+                                    &ngx_http_hermes_warm_owner, ohash, NULL);
+         kn;
+         kn = ngx_http_hermes_registry_owner_next(zone,
+                                    &ngx_http_hermes_warm_owner, ohash, kn))
+    {
+        if (kn->state == NGX_HTTP_HERMES_STATE_SPAWNING) {
+            spawning = kn;
+
+        } else if (kn->state == NGX_HTTP_HERMES_STATE_IDLE
+                   && ngx_http_hermes_pending(kn) == 0
+                   && (lru == NULL || kn->last_used < lru->last_used))
+        {
+            lru = kn;
+        }
+    }
+
+    if (lru) {
+        return ngx_http_hermes_registry_evict(zone, lru, victims) == NGX_OK;
+    }
+
+    if (spawning) {
+        ngx_http_hermes_registry_delete(zone, spawning);
+        return 1;
+    }
+
+    return 0;
 }
