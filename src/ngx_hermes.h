@@ -223,6 +223,20 @@ typedef enum {
 } ngx_http_hermes_state_e;
 
 
+/* why a session's kernel was lost, told to its next call */
+
+typedef enum {
+    NGX_HTTP_HERMES_LOST_NONE = 0,
+    NGX_HTTP_HERMES_LOST_IDLE,
+    NGX_HTTP_HERMES_LOST_CAP,
+    NGX_HTTP_HERMES_LOST_DELETED,
+    NGX_HTTP_HERMES_LOST_DIED,
+    NGX_HTTP_HERMES_LOST_TIMEOUT
+} ngx_http_hermes_lost_e;
+
+extern ngx_str_t  ngx_http_hermes_lost_names[];
+
+
 typedef enum {
     NGX_HTTP_HERMES_CELL_SUCCESS = 0,
     NGX_HTTP_HERMES_CELL_ERROR,
@@ -443,6 +457,7 @@ typedef struct {
 
     uint8_t                       state;
     uint8_t                       host;         /* index in the backend */
+    uint8_t                       lost_reason;  /* a tombstone's */
     unsigned                      claimed:1;    /* serving ticket runs */
     unsigned                      had_kernel:1; /* a lost one: state_lost */
 
@@ -475,6 +490,9 @@ typedef struct {
     uint32_t                      ticket;
     uint32_t                      cell_id;
     uint32_t                      execution_count;
+
+    ngx_uint_t                    lost_reason;  /* with state_lost */
+    ngx_uint_t                    end_reason;   /* why this cell lost it */
 
     unsigned                      spawn:1;      /* this request spawns */
     unsigned                      reused:1;
@@ -1010,6 +1028,7 @@ typedef struct {
     unsigned                      has_kernel:1;
     unsigned                      has_queue:1;  /* the cell got its turn */
     unsigned                      state_lost:1;
+    unsigned                      lost_reason:4;
 } ngx_http_hermes_ctx_t;
 
 

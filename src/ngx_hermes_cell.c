@@ -802,6 +802,10 @@ static void
 ngx_http_hermes_cell_fail(ngx_http_hermes_cell_t *cell, ngx_uint_t status,
     char *message)
 {
+    cell->ref.end_reason = (status == NGX_HTTP_HERMES_CELL_TIMEOUT)
+                           ? NGX_HTTP_HERMES_LOST_TIMEOUT
+                           : NGX_HTTP_HERMES_LOST_DIED;
+
     ngx_http_hermes_cell_tools_end(cell);
     ngx_http_hermes_cell_kill(cell);
     ngx_http_hermes_registry_release(cell->zone, &cell->ref,

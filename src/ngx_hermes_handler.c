@@ -1629,8 +1629,15 @@ ngx_http_hermes_variable(ngx_http_request_t *r, ngx_http_variable_value_t *v,
             return NGX_OK;
         }
 
-        v->data = (u_char *) "lost";
-        v->len = sizeof("lost") - 1;
+        if (ctx->lost_reason) {
+            v->data = ngx_http_hermes_lost_names[ctx->lost_reason].data;
+            v->len = ngx_http_hermes_lost_names[ctx->lost_reason].len;
+
+        } else {
+            v->data = (u_char *) "lost";
+            v->len = sizeof("lost") - 1;
+        }
+
         break;
     }
 

@@ -1400,6 +1400,13 @@ ngx_http_hermes_json_gen_result(yajl_gen g, ngx_http_hermes_result_t *res,
     yajl_gen_bool(g, ref->reused);
     ngx_http_hermes_gen_key(g, "state_lost");
     yajl_gen_bool(g, ref->state_lost);
+
+    if (ref->state_lost && ref->lost_reason) {
+        ngx_http_hermes_gen_key(g, "lost_reason");
+        ngx_http_hermes_gen_str(g,
+                                &ngx_http_hermes_lost_names[ref->lost_reason]);
+    }
+
     ngx_http_hermes_gen_key(g, "state_reset");
     yajl_gen_bool(g, res->state_reset);
     ngx_http_hermes_gen_key(g, "ended");

@@ -23,6 +23,17 @@
 #include <sodium.h>
 
 
+ngx_str_t  ngx_http_hermes_lost_names[] = {
+    ngx_string(""),
+    ngx_string("idle"),
+    ngx_string("cap"),
+    ngx_string("deleted"),
+    ngx_string("died"),
+    ngx_string("timeout"),
+    ngx_null_string
+};
+
+
 static ngx_rbtree_key_t ngx_http_hermes_registry_key(
     ngx_http_hermes_kernel_ref_t *ref, uint32_t *ohash);
 static ngx_http_hermes_node_t *ngx_http_hermes_registry_lookup(
@@ -52,6 +63,9 @@ static void ngx_http_hermes_registry_end_turn(ngx_http_hermes_zone_t *zone,
     ngx_http_hermes_node_t *kn);
 static ngx_int_t ngx_http_hermes_registry_evict(ngx_http_hermes_zone_t *zone,
     ngx_http_hermes_node_t *kn, ngx_http_hermes_victims_t *victims);
+static ngx_int_t ngx_http_hermes_registry_retire(ngx_http_hermes_zone_t *zone,
+    ngx_http_hermes_node_t *kn, ngx_http_hermes_victims_t *victims,
+    ngx_uint_t reason);
 static ngx_int_t ngx_http_hermes_registry_victim(ngx_http_hermes_node_t *kn,
     ngx_http_hermes_victims_t *victims, ngx_pid_t pid);
 static ngx_uint_t ngx_http_hermes_registry_evict_lru(
@@ -387,7 +401,9 @@ ngx_http_hermes_registry_owner_room(ngx_http_hermes_zone_t *zone,
         }
 
         if (lru == NULL
-            || ngx_http_hermes_registry_evict(zone, lru, victims) != NGX_OK)
+            || ngx_http_hermes_registry_retire(zone, lru, victims,
+                                               NGX_HTTP_HERMES_LOST_CAP)
+               != NGX_OK)
         {
             return NGX_DECLINED;
         }
@@ -515,6 +531,7 @@ ngx_http_hermes_registry_turn(ngx_http_hermes_zone_t *zone,
         /* no kernel (new entry, or the last one died): spawn one */
 
         ref->state_lost = kn->had_kernel;
+        ref->lost_reason = kn->had_kernel ? kn->lost_reason : 0;
         ref->reused = 0;
         ref->spawn = 1;
 
@@ -806,6 +823,8 @@ ngx_http_hermes_registry_release(ngx_http_hermes_zone_t *zone,
         ngx_http_hermes_registry_set_state(zone, kn,
                                            NGX_HTTP_HERMES_STATE_LOST);
         kn->had_kernel = (how == NGX_HTTP_HERMES_RELEASE_LOST);
+        kn->lost_reason = (uint8_t) (ref->end_reason ? ref->end_reason
+                                             : NGX_HTTP_HERMES_LOST_DIED);
         kn->pid = 0;
     }
 
@@ -855,6 +874,42 @@ ngx_http_hermes_registry_evict(ngx_http_hermes_zone_t *zone,
     }
 
     ngx_http_hermes_registry_delete(zone, kn);
+
+    return NGX_OK;
+}
+
+
+/*
+ * A kernel taken away from a session that did not ask (idle, cap) or that
+ * its owner deleted: the entry stays as a tombstone, so that the session's
+ * next call hears that its state is lost, and why.  Tombstones go with the
+ * idle sweep (an idle_timeout after), or when the zone needs the room.
+ */
+
+static ngx_int_t
+ngx_http_hermes_registry_retire(ngx_http_hermes_zone_t *zone,
+    ngx_http_hermes_node_t *kn, ngx_http_hermes_victims_t *victims,
+    ngx_uint_t reason)
+{
+    if (kn->state == NGX_HTTP_HERMES_STATE_LOST || kn->owner_len == 0
+        || ngx_http_hermes_pending(kn))
+    {
+        /* nothing to tell, no one to tell it, or a cell would meet it */
+        return ngx_http_hermes_registry_evict(zone, kn, victims);
+    }
+
+    if (ngx_http_hermes_registry_victim(kn, victims, kn->pid) != NGX_OK) {
+        return NGX_DECLINED;
+    }
+
+    ngx_http_hermes_registry_set_state(zone, kn, NGX_HTTP_HERMES_STATE_LOST);
+    kn->had_kernel = 1;
+    kn->lost_reason = (uint8_t) reason;
+    kn->pid = 0;
+    kn->last_used = ngx_http_hermes_now_ms();
+
+    ngx_queue_remove(&kn->queue);
+    ngx_queue_insert_head(&zone->sh->lru, &kn->queue);
 
     return NGX_OK;
 }
@@ -911,7 +966,13 @@ ngx_http_hermes_registry_evict_lru(ngx_http_hermes_zone_t *zone,
 
         live = (kn->state != NGX_HTTP_HERMES_STATE_LOST);
 
-        if (ngx_http_hermes_registry_evict(zone, kn, victims) != NGX_OK) {
+        /* the cap leaves a tombstone; the zone's room, nothing */
+
+        if ((tombstones ? ngx_http_hermes_registry_evict(zone, kn, victims)
+                        : ngx_http_hermes_registry_retire(zone, kn, victims,
+                                                  NGX_HTTP_HERMES_LOST_CAP))
+            != NGX_OK)
+        {
             return 0;
         }
 
@@ -977,7 +1038,10 @@ ngx_http_hermes_registry_sweep_locked(ngx_http_hermes_zone_t *zone,
             zone->sh->evicted_idle_total++;
         }
 
-        if (ngx_http_hermes_registry_evict(zone, kn, victims) != NGX_OK) {
+        if (ngx_http_hermes_registry_retire(zone, kn, victims,
+                                            NGX_HTTP_HERMES_LOST_IDLE)
+            != NGX_OK)
+        {
             return;
         }
     }
@@ -1284,7 +1348,10 @@ ngx_http_hermes_registry_shutdown(ngx_http_hermes_zone_t *zone,
                 continue;
             }
 
-            if (ngx_http_hermes_registry_evict(zone, kn, victims) == NGX_OK) {
+            if (ngx_http_hermes_registry_retire(zone, kn, victims,
+                                                NGX_HTTP_HERMES_LOST_DELETED)
+                == NGX_OK)
+            {
                 zone->sh->evicted_deleted_total++;
                 rc = NGX_OK;
             }

@@ -483,15 +483,21 @@ ngx_http_hermes_response_kernel(ngx_http_hermes_response_t *rs,
     b->last = ngx_sprintf(b->last,
                   "{\"type\":\"kernel\",\"session\":\"%V\","
                   "\"kernel_id\":\"%*s\",\"cell\":%uD,\"reused\":%s,"
-                  "\"execution_count\":%uD,\"state_lost\":%s,"
-                  "\"state_reset\":%s}\n",
+                  "\"execution_count\":%uD,\"state_lost\":%s,",
                   &req->session,
                   (size_t) NGX_HTTP_HERMES_ID_LEN, ref->kernel_id,
                   ref->cell_id,
                   ref->reused ? "true" : "false",
                   ref->execution_count + 1,
-                  ref->state_lost ? "true" : "false",
-                  req->reset ? "true" : "false");
+                  ref->state_lost ? "true" : "false");
+
+    if (ref->state_lost && ref->lost_reason) {
+        b->last = ngx_sprintf(b->last, "\"lost_reason\":\"%V\",",
+                              &ngx_http_hermes_lost_names[ref->lost_reason]);
+    }
+
+    b->last = ngx_sprintf(b->last, "\"state_reset\":%s}\n",
+                          req->reset ? "true" : "false");
     b->flush = 1;
 
     (void) ngx_http_hermes_response_send(rs, b);
@@ -649,6 +655,7 @@ ngx_http_hermes_response_result(ngx_http_hermes_response_t *rs,
         rs->ctx->cell_status = res->status;
         rs->ctx->cell_ms = res->duration;
         rs->ctx->state_lost = ref->state_lost;
+        rs->ctx->lost_reason = ref->state_lost ? ref->lost_reason : 0;
     }
 
     if (r == NULL) {

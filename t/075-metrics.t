@@ -478,7 +478,7 @@ if ($lb) {
     like($lb, qr/lost=\[-\] 200$/, '$hermes_lost_reason empty: nothing was lost');
 }
 my ($lt) = grep { /s=\[t\] .* st=\[success\]/ } @log;
-like($lt // '', qr/lost=\[lost\] 200$/, '$hermes_lost_reason "lost" after the timeout killed the kernel');
+like($lt // '', qr/lost=\[timeout\] 200$/, '$hermes_lost_reason "timeout" after the timeout killed the kernel');
 my ($l429) = grep { / 429$/ } @log;
 like($l429 // '', qr/^o=\[alice\] s=\[q\] k=\[-\] st=\[-\] ms=\[-\] q=\[-\] lost=\[-\] 429$/,
     'the 429: owner and session, nothing else');
