@@ -231,7 +231,8 @@ typedef enum {
     NGX_HTTP_HERMES_LOST_CAP,
     NGX_HTTP_HERMES_LOST_DELETED,
     NGX_HTTP_HERMES_LOST_DIED,
-    NGX_HTTP_HERMES_LOST_TIMEOUT
+    NGX_HTTP_HERMES_LOST_TIMEOUT,
+    NGX_HTTP_HERMES_LOST_MEMORY         /* the zone needed the room */
 } ngx_http_hermes_lost_e;
 
 extern ngx_str_t  ngx_http_hermes_lost_names[];
@@ -413,6 +414,12 @@ typedef struct {
     uint64_t                      ino;          /* the directory's inode */
     ngx_uint_t                    host;
     u_char                        tag[NGX_HTTP_HERMES_BACKEND_TAG_LEN];
+    /* for the log line: whose, and why (ngx_http_hermes_lost_e) */
+    ngx_uint_t                    reason;
+    size_t                        owner_len;
+    size_t                        session_len;
+    u_char                        owner[NGX_HTTP_HERMES_OWNER_MAX];
+    u_char                        session[NGX_HTTP_HERMES_SESSION_MAX];
 } ngx_http_hermes_victim_t;
 
 typedef struct {
@@ -912,6 +919,7 @@ struct ngx_http_hermes_transport_s {
     void                        (*salvage)(ngx_http_hermes_stream_t *st,
                                            ngx_http_hermes_windows_t *w);
     void                        (*close)(ngx_http_hermes_stream_t *st);
+    ngx_uint_t                    tools;        /* carries tool calls */
 };
 
 

@@ -471,17 +471,28 @@ done:
 static void
 ngx_http_hermes_cell_run(ngx_http_hermes_cell_t *cell)
 {
+    ngx_uint_t                 tools;
     ngx_http_hermes_stream_t  *st;
 
     st = &cell->stream;
+
+    /*
+     * A transport that carries no tool calls (ssh, for now) enables none:
+     * the code's calls fail at once, instead of waiting for an answer that
+     * cannot come.
+     */
+
+    tools = cell->transport->tools;
 
     st->request = ngx_http_hermes_json_cell_request(cell->pool,
                                                     cell->ref.cell_id,
                                                     &cell->req,
                                                     cell->hlcf->max_output,
                                                     cell->hlcf->max_stream,
-                                                    cell->hlcf->tools,
-                                                    cell->hlcf->tools_auto);
+                                                    tools ? cell->hlcf->tools
+                                                          : NULL,
+                                                    tools
+                                                    && cell->hlcf->tools_auto);
     if (st->request == NULL) {
         ngx_http_hermes_cell_ship_failed(cell);
         return;

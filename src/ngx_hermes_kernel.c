@@ -1112,16 +1112,29 @@ void
 ngx_http_hermes_kernel_kill_victims(ngx_thread_pool_t *tp,
     ngx_http_hermes_victims_t *victims, ngx_log_t *log)
 {
+    u_char                          *p, *who, *why;
     ngx_uint_t                       i;
     ngx_http_hermes_victim_t        *v;
     ngx_http_hermes_backend_conf_t  *bcf;
+    u_char                           owner[NGX_HTTP_HERMES_OWNER_MAX * 4 + 8];
 
     for (i = 0; i < victims->n; i++) {
         v = &victims->v[i];
 
+        /* whose (the unset owner is "\001anonymous": "\x01" escaped) */
+
+        p = ngx_http_hermes_log_escape(owner, owner + sizeof(owner) - 1,
+                                       v->owner, v->owner_len, 1);
+        *p = '\0';
+
+        who = (v->owner_len && v->owner[0] == '\001') ? owner + 4 : owner;
+        why = v->reason ? ngx_http_hermes_lost_names[v->reason].data
+                        : (u_char *) "evicted";
+
         ngx_log_error(NGX_LOG_INFO, log, 0,
-                      "hermes: evicting kernel \"%s\" (pid %P)",
-                      v->dir, v->pid);
+                      "hermes: evicting kernel \"%s\" (pid %P): %s, "
+                      "owner: \"%s\", session: \"%*s\"",
+                      v->dir, v->pid, why, who, v->session_len, v->session);
 
         bcf = ngx_http_hermes_kernel_backend(v);
 

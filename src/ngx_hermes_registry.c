@@ -30,6 +30,7 @@ ngx_str_t  ngx_http_hermes_lost_names[] = {
     ngx_string("deleted"),
     ngx_string("died"),
     ngx_string("timeout"),
+    ngx_string("memory"),
     ngx_null_string
 };
 
@@ -902,6 +903,8 @@ ngx_http_hermes_registry_retire(ngx_http_hermes_zone_t *zone,
         return NGX_DECLINED;
     }
 
+    victims->v[victims->n - 1].reason = reason;
+
     ngx_http_hermes_registry_set_state(zone, kn, NGX_HTTP_HERMES_STATE_LOST);
     kn->had_kernel = 1;
     kn->lost_reason = (uint8_t) reason;
@@ -937,6 +940,14 @@ ngx_http_hermes_registry_victim(ngx_http_hermes_node_t *kn,
     v->host = kn->host;
     ngx_memcpy(v->tag, ngx_http_hermes_node_tag(kn),
                NGX_HTTP_HERMES_BACKEND_TAG_LEN);
+
+    v->reason = NGX_HTTP_HERMES_LOST_NONE;
+    v->owner_len = ngx_min(kn->owner_len, NGX_HTTP_HERMES_OWNER_MAX);
+    ngx_memcpy(v->owner, kn->data, v->owner_len);
+    v->session_len = ngx_min((size_t) (kn->data + kn->key_len
+                                       - ngx_http_hermes_node_session(kn)),
+                             NGX_HTTP_HERMES_SESSION_MAX);
+    ngx_memcpy(v->session, ngx_http_hermes_node_session(kn), v->session_len);
 
     return NGX_OK;
 }
@@ -974,6 +985,10 @@ ngx_http_hermes_registry_evict_lru(ngx_http_hermes_zone_t *zone,
             != NGX_OK)
         {
             return 0;
+        }
+
+        if (tombstones && live) {
+            victims->v[victims->n - 1].reason = NGX_HTTP_HERMES_LOST_MEMORY;
         }
 
         if (live) {

@@ -72,7 +72,8 @@ ngx_http_hermes_transport_t  ngx_http_hermes_transport_local = {
     ngx_http_hermes_local_stream_resume,
     ngx_http_hermes_local_stream_interrupt,
     ngx_http_hermes_local_stream_salvage,
-    ngx_http_hermes_local_stream_close
+    ngx_http_hermes_local_stream_close,
+    1                                       /* tools: rpc/, watched here */
 };
 
 

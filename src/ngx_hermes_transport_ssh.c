@@ -55,7 +55,8 @@ ngx_http_hermes_transport_t  ngx_http_hermes_transport_ssh = {
     ngx_http_hermes_ssh_stream_resume,
     ngx_http_hermes_ssh_stream_interrupt,
     ngx_http_hermes_ssh_stream_salvage,
-    ngx_http_hermes_ssh_stream_close
+    ngx_http_hermes_ssh_stream_close,
+    0                                       /* tools: not carried yet */
 };
 
 

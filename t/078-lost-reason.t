@@ -97,6 +97,15 @@ cell('/v1/execute', 'se1', 'raise SystemExit');
 $r = cell('/v1/execute', 'se1');
 is($r->{events}[0]{state_lost}, JSON::PP::false, 'SystemExit asked for it: nothing lost');
 
+# error.log says why each kernel went, and whose
+my $log = $t->error_log;
+like($log, qr/hermes: evicting kernel "[^"]+" \(pid \d+\): idle, owner: "anonymous", session: "i1"/,
+    'error.log: evicted when idle, whose, which session');
+like($log, qr/hermes: evicting kernel "[^"]+" \(pid \d+\): cap, owner: "anonymous", session: "c1"/,
+    'error.log: evicted at the cap');
+like($log, qr/hermes: evicting kernel "[^"]+" \(pid \d+\): deleted, owner: "anonymous", session: "d1"/,
+    'error.log: deleted');
+
 # the access log's variable
 $t->stop;
 my %seen;
