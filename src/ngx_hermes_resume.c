@@ -73,7 +73,8 @@ ngx_http_hermes_resume_handler(ngx_http_request_t *r,
                                                    "stream");
     }
 
-    pool = ngx_create_pool(4096, r->connection->log);
+    /* the connection's log goes with it: the reader may outlive it */
+    pool = ngx_create_pool(4096, ngx_cycle->log);
     if (pool == NULL) {
         return NGX_HTTP_INTERNAL_SERVER_ERROR;
     }
@@ -163,7 +164,7 @@ ngx_http_hermes_resume_handler(ngx_http_request_t *r,
 
     st = &rm->stream;
     st->pool = pool;
-    st->log = r->connection->log;
+    st->log = ngx_cycle->log;
     st->hlcf = lc;
     st->ref = &rm->ref;
     st->offset = offset;
@@ -180,7 +181,7 @@ ngx_http_hermes_resume_handler(ngx_http_request_t *r,
 
     rm->timer.handler = ngx_http_hermes_resume_timeout;
     rm->timer.data = rm;
-    rm->timer.log = r->connection->log;
+    rm->timer.log = ngx_cycle->log;
 
     /* a cell still running is followed no longer than a cell may run */
     ngx_add_timer(&rm->timer, hlcf->cell_timeout + hlcf->cell_grace + 5000);
