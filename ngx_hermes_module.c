@@ -15,6 +15,8 @@ static ngx_int_t ngx_http_hermes_init_module(ngx_cycle_t *cycle);
 static ngx_int_t ngx_http_hermes_init_process(ngx_cycle_t *cycle);
 static void ngx_http_hermes_exit_process(ngx_cycle_t *cycle);
 static void ngx_http_hermes_exit_master(ngx_cycle_t *cycle);
+static char *ngx_http_hermes_max_output_check(ngx_conf_t *cf, void *post,
+    void *data);
 static void *ngx_http_hermes_create_main_conf(ngx_conf_t *cf);
 static char *ngx_http_hermes_cell_timeout(ngx_conf_t *cf, ngx_command_t *cmd,
     void *conf);
@@ -45,6 +47,13 @@ static void ngx_http_hermes_backend_tag(ngx_http_hermes_backend_conf_t *bcf,
 
 static char  *ngx_http_hermes_handler_names[] = {
     "", "execute", "kernels", "status"
+};
+
+
+/* checked as the directive is read: its own file and line in the error */
+
+static ngx_conf_post_t  ngx_http_hermes_max_output_bounds = {
+    ngx_http_hermes_max_output_check
 };
 
 
@@ -121,7 +130,7 @@ static ngx_command_t  ngx_http_hermes_commands[] = {
       ngx_conf_set_size_slot,
       NGX_HTTP_LOC_CONF_OFFSET,
       offsetof(ngx_http_hermes_loc_conf_t, max_output),
-      NULL },
+      &ngx_http_hermes_max_output_bounds },
 
     { ngx_string("hermes_max_stream"),
       NGX_HTTP_MAIN_CONF|NGX_HTTP_SRV_CONF|NGX_HTTP_LOC_CONF|NGX_CONF_TAKE1,
@@ -248,6 +257,19 @@ ngx_http_hermes_init_module(ngx_cycle_t *cycle)
 }
 
 
+static char *
+ngx_http_hermes_max_output_check(ngx_conf_t *cf, void *post, void *data)
+{
+    size_t *sp = data;
+
+    if (*sp < 100) {
+        return "must be at least 100";
+    }
+
+    return NGX_CONF_OK;
+}
+
+
 static ngx_int_t
 ngx_http_hermes_init_process(ngx_cycle_t *cycle)
 {
@@ -334,6 +356,13 @@ ngx_http_hermes_cell_timeout(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
     if (t == (ngx_msec_t) NGX_ERROR) {
         ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
                            "invalid hermes_cell_timeout \"%V\"", &value[1]);
+        return NGX_CONF_ERROR;
+    }
+
+    if (t < 1000) {
+        /* here, where the file and line are this directive's */
+        ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                           "\"hermes_cell_timeout\" must be at least 1s");
         return NGX_CONF_ERROR;
     }
 
