@@ -1,4 +1,4 @@
-#!/bin/sh
+#!/bin/bash
 # `make run`: a gateway on 127.0.0.1:PORT with the local backend, its
 # prefix in ./run of the checkout, in the foreground.
 set -eu
@@ -35,6 +35,28 @@ sed -e "s|@MODULE@|$top/build/ngx_http_hermes_module.so|g" \
 
 /usr/sbin/nginx -t -q -p "$prefix" -c "$prefix/nginx.conf" -e "$prefix/logs/error.log"
 
+# nginx first; the message only once the port is nginx's (it writes its
+# pid file after it bound it): a port in use is nginx's error, said plainly
+rm -f "$prefix/nginx.pid"
+/usr/sbin/nginx -p "$prefix" -c "$prefix/nginx.conf" -e "$prefix/logs/error.log" \
+    -g 'daemon off;' &
+pid=$!
+trap 'kill -QUIT $pid 2>/dev/null; wait $pid 2>/dev/null; exit 0' INT TERM
+
+i=0
+until [ "$(cat "$prefix/nginx.pid" 2>/dev/null)" = "$pid" ] \
+      && (exec 3<>/dev/tcp/127.0.0.1/$port) 2>/dev/null
+do
+    if ! kill -0 $pid 2>/dev/null; then
+        echo "make run: nginx did not start (is port $port in use? PORT=... make run picks another); see $prefix/logs/error.log" >&2
+        tail -n 3 "$prefix/logs/error.log" >&2
+        exit 1
+    fi
+    i=$((i + 1))
+    [ $i -lt 100 ] || { echo "make run: nginx does not answer on port $port" >&2; kill $pid; exit 1; }
+    sleep 0.1
+done
+
 cat <<MSG
 ngx_hermes is listening on http://127.0.0.1:$port (Ctrl-C stops it)
   config: $prefix/nginx.conf   log: $prefix/logs/error.log
@@ -45,7 +67,8 @@ Try:
        -d '{"session":"demo","code":"import time\\nfor i in range(3):\\n    print(i); time.sleep(0.5)\\nx = 42"}'
   curl -s http://127.0.0.1:$port/v1/execute -H 'Content-Type: application/json' \\
        -H 'Accept: application/json' -d '{"session":"demo","code":"x + 1"}'
+  curl -s http://127.0.0.1:$port/v1/kernels          # your kernels
+  curl -s http://127.0.0.1:$port/v1/status           # figures (?format=prometheus|html)
 MSG
 
-exec /usr/sbin/nginx -p "$prefix" -c "$prefix/nginx.conf" -e "$prefix/logs/error.log" \
-     -g 'daemon off;'
+wait $pid

@@ -694,6 +694,8 @@ void ngx_http_hermes_backend_place(ngx_http_hermes_zone_t *zone,
     ngx_http_hermes_kernel_ref_t *ref, ngx_http_hermes_backend_conf_t *bcf);
 ngx_str_t *ngx_http_hermes_backend_host_name(
     ngx_http_hermes_backend_conf_t *bcf, ngx_uint_t host);
+ngx_http_hermes_backend_conf_t *ngx_http_hermes_backend_by_tag(
+    ngx_http_hermes_main_conf_t *hmcf, u_char *tag);
 
 
 /* the frames of the kernel-host agent protocol (ngx_hermes_frames.c) */

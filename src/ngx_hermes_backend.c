@@ -80,3 +80,25 @@ ngx_http_hermes_backend_host_name(ngx_http_hermes_backend_conf_t *bcf,
 {
     return bcf->ops->host_name(bcf, host < bcf->nhosts ? host : 0);
 }
+
+
+/* the backend of a registry entry, by the tag in its key; NULL: no more */
+
+ngx_http_hermes_backend_conf_t *
+ngx_http_hermes_backend_by_tag(ngx_http_hermes_main_conf_t *hmcf, u_char *tag)
+{
+    ngx_uint_t                        i;
+    ngx_http_hermes_backend_conf_t  **bcfs;
+
+    bcfs = hmcf->backends.elts;
+
+    for (i = 0; i < hmcf->backends.nelts; i++) {
+        if (ngx_memcmp(bcfs[i]->tag, tag, NGX_HTTP_HERMES_BACKEND_TAG_LEN)
+            == 0)
+        {
+            return bcfs[i];
+        }
+    }
+
+    return NULL;
+}

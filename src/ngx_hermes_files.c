@@ -69,15 +69,14 @@ ngx_http_hermes_files_handler(ngx_http_request_t *r,
 {
     u_char                          *p, *last;
     ngx_int_t                        rc;
-    ngx_uint_t                       i;
+    ngx_pool_cleanup_t              *cln;
     ngx_http_hermes_files_t         *f;
     ngx_http_hermes_victim_t         v;
     ngx_http_hermes_loc_conf_t      *hlcf;
     ngx_http_hermes_kernel_ref_t     ref;
     ngx_http_hermes_main_conf_t     *hmcf;
-    ngx_http_hermes_backend_conf_t **bcfs, *bcf;
     ngx_http_hermes_remote_file_t   *rf;
-    ngx_pool_cleanup_t              *cln;
+    ngx_http_hermes_backend_conf_t  *bcf;
 
     if (r->method != NGX_HTTP_GET && r->method != NGX_HTTP_PUT
         && r->method != NGX_HTTP_HEAD)
@@ -115,17 +114,7 @@ ngx_http_hermes_files_handler(ngx_http_request_t *r,
     }
 
     hmcf = ngx_http_get_module_main_conf(r, ngx_http_hermes_module);
-    bcfs = hmcf->backends.elts;
-    bcf = NULL;
-
-    for (i = 0; i < hmcf->backends.nelts; i++) {
-        if (ngx_memcmp(bcfs[i]->tag, v.tag, NGX_HTTP_HERMES_BACKEND_TAG_LEN)
-            == 0)
-        {
-            bcf = bcfs[i];
-            break;
-        }
-    }
+    bcf = ngx_http_hermes_backend_by_tag(hmcf, v.tag);
 
     if (bcf == NULL) {
         return ngx_http_hermes_response_send_error(r, NGX_HTTP_NOT_FOUND,

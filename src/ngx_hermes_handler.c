@@ -763,32 +763,24 @@ ngx_http_hermes_accepts_json(ngx_http_request_t *r)
 static void
 ngx_http_hermes_name_backends(ngx_http_request_t *r, ngx_array_t *list)
 {
-    ngx_uint_t                        i, j;
-    ngx_http_hermes_listing_t        *l;
-    ngx_http_hermes_main_conf_t      *hmcf;
-    ngx_http_hermes_backend_conf_t  **bcfs, *bcf;
+    ngx_uint_t                       i;
+    ngx_http_hermes_listing_t       *l;
+    ngx_http_hermes_main_conf_t     *hmcf;
+    ngx_http_hermes_backend_conf_t  *bcf;
 
     hmcf = ngx_http_get_module_main_conf(r, ngx_http_hermes_module);
-    bcfs = hmcf->backends.elts;
     l = list->elts;
 
     for (i = 0; i < list->nelts; i++) {
         ngx_str_set(&l[i].backend_name, "local");
         ngx_str_set(&l[i].host_name, "localhost");
 
-        for (j = 0; j < hmcf->backends.nelts; j++) {
-            bcf = bcfs[j];
+        bcf = ngx_http_hermes_backend_by_tag(hmcf, l[i].tag);
 
-            if (ngx_memcmp(bcf->tag, l[i].tag,
-                           NGX_HTTP_HERMES_BACKEND_TAG_LEN) != 0)
-            {
-                continue;
-            }
-
+        if (bcf) {
             l[i].backend_name = bcf->ops->name;
             l[i].host_name = *ngx_http_hermes_backend_host_name(bcf,
                                                                 l[i].host);
-            break;
         }
     }
 }
@@ -1426,20 +1418,10 @@ ngx_http_hermes_name_hosts(ngx_http_request_t *r, ngx_http_hermes_stats_t *st)
 
         ngx_str_set(&h->name, "unknown");
 
-        for (j = 0; j < hmcf->backends.nelts; j++) {
-            bcf = bcfs[j];
+        bcf = ngx_http_hermes_backend_by_tag(hmcf, h->tag);
 
-            if (ngx_memcmp(bcf->tag, h->tag, NGX_HTTP_HERMES_BACKEND_TAG_LEN)
-                != 0)
-            {
-                continue;
-            }
-
-            if (h->host < bcf->nhosts) {
-                h->name = *ngx_http_hermes_backend_host_name(bcf, h->host);
-            }
-
-            break;
+        if (bcf && h->host < bcf->nhosts) {
+            h->name = *ngx_http_hermes_backend_host_name(bcf, h->host);
         }
     }
 

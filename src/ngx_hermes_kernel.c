@@ -995,20 +995,7 @@ ngx_http_hermes_kill_event(ngx_event_t *ev)
 static ngx_http_hermes_backend_conf_t *
 ngx_http_hermes_kernel_backend(ngx_http_hermes_victim_t *v)
 {
-    ngx_uint_t                        i;
-    ngx_http_hermes_backend_conf_t  **bcfs;
-
-    bcfs = ngx_http_hermes_main_conf->backends.elts;
-
-    for (i = 0; i < ngx_http_hermes_main_conf->backends.nelts; i++) {
-        if (ngx_memcmp(bcfs[i]->tag, v->tag, NGX_HTTP_HERMES_BACKEND_TAG_LEN)
-            == 0)
-        {
-            return bcfs[i];
-        }
-    }
-
-    return NULL;
+    return ngx_http_hermes_backend_by_tag(ngx_http_hermes_main_conf, v->tag);
 }
 
 

@@ -52,14 +52,13 @@ ngx_http_hermes_resume_handler(ngx_http_request_t *r,
     ngx_http_hermes_zone_t *zone, ngx_str_t *owner, ngx_str_t *session,
     uint32_t cell, off_t offset)
 {
-    ngx_uint_t                        i;
     ngx_pool_t                       *pool;
     ngx_http_hermes_stream_t         *st;
     ngx_http_hermes_victim_t          v;
     ngx_http_hermes_resume_t         *rm;
     ngx_http_hermes_loc_conf_t       *hlcf, *lc;
     ngx_http_hermes_main_conf_t      *hmcf;
-    ngx_http_hermes_backend_conf_t  **bcfs, *bcf;
+    ngx_http_hermes_backend_conf_t   *bcf;
 
     if (r->method != NGX_HTTP_GET) {
         if (ngx_http_hermes_response_add_header(r, "Allow", "GET") != NGX_OK)
@@ -115,17 +114,7 @@ ngx_http_hermes_resume_handler(ngx_http_request_t *r,
     }
 
     hmcf = ngx_http_get_module_main_conf(r, ngx_http_hermes_module);
-    bcfs = hmcf->backends.elts;
-    bcf = NULL;
-
-    for (i = 0; i < hmcf->backends.nelts; i++) {
-        if (ngx_memcmp(bcfs[i]->tag, v.tag, NGX_HTTP_HERMES_BACKEND_TAG_LEN)
-            == 0)
-        {
-            bcf = bcfs[i];
-            break;
-        }
-    }
+    bcf = ngx_http_hermes_backend_by_tag(hmcf, v.tag);
 
     if (bcf == NULL) {
         ngx_destroy_pool(pool);
