@@ -1594,6 +1594,9 @@ ngx_http_hermes_json_cell_request(ngx_pool_t *pool, uint32_t id,
 }
 
 
+static void ngx_http_hermes_json_gen_owner(yajl_gen g, ngx_str_t *owner);
+
+
 static ngx_str_t  ngx_http_hermes_state_names[] = {
     ngx_string("spawning"),
     ngx_string("idle"),
@@ -1791,6 +1794,24 @@ ngx_http_hermes_gen_seconds(yajl_gen g, ngx_uint_t ms)
 }
 
 
+/* an owner as operators know it: the unset one is "\001anonymous" inside */
+
+static void
+ngx_http_hermes_json_gen_owner(yajl_gen g, ngx_str_t *owner)
+{
+    ngx_str_t  o;
+
+    o = *owner;
+
+    if (o.len && o.data[0] == '\001') {
+        o.data++;
+        o.len--;
+    }
+
+    ngx_http_hermes_gen_str(g, &o);
+}
+
+
 /*
  * The figures; the owners' and the running cells' (names of owners and
  * sessions: the status location is an operator's) follow when given.
@@ -1841,7 +1862,7 @@ ngx_http_hermes_json_stats(ngx_pool_t *pool, ngx_http_hermes_stats_t *st,
         ngx_http_hermes_gen_key(g, "owner_kernels");
         yajl_gen_map_open(g);
         for (i = 0; i < owners->nelts; i++) {
-            ngx_http_hermes_gen_str(g, &o[i].owner);
+            ngx_http_hermes_json_gen_owner(g, &o[i].owner);
             ngx_http_hermes_gen_number(g, o[i].kernels);
         }
         yajl_gen_map_close(g);
@@ -1849,7 +1870,7 @@ ngx_http_hermes_json_stats(ngx_pool_t *pool, ngx_http_hermes_stats_t *st,
         ngx_http_hermes_gen_key(g, "owner_running");
         yajl_gen_map_open(g);
         for (i = 0; i < owners->nelts; i++) {
-            ngx_http_hermes_gen_str(g, &o[i].owner);
+            ngx_http_hermes_json_gen_owner(g, &o[i].owner);
             ngx_http_hermes_gen_number(g, o[i].running);
         }
         yajl_gen_map_close(g);
@@ -1863,7 +1884,7 @@ ngx_http_hermes_json_stats(ngx_pool_t *pool, ngx_http_hermes_stats_t *st,
         for (i = 0; i < cells->nelts; i++) {
             yajl_gen_map_open(g);
             ngx_http_hermes_gen_key(g, "owner");
-            ngx_http_hermes_gen_str(g, &l[i].owner);
+            ngx_http_hermes_json_gen_owner(g, &l[i].owner);
             ngx_http_hermes_gen_key(g, "session");
             ngx_http_hermes_gen_str(g, &l[i].session);
             ngx_http_hermes_gen_key(g, "kernel_id");

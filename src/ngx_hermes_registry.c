@@ -1622,7 +1622,8 @@ ngx_http_hermes_registry_owners(ngx_http_hermes_zone_t *zone,
     {
         kn = (ngx_http_hermes_node_t *) node;
 
-        if (kn->state == NGX_HTTP_HERMES_STATE_LOST) {
+        if (kn->state == NGX_HTTP_HERMES_STATE_LOST || kn->owner_len == 0) {
+            /* tombstones, and warm kernels, which are no one's yet */
             continue;
         }
 
