@@ -287,6 +287,12 @@ ngx_http_hermes_init_process(ngx_cycle_t *cycle)
         return NGX_OK;
     }
 
+    if (ngx_http_hermes_ssh_init() != NGX_OK) {
+        ngx_log_error(NGX_LOG_ALERT, cycle->log, 0,
+                      "hermes: ssh_init() failed");
+        return NGX_ERROR;
+    }
+
     if (ngx_http_hermes_kernel_init_process(cycle, hmcf) != NGX_OK) {
         return NGX_ERROR;
     }
@@ -298,6 +304,15 @@ ngx_http_hermes_init_process(ngx_cycle_t *cycle)
 static void
 ngx_http_hermes_exit_master(ngx_cycle_t *cycle)
 {
+    /* the kills may go over ssh */
+
+    if (ngx_http_hermes_ssh_init() != NGX_OK) {
+        ngx_log_error(NGX_LOG_ALERT, cycle->log, 0,
+                      "hermes: ssh_init() failed: cannot kill the kernels "
+                      "at exit");
+        return;
+    }
+
     ngx_http_hermes_kernel_exit_master(cycle);
 }
 

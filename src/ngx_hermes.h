@@ -772,7 +772,6 @@ void ngx_http_hermes_kernel_exit_process(ngx_cycle_t *cycle);
 void ngx_http_hermes_kernel_exit_master(ngx_cycle_t *cycle);
 char *ngx_http_hermes_kernel_warm_conf(ngx_conf_t *cf,
     ngx_http_hermes_loc_conf_t *hlcf);
-void ngx_http_hermes_kernel_warm_post(ngx_http_hermes_zone_t *zone);
 u_char *ngx_http_hermes_log_escape(u_char *dst, u_char *last, u_char *src,
     size_t len, ngx_uint_t quoted);
 

@@ -1173,12 +1173,6 @@ ngx_http_hermes_kernel_init_process(ngx_cycle_t *cycle,
         return NGX_ERROR;
     }
 
-    if (ngx_http_hermes_ssh_init() != NGX_OK) {
-        ngx_log_error(NGX_LOG_ALERT, cycle->log, 0,
-                      "hermes: ssh_init() failed");
-        return NGX_ERROR;
-    }
-
     z = hmcf->zones.elts;
 
     for (i = 0; i < hmcf->zones.nelts; i++) {
@@ -1465,9 +1459,7 @@ ngx_http_hermes_kernel_exit_master(ngx_cycle_t *cycle)
 
     /* the shells below are ours to wait for, not the master's to reap */
 
-    if (signal(SIGCHLD, SIG_DFL) == SIG_ERR
-        || ngx_http_hermes_ssh_init() != NGX_OK)
-    {
+    if (signal(SIGCHLD, SIG_DFL) == SIG_ERR) {
         ngx_log_error(NGX_LOG_ALERT, cycle->log, ngx_errno,
                       "hermes: cannot kill the kernels at exit");
         return;
@@ -1671,17 +1663,6 @@ ngx_http_hermes_kernel_warm_conf(ngx_conf_t *cf,
     w->hlcf = hlcf;
 
     return NGX_CONF_OK;
-}
-
-
-/* a warm kernel was taken: the pool refills after the request's work */
-
-void
-ngx_http_hermes_kernel_warm_post(ngx_http_hermes_zone_t *zone)
-{
-    if (zone->warm_event) {
-        ngx_post_event(zone->warm_event, &ngx_posted_events);
-    }
 }
 
 

@@ -2291,7 +2291,11 @@ ngx_http_hermes_registry_warm_take(ngx_http_hermes_zone_t *zone,
     ref->reused = 0;
     ref->spawn = 0;
 
-    ngx_http_hermes_kernel_warm_post(zone);
+    /* the pool refills after the request's work (ngx_hermes_kernel.c) */
+
+    if (zone->warm_event) {
+        ngx_post_event(zone->warm_event, &ngx_posted_events);
+    }
 
     return NGX_HTTP_HERMES_ACQ_RUN;
 }
