@@ -239,8 +239,9 @@ sub dir_of { $t->kroot . "/hermes_rkernel_$_[0]" }
     ok($new && $new != $old, "a new agent ($new)");
     # the agent's end is seen reading (its EOF) or, when the next frame was
     # on its way, writing: either is said
-    like($t->error_log, qr/the connection to the kernel host \S+ broke: the agent exited; reconnecting|the kernel host \S+ cannot be reached: ssh channel write: [^;]*; retrying/,
-        'error.log says the agent exited');
+    my $said = qr/the connection to the kernel host \S+ broke: (?:the agent exited|Socket error[^;]*); reconnecting|the kernel host \S+ cannot be reached: ssh channel[^;]*; retrying/;
+    ok(wait_until(sub { $t->error_log =~ $said }, 5), 'error.log says the agent exited')
+        or diag(join "\n", grep { /hermes: the/ } split /\n/, $t->error_log);
 }
 
 $t->stop;
