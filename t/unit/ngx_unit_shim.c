@@ -26,6 +26,12 @@ ngx_int_t               ngx_ncpu;
 /* core/ngx_cycle.c: the slab allocator logs its errors to ngx_cycle->log */
 volatile ngx_cycle_t   *ngx_cycle;
 
+/*
+ * event/ngx_event_posted.c: the registry posts a warm pool's refill;
+ * the zones made here have no warm event, so the queue stays empty
+ */
+ngx_queue_t             ngx_posted_events;
+
 static ngx_cycle_t      ngx_unit_cycle;
 static ngx_log_t        ngx_unit_log;
 
@@ -102,6 +108,8 @@ ngx_unit_init(void)
     ngx_unit_log.log_level = NGX_LOG_NOTICE;
     ngx_unit_cycle.log = &ngx_unit_log;
     ngx_cycle = &ngx_unit_cycle;
+
+    ngx_queue_init(&ngx_posted_events);
 
     ngx_pid = getpid();
 
