@@ -638,7 +638,7 @@ ngx_http_hermes_ssh_host_t *ngx_http_hermes_ssh_host_create(ngx_pool_t *pool,
 ngx_int_t ngx_http_hermes_ssh_relay(ngx_http_hermes_conn_t *conn,
     ngx_http_hermes_kernel_ref_t *ref, off_t out_limit, off_t res_limit,
     ngx_msec_t timeout, u_char *req, size_t req_len, off_t offset,
-    ngx_socket_t fd, ngx_log_t *log);
+    ngx_socket_t fd, ngx_socket_t rpc_fd, ngx_log_t *log);
 char *ngx_http_hermes_ssh_check_files(ngx_str_t *identity,
     ngx_str_t *known_hosts);
 
@@ -730,12 +730,16 @@ typedef struct {
 
 u_char *ngx_http_hermes_frames_header(u_char *p, uint32_t stream,
     u_char type, size_t len);
+uint32_t ngx_http_hermes_frames_u32(u_char *p);
+u_char *ngx_http_hermes_frames_put_u32(u_char *p, uint32_t v);
 u_char *ngx_http_hermes_frames_put_u64(u_char *p, uint64_t v);
 uint64_t ngx_http_hermes_frames_u64(u_char *p);
 ngx_int_t ngx_http_hermes_frames_parse(u_char *p, size_t n,
     ngx_http_hermes_frame_t *f);
 ngx_int_t ngx_http_hermes_frames_split(u_char *p, size_t len,
     ngx_str_t *json, ngx_str_t *bytes);
+ngx_int_t ngx_http_hermes_frames_json_str(ngx_str_t *json, char *key,
+    ngx_str_t *value);
 ngx_int_t ngx_http_hermes_frames_json_int(ngx_str_t *json, char *key,
     int64_t *value);
 ngx_int_t ngx_http_hermes_frames_magic(u_char *p, size_t n, size_t *skip);
@@ -990,6 +994,9 @@ typedef struct {
 } ngx_http_hermes_rpc_req_t;
 
 /* a stream event line ("...\n") for the cell's client */
+/* an answer, or an archived one, to a file NAME of a remote rpc/ */
+typedef ngx_int_t (*ngx_http_hermes_rpc_write_pt)(void *data, u_char *name,
+    size_t len, u_char *buf, size_t n);
 typedef void (*ngx_http_hermes_rpc_event_pt)(void *data, u_char *line,
     size_t len);
 
@@ -1008,6 +1015,10 @@ void ngx_http_hermes_rpc_notify(ngx_http_hermes_rpc_t *rpc, u_char *name,
     size_t len);
 void ngx_http_hermes_rpc_scan(ngx_http_hermes_rpc_t *rpc, ngx_uint_t sweep);
 ngx_uint_t ngx_http_hermes_rpc_calls(ngx_http_hermes_rpc_t *rpc);
+void ngx_http_hermes_rpc_carry(ngx_http_hermes_rpc_t *rpc,
+    ngx_http_hermes_rpc_write_pt write, void *data);
+ngx_int_t ngx_http_hermes_rpc_request(ngx_http_hermes_rpc_t *rpc,
+    u_char *name, size_t len, u_char *data, size_t n);
 void ngx_http_hermes_rpc_detach(ngx_http_hermes_rpc_t *rpc);
 void ngx_http_hermes_rpc_end(ngx_http_hermes_rpc_t *rpc);
 ngx_int_t ngx_http_hermes_rpc_filter_init(ngx_conf_t *cf);

@@ -47,6 +47,9 @@
 /* what the login shell may print before the agent's magic line */
 #define NGX_HTTP_HERMES_SSH_JUNK        65536
 
+/* tool call requests a cell has not taken yet, at most */
+#define NGX_HTTP_HERMES_SSH_RPC_BACKLOG (16 * 1024 * 1024)
+
 /* an EXEC's EXIT is waited for this long beyond its own timeout */
 #define NGX_HTTP_HERMES_SSH_EXEC_SLACK  2000
 
@@ -114,6 +117,16 @@ typedef struct {
     u_char                      *res;           /* "\x1e" and the result */
     size_t                       res_pos;
     size_t                       res_len;
+
+    /* tool calls: RPC_REQ payloads to the cell, its answers back */
+    ngx_socket_t                 rfd;           /* -1: none */
+    u_char                      *rq;
+    size_t                       rq_pos;
+    size_t                       rq_len;
+    size_t                       rq_size;
+    u_char                      *ra;
+    size_t                       ra_len;
+    size_t                       ra_size;
 
     unsigned                     sent:1;        /* to the running agent */
     unsigned                     shipped:1;
@@ -204,6 +217,11 @@ static ngx_int_t ngx_http_hermes_ssh_append(ngx_http_hermes_ssh_link_t *l,
 static void ngx_http_hermes_ssh_flush(ngx_http_hermes_ssh_link_t *l);
 static ngx_int_t ngx_http_hermes_ssh_cell_write(
     ngx_http_hermes_ssh_link_t *l, ngx_http_hermes_ssh_stream_t *s);
+static void ngx_http_hermes_ssh_rpc_request(ngx_http_hermes_ssh_link_t *l,
+    ngx_http_hermes_ssh_stream_t *s, ngx_http_hermes_frame_t *f);
+static void ngx_http_hermes_ssh_rpc_io(ngx_http_hermes_ssh_link_t *l,
+    ngx_http_hermes_ssh_stream_t *s);
+static void ngx_http_hermes_ssh_rpc_close(ngx_http_hermes_ssh_stream_t *s);
 static void ngx_http_hermes_ssh_give_up(ngx_http_hermes_ssh_link_t *l,
     ngx_http_hermes_ssh_stream_t *s, ngx_msec_t now);
 static void ngx_http_hermes_ssh_exec_done(ngx_http_hermes_ssh_link_t *l,
@@ -565,6 +583,7 @@ ngx_http_hermes_ssh_exec(ngx_http_hermes_conn_t *conn,
 #endif
 
     s->fd = -1;
+    s->rfd = (ngx_socket_t) -1;
     s->exec = &x;
     s->deadline = ngx_http_hermes_ssh_now() + cmd->timeout
                   + conn->bcf->connect_timeout
@@ -681,7 +700,7 @@ ngx_int_t
 ngx_http_hermes_ssh_relay(ngx_http_hermes_conn_t *conn,
     ngx_http_hermes_kernel_ref_t *ref, off_t out_limit, off_t res_limit,
     ngx_msec_t timeout, u_char *req, size_t req_len, off_t offset,
-    ngx_socket_t fd, ngx_log_t *log)
+    ngx_socket_t fd, ngx_socket_t rpc_fd, ngx_log_t *log)
 {
     u_char                        *p;
     ngx_http_hermes_ssh_link_t    *l;
@@ -728,6 +747,7 @@ ngx_http_hermes_ssh_relay(ngx_http_hermes_conn_t *conn,
     s->frame_len = ngx_cpymem(p, req, req_len) - s->frame;
 
     s->fd = fd;
+    s->rfd = rpc_fd;
 
     if (offset >= 0) {
         /* a shipped cell's stream again, from "offset": as on a resume */
@@ -914,7 +934,7 @@ ngx_http_hermes_ssh_thread(void *data)
 
         /* the poll set: the eventfd, the connection, the cells */
 
-        size = 2 + l->nstreams;
+        size = 2 + 2 * l->nstreams;
 
         if (l->npfd < size) {
             size = ngx_max(size, 2 * l->npfd);
@@ -991,6 +1011,15 @@ ngx_http_hermes_ssh_thread(void *data)
             pfd[nfd].events = events;
             pfd[nfd].revents = 0;
             nfd++;
+
+            if (s->rfd != (ngx_socket_t) -1) {
+                pfs[nfd] = NULL;
+                pfd[nfd].fd = s->rfd;
+                pfd[nfd].events = POLLIN
+                                  | (s->rq_pos < s->rq_len ? POLLOUT : 0);
+                pfd[nfd].revents = 0;
+                nfd++;
+            }
         }
 
         timeout = (next == NGX_TIMER_INFINITE) ? -1 : (int) next;
@@ -1013,6 +1042,16 @@ ngx_http_hermes_ssh_thread(void *data)
 
         for (i = 2; i < nfd; i++) {
             s = pfs[i];
+
+            if (s == NULL) {
+                continue;       /* the rpc of the stream before */
+            }
+
+            if (s->rfd != (ngx_socket_t) -1 && i + 1 < nfd
+                && pfs[i + 1] == NULL && pfd[i + 1].revents)
+            {
+                ngx_http_hermes_ssh_rpc_io(l, s);
+            }
 
             if (pfd[i].revents
                 || s->hdr || s->out_pos < s->out_len || s->res)
@@ -1623,6 +1662,10 @@ ngx_http_hermes_ssh_frame(ngx_http_hermes_ssh_link_t *l,
 
         return;
 
+    case 'r':
+        ngx_http_hermes_ssh_rpc_request(l, s, f);
+        return;
+
     case 'R':
         s->res = ngx_alloc(1 + f->len, l->log);
         if (s->res == NULL) {
@@ -1849,6 +1892,208 @@ ngx_http_hermes_ssh_cell_write(ngx_http_hermes_ssh_link_t *l,
 
 
 /*
+ * A tool call request the agent read from rpc/: to the cell, as a record
+ * (u32 length, the frame's payload) for ngx_hermes_rpc.c to check.  The
+ * agent stops reading rpc/ while its own output waits; a cell that does
+ * not take its requests has them dropped past the backlog, as a code
+ * that floods rpc/ deserves.
+ */
+
+static void
+ngx_http_hermes_ssh_rpc_request(ngx_http_hermes_ssh_link_t *l,
+    ngx_http_hermes_ssh_stream_t *s, ngx_http_hermes_frame_t *f)
+{
+    u_char  *b;
+    size_t   size, need;
+
+    if (s->rfd == (ngx_socket_t) -1) {
+        return;                 /* the cell takes no tool calls */
+    }
+
+    need = 4 + f->len;
+
+    if (s->rq_len - s->rq_pos + need > NGX_HTTP_HERMES_SSH_RPC_BACKLOG) {
+        ngx_log_error(NGX_LOG_WARN, l->log, 0,
+                      "hermes: cell %uD in \"%s\": tool call requests "
+                      "past the backlog are dropped", s->cell.cell, s->dir);
+        return;
+    }
+
+    if (s->rq_size - s->rq_len < need) {
+        size = ngx_max(2 * s->rq_size, s->rq_len - s->rq_pos + need);
+
+        b = ngx_alloc(size, l->log);
+        if (b == NULL) {
+            return;
+        }
+
+        if (s->rq) {
+            ngx_memcpy(b, s->rq + s->rq_pos, s->rq_len - s->rq_pos);
+            ngx_free(s->rq);
+        }
+
+        s->rq = b;
+        s->rq_size = size;
+        s->rq_len -= s->rq_pos;
+        s->rq_pos = 0;
+    }
+
+    b = ngx_http_hermes_frames_put_u32(s->rq + s->rq_len, (uint32_t) f->len);
+    ngx_memcpy(b, f->payload, f->len);
+    s->rq_len += need;
+
+    ngx_http_hermes_ssh_rpc_io(l, s);
+}
+
+
+/* requests to the cell as far as it takes them; its answers to the agent */
+
+static void
+ngx_http_hermes_ssh_rpc_io(ngx_http_hermes_ssh_link_t *l,
+    ngx_http_hermes_ssh_stream_t *s)
+{
+    u_char     *p, *b;
+    size_t      len, size;
+    ssize_t     k;
+    ngx_err_t   err;
+    u_char      hdr[NGX_HTTP_HERMES_FRAME_HEADER];
+
+    while (s->rq_pos < s->rq_len) {
+        k = send(s->rfd, s->rq + s->rq_pos, s->rq_len - s->rq_pos,
+                 MSG_DONTWAIT|MSG_NOSIGNAL);
+
+        if (k == -1) {
+            err = ngx_socket_errno;
+
+            if (err == NGX_EINTR) {
+                continue;
+            }
+
+            if (err == NGX_EAGAIN) {
+                break;
+            }
+
+            ngx_http_hermes_ssh_rpc_close(s);
+            return;
+        }
+
+        s->rq_pos += k;
+    }
+
+    if (s->rq_pos == s->rq_len) {
+        s->rq_pos = 0;
+        s->rq_len = 0;
+    }
+
+    for ( ;; ) {
+        if (s->ra_size - s->ra_len < 65536) {
+            size = ngx_max(2 * s->ra_size, 65536 + s->ra_len);
+
+            if (size > 2 * (4 + NGX_HTTP_HERMES_FRAME_MAX)) {
+                /* a record over a frame: the cell's end is broken */
+                ngx_log_error(NGX_LOG_ERR, l->log, 0,
+                              "hermes: a tool call answer over a frame");
+                ngx_http_hermes_ssh_rpc_close(s);
+                return;
+            }
+
+            b = ngx_alloc(size, l->log);
+            if (b == NULL) {
+                return;
+            }
+
+            if (s->ra) {
+                ngx_memcpy(b, s->ra, s->ra_len);
+                ngx_free(s->ra);
+            }
+
+            s->ra = b;
+            s->ra_size = size;
+        }
+
+        k = recv(s->rfd, s->ra + s->ra_len, s->ra_size - s->ra_len,
+                 MSG_DONTWAIT);
+
+        if (k == -1) {
+            err = ngx_socket_errno;
+
+            if (err == NGX_EINTR) {
+                continue;
+            }
+
+            if (err == NGX_EAGAIN) {
+                return;
+            }
+
+            k = 0;
+        }
+
+        if (k == 0) {
+            /* the cell closed its end: its tool calls are over */
+            ngx_http_hermes_ssh_rpc_close(s);
+            return;
+        }
+
+        s->ra_len += k;
+
+        /* each whole record: one RPC_ANSWER frame of the stream */
+
+        p = s->ra;
+
+        while (s->ra_len - (p - s->ra) >= 4) {
+            len = ngx_http_hermes_frames_u32(p);
+
+            if (len > NGX_HTTP_HERMES_FRAME_MAX) {
+                ngx_log_error(NGX_LOG_ERR, l->log, 0,
+                              "hermes: a tool call answer over a frame");
+                ngx_http_hermes_ssh_rpc_close(s);
+                return;
+            }
+
+            if (s->ra_len - (p - s->ra) < 4 + len) {
+                break;
+            }
+
+            if (s->sent && l->ready && !l->broken) {
+                b = ngx_http_hermes_frames_header(hdr, s->id, 'a', len);
+                (void) ngx_http_hermes_ssh_append(l, hdr, b - hdr);
+                (void) ngx_http_hermes_ssh_append(l, p + 4, len);
+
+            } else {
+                /* the code's call waits on its own timeout */
+                ngx_log_error(NGX_LOG_WARN, l->log, 0,
+                              "hermes: cell %uD in \"%s\": a tool call "
+                              "answer is lost: the connection broke",
+                              s->cell.cell, s->dir);
+            }
+
+            p += 4 + len;
+        }
+
+        s->ra_len -= p - s->ra;
+        ngx_memmove(s->ra, p, s->ra_len);
+    }
+}
+
+
+static void
+ngx_http_hermes_ssh_rpc_close(ngx_http_hermes_ssh_stream_t *s)
+{
+    if (s->rfd != (ngx_socket_t) -1) {
+        (void) close(s->rfd);
+        s->rfd = (ngx_socket_t) -1;
+    }
+
+    ngx_free(s->rq);
+    ngx_free(s->ra);
+    s->rq = NULL;
+    s->ra = NULL;
+    s->rq_pos = s->rq_len = s->rq_size = 0;
+    s->ra_len = s->ra_size = 0;
+}
+
+
+/*
  * The host stayed unreachable until the cell's deadline: the cell hears
  * it as the relay's word, with an error for its answer.  Its kernel is
  * killed (the kill is retried while the host is down) and the session's
@@ -1945,6 +2190,8 @@ ngx_http_hermes_ssh_end(ngx_http_hermes_ssh_link_t *l,
     if (s->fd != -1) {
         (void) close(s->fd);
     }
+
+    ngx_http_hermes_ssh_rpc_close(s);
 
     ngx_queue_remove(&s->queue);
     l->nstreams--;

@@ -9,7 +9,7 @@
 #include "ngx_hermes.h"
 
 
-static uint32_t
+uint32_t
 ngx_http_hermes_frames_u32(u_char *p)
 {
     return ((uint32_t) p[0] << 24) | ((uint32_t) p[1] << 16)
@@ -17,7 +17,7 @@ ngx_http_hermes_frames_u32(u_char *p)
 }
 
 
-static u_char *
+u_char *
 ngx_http_hermes_frames_put_u32(u_char *p, uint32_t v)
 {
     *p++ = (u_char) (v >> 24);
@@ -121,18 +121,17 @@ ngx_http_hermes_frames_split(u_char *p, size_t len, ngx_str_t *json,
 
 
 /*
- * The integer value of a top-level "key" of a JSON object the agent wrote
- * (flat objects of numbers and strings): NGX_OK, or NGX_DECLINED when it
- * is not there or not an integer.  Strings are skipped whole, so a key's
- * name inside a string value is not taken for the key.
+ * Where the value of a top-level "key" of a JSON object the agent wrote
+ * starts (flat objects of numbers and strings), or NULL.  Strings are
+ * skipped whole, so a key's name inside a string value is not taken for
+ * the key.
  */
 
-ngx_int_t
-ngx_http_hermes_frames_json_int(ngx_str_t *json, char *key, int64_t *value)
+static u_char *
+ngx_http_hermes_frames_json_value(ngx_str_t *json, char *key)
 {
-    u_char   *p, *last, *s;
-    size_t    klen;
-    int64_t   v, sign;
+    u_char  *p, *last, *s;
+    size_t   klen;
 
     p = json->data;
     last = p + json->len;
@@ -158,7 +157,7 @@ ngx_http_hermes_frames_json_int(ngx_str_t *json, char *key, int64_t *value)
         }
 
         if (p >= last) {
-            return NGX_DECLINED;
+            return NULL;
         }
 
         if ((size_t) (p - s) != klen || ngx_strncmp(s, key, klen) != 0) {
@@ -174,30 +173,80 @@ ngx_http_hermes_frames_json_int(ngx_str_t *json, char *key, int64_t *value)
 
         for (p++; p < last && (*p == ' ' || *p == '\t'); p++) { /* void */ }
 
-        sign = 1;
+        return p;
+    }
 
-        if (p < last && *p == '-') {
-            sign = -1;
-            p++;
-        }
+    return NULL;
+}
 
-        if (p == last || *p < '0' || *p > '9') {
+
+/* its integer value: NGX_OK, or NGX_DECLINED (not there, not an integer) */
+
+ngx_int_t
+ngx_http_hermes_frames_json_int(ngx_str_t *json, char *key, int64_t *value)
+{
+    u_char   *p, *last;
+    int64_t   v, sign;
+
+    p = ngx_http_hermes_frames_json_value(json, key);
+    last = json->data + json->len;
+
+    if (p == NULL) {
+        return NGX_DECLINED;
+    }
+
+    sign = 1;
+
+    if (p < last && *p == '-') {
+        sign = -1;
+        p++;
+    }
+
+    if (p == last || *p < '0' || *p > '9') {
+        return NGX_DECLINED;
+    }
+
+    for (v = 0; p < last && *p >= '0' && *p <= '9'; p++) {
+        if (v > (INT64_MAX - 9) / 10) {
             return NGX_DECLINED;
         }
 
-        for (v = 0; p < last && *p >= '0' && *p <= '9'; p++) {
-            if (v > (INT64_MAX - 9) / 10) {
-                return NGX_DECLINED;
-            }
-
-            v = v * 10 + (*p - '0');
-        }
-
-        *value = sign * v;
-        return NGX_OK;
+        v = v * 10 + (*p - '0');
     }
 
-    return NGX_DECLINED;
+    *value = sign * v;
+    return NGX_OK;
+}
+
+
+/* its value, a string without escapes (a name): NGX_OK, or NGX_DECLINED */
+
+ngx_int_t
+ngx_http_hermes_frames_json_str(ngx_str_t *json, char *key, ngx_str_t *value)
+{
+    u_char  *p, *s, *last;
+
+    p = ngx_http_hermes_frames_json_value(json, key);
+    last = json->data + json->len;
+
+    if (p == NULL || p == last || *p != '"') {
+        return NGX_DECLINED;
+    }
+
+    for (s = ++p; p < last && *p != '"'; p++) {
+        if (*p == '\\' || *p < 0x20) {
+            return NGX_DECLINED;
+        }
+    }
+
+    if (p == last) {
+        return NGX_DECLINED;
+    }
+
+    value->data = s;
+    value->len = p - s;
+
+    return NGX_OK;
 }
 
 

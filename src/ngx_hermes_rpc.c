@@ -65,6 +65,11 @@ struct ngx_http_hermes_rpc_s {
     int                             ifd;        /* the worker's inotify */
     int                             wd;
 
+    /* a kernel on another host: requests come, answers go, by its carrier */
+    ngx_http_hermes_rpc_write_pt    write;
+    void                           *write_data;
+    unsigned                        remote:1;
+
     u_char                          token[2 * NGX_HTTP_HERMES_TOKEN_LEN];
 
     uint64_t                       *seen;
@@ -700,6 +705,31 @@ ngx_http_hermes_rpc_open(ngx_http_hermes_rpc_t *rpc, ngx_fd_t dir_fd, int ifd)
 }
 
 
+/*
+ * The kernel is on another host: its agent sweeps rpc/ before the cell,
+ * watches it, and brings each request whole; "write" takes each answer
+ * (res_N, or tool_results/NAME for one archived) there.
+ */
+
+void
+ngx_http_hermes_rpc_carry(ngx_http_hermes_rpc_t *rpc,
+    ngx_http_hermes_rpc_write_pt write, void *data)
+{
+    u_char  hex[2 * NGX_HTTP_HERMES_TOKEN_LEN + 1];
+
+    ngx_http_hermes_rpc_close(rpc);
+
+    sodium_bin2hex((char *) hex, sizeof(hex), rpc->ref->token,
+                   NGX_HTTP_HERMES_TOKEN_LEN);
+    ngx_memcpy(rpc->token, hex, sizeof(rpc->token));
+    sodium_memzero(hex, sizeof(hex));
+
+    rpc->write = write;
+    rpc->write_data = data;
+    rpc->remote = 1;
+}
+
+
 static void
 ngx_http_hermes_rpc_close(ngx_http_hermes_rpc_t *rpc)
 {
@@ -714,6 +744,8 @@ ngx_http_hermes_rpc_close(ngx_http_hermes_rpc_t *rpc)
     }
 
     rpc->dir_fd = NGX_INVALID_FILE;
+    rpc->remote = 0;
+    rpc->write = NULL;
 }
 
 
@@ -826,13 +858,12 @@ ngx_http_hermes_rpc_scan(ngx_http_hermes_rpc_t *rpc, ngx_uint_t sweep)
 static ngx_int_t
 ngx_http_hermes_rpc_file(ngx_http_hermes_rpc_t *rpc, u_char *name)
 {
-    off_t                       size;
-    u_char                     *data;
-    ssize_t                     n;
-    ngx_fd_t                    fd;
-    ngx_int_t                   rc;
-    ngx_pool_t                 *pool;
-    ngx_http_hermes_rpc_req_t   req;
+    off_t        size;
+    u_char      *data;
+    ssize_t      n;
+    ngx_fd_t     fd;
+    ngx_int_t    rc;
+    ngx_pool_t  *pool;
 
     fd = ngx_http_hermes_local_open_at(rpc->rpc_fd, (char *) name, &size);
 
@@ -843,16 +874,16 @@ ngx_http_hermes_rpc_file(ngx_http_hermes_rpc_t *rpc, u_char *name)
 
         /* a FIFO, a symlink, a directory: nothing to read, only to count */
         (void) unlinkat(rpc->rpc_fd, (char *) name, 0);
-        req.reject = NGX_HTTP_HERMES_RPC_MALFORMED;
-        goto reject;
+        return ngx_http_hermes_rpc_request(rpc, name, ngx_strlen(name),
+                                           NULL, 0);
     }
 
     (void) unlinkat(rpc->rpc_fd, (char *) name, 0);
 
     if (size > (off_t) rpc->hlcf->max_code) {
         close(fd);
-        req.reject = NGX_HTTP_HERMES_RPC_MALFORMED;
-        goto reject;
+        return ngx_http_hermes_rpc_request(rpc, name, ngx_strlen(name),
+                                           NULL, 0);
     }
 
     pool = ngx_create_pool(4096, rpc->log);
@@ -871,31 +902,55 @@ ngx_http_hermes_rpc_file(ngx_http_hermes_rpc_t *rpc, u_char *name)
     n = pread(fd, data, (size_t) size + 1, 0);
     close(fd);
 
-    if (n == -1 || n > size) {
-        /* it grew while we read: not a request written whole */
-        ngx_destroy_pool(pool);
+    /* grown while we read: not a request written whole */
+
+    rc = ngx_http_hermes_rpc_request(rpc, name, ngx_strlen(name),
+                                     (n == -1 || n > size) ? NULL : data,
+                                     (n == -1 || n > size) ? 0 : (size_t) n);
+
+    ngx_destroy_pool(pool);
+
+    return rc;
+}
+
+
+/*
+ * A request read whole (data NULL: it could not be, as it stood), from
+ * rpc/ here or by the kernel host's agent: the same checks either way,
+ * here, whatever the host side did before.  NGX_DONE: the channel was
+ * closed meanwhile.
+ */
+
+ngx_int_t
+ngx_http_hermes_rpc_request(ngx_http_hermes_rpc_t *rpc, u_char *name,
+    size_t len, u_char *data, size_t n)
+{
+    ngx_int_t                   rc;
+    ngx_http_hermes_rpc_req_t   req;
+
+    if (rpc->rpc_fd == NGX_INVALID_FILE && !rpc->remote) {
+        return NGX_DONE;        /* the cell's authority ended */
+    }
+
+    if (data == NULL) {
         req.reject = NGX_HTTP_HERMES_RPC_MALFORMED;
         goto reject;
     }
 
     rc = ngx_http_hermes_rpc_check(data, n,
-                                   ngx_http_hermes_rpc_name_seq(name,
-                                                     ngx_strlen(name)),
+                                   ngx_http_hermes_rpc_name_seq(name, len),
                                    rpc->token, sizeof(rpc->token),
                                    rpc->seen, rpc->nseen, &req);
-
-    if (rc == NGX_OK) {
-        ngx_http_hermes_rpc_take(rpc, &req);
-    }
-
-    ngx_destroy_pool(pool);
 
     if (rc == NGX_ERROR) {
         return NGX_ERROR;
     }
 
     if (rc == NGX_OK) {
-        return rpc->rpc_fd == NGX_INVALID_FILE ? NGX_DONE : NGX_OK;
+        ngx_http_hermes_rpc_take(rpc, &req);
+
+        return (rpc->rpc_fd == NGX_INVALID_FILE && !rpc->remote)
+               ? NGX_DONE : NGX_OK;
     }
 
 reject:
@@ -903,9 +958,10 @@ reject:
     ngx_http_hermes_count(rpc->zone, rpc_rejected_total[req.reject]);
 
     ngx_log_error(NGX_LOG_WARN, rpc->log, 0,
-                  "hermes: kernel %*s: tool call request \"%s\" rejected "
+                  "hermes: kernel %*s: tool call request \"%*s\" rejected "
                   "(%V): removed, not answered",
-                  (size_t) NGX_HTTP_HERMES_ID_LEN, rpc->ref->kernel_id, name,
+                  (size_t) NGX_HTTP_HERMES_ID_LEN, rpc->ref->kernel_id,
+                  ngx_min(len, 32), name,
                   &ngx_http_hermes_rpc_reject_names[req.reject]);
 
     return NGX_OK;
@@ -1758,7 +1814,7 @@ static ngx_int_t
 ngx_http_hermes_rpc_archive(ngx_http_hermes_rpc_t *rpc, uint64_t seq,
     u_char *body, size_t len)
 {
-    u_char                *p;
+    u_char                *p, *end;
     size_t                 h, t, n;
     ngx_fd_t               fd;
     ngx_int_t              rc;
@@ -1766,6 +1822,20 @@ ngx_http_hermes_rpc_archive(ngx_http_hermes_rpc_t *rpc, uint64_t seq,
     ngx_uint_t             made;
     ngx_file_info_t        fi;
     u_char                 name[64], path[96];
+
+    ngx_sprintf(name, "cell_%06uD_%06uL.json%Z", rpc->ref->cell_id, seq);
+    end = ngx_sprintf(path, "tool_results/%s", name);
+
+    if (rpc->remote) {
+        /* the agent makes tool_results/ as it would be made here */
+        if (rpc->write(rpc->write_data, path, end - path, body, len)
+            != NGX_OK)
+        {
+            return NGX_ERROR;
+        }
+
+        goto answer;
+    }
 
     made = 1;
 
@@ -1807,8 +1877,6 @@ ngx_http_hermes_rpc_archive(ngx_http_hermes_rpc_t *rpc, uint64_t seq,
         return NGX_ERROR;
     }
 
-    ngx_sprintf(name, "cell_%06uD_%06uL.json%Z", rpc->ref->cell_id, seq);
-
     rc = ngx_http_hermes_local_write_at(fd, (char *) name, body, len,
                                         (ngx_uid_t) rpc->ref->uid, rpc->log);
     close(fd);
@@ -1816,6 +1884,8 @@ ngx_http_hermes_rpc_archive(ngx_http_hermes_rpc_t *rpc, uint64_t seq,
     if (rc != NGX_OK) {
         return NGX_ERROR;
     }
+
+answer:
 
     h = ngx_http_hermes_rpc_utf8_cut(body, rpc->hlcf->max_output * 2 / 5, 1);
     t = rpc->hlcf->max_output - rpc->hlcf->max_output * 2 / 5;
@@ -1826,8 +1896,6 @@ ngx_http_hermes_rpc_archive(ngx_http_hermes_rpc_t *rpc, uint64_t seq,
     if (g == NULL) {
         return NGX_ERROR;
     }
-
-    p = ngx_sprintf(path, "tool_results/%s", name);
 
     yajl_gen_map_open(g);
     yajl_gen_string(g, (u_char *) "seq", 3);
@@ -1841,7 +1909,7 @@ ngx_http_hermes_rpc_archive(ngx_http_hermes_rpc_t *rpc, uint64_t seq,
     yajl_gen_string(g, (u_char *) "archived", 8);
     yajl_gen_map_open(g);
     yajl_gen_string(g, (u_char *) "path", 4);
-    yajl_gen_string(g, path, p - path);
+    yajl_gen_string(g, path, end - path);
     yajl_gen_string(g, (u_char *) "bytes", 5);
     yajl_gen_integer(g, (long long) len);
     yajl_gen_string(g, (u_char *) "head", 4);
@@ -1917,13 +1985,17 @@ static ngx_int_t
 ngx_http_hermes_rpc_write(ngx_http_hermes_rpc_t *rpc, uint64_t seq,
     u_char *data, size_t len)
 {
-    u_char  name[32];
+    u_char  *p, name[32];
+
+    p = ngx_sprintf(name, "res_%06uL%Z", seq);
+
+    if (rpc->remote) {
+        return rpc->write(rpc->write_data, name, p - 1 - name, data, len);
+    }
 
     if (rpc->rpc_fd == NGX_INVALID_FILE) {
         return NGX_ERROR;
     }
-
-    ngx_sprintf(name, "res_%06uL%Z", seq);
 
     return ngx_http_hermes_local_write_at(rpc->rpc_fd, (char *) name, data,
                                           len, (ngx_uid_t) rpc->ref->uid,

@@ -8,6 +8,12 @@
  * own word on a cell it could not ship or follow).  The head and the tail
  * of the event lines are kept as they go by, for a cell whose kernel is
  * lost: the files are on the other host.
+ *
+ * A cell that may call tools has a second socketpair: the carrier writes
+ * each RPC_REQ frame's payload the agent sends into it, answers go back
+ * the same way to become RPC_ANSWER frames; both as records, a u32 BE
+ * length and the payload.  The requests are checked here
+ * (ngx_hermes_rpc.c), never trusted to the host.
  */
 
 
@@ -15,6 +21,9 @@
 
 
 #define NGX_HTTP_HERMES_RELAY_CHUNK    (128 * 1024)
+
+/* an answer's bytes in one RPC_ANSWER frame: well under a frame's 1 MiB */
+#define NGX_HTTP_HERMES_RPC_CHUNK      (512 * 1024)
 
 
 typedef struct {
@@ -28,6 +37,16 @@ typedef struct {
     size_t                          keep_head;
     size_t                          keep_tail;
     size_t                          keep_total;
+
+    /* tool calls: requests in, answers out */
+    ngx_connection_t               *rpc;
+    ngx_buf_t                      *rpc_in;
+    u_char                         *rpc_out;
+    size_t                          rpc_out_pos;
+    size_t                          rpc_out_len;
+    size_t                          rpc_out_size;
+
+    size_t                          scanned;    /* rbuf looked at, from pos */
 
     unsigned                        res_ready:1;
     unsigned                        paused:1;   /* the client is slow */
@@ -48,6 +67,14 @@ static ngx_int_t ngx_http_hermes_ssh_stream_forward(
     ngx_http_hermes_ssh_stream_t *ss, u_char *p, size_t n);
 static void ngx_http_hermes_ssh_stream_keep(ngx_http_hermes_ssh_stream_t *ss,
     u_char *p, size_t n);
+static ngx_int_t ngx_http_hermes_ssh_stream_rpc_open(
+    ngx_http_hermes_ssh_stream_t *ss, ngx_socket_t *fd);
+static void ngx_http_hermes_ssh_stream_rpc_read(ngx_event_t *ev);
+static void ngx_http_hermes_ssh_stream_rpc_write(ngx_event_t *ev);
+static ngx_int_t ngx_http_hermes_ssh_stream_answer(void *data, u_char *name,
+    size_t len, u_char *buf, size_t n);
+static void ngx_http_hermes_ssh_stream_rpc_close(
+    ngx_http_hermes_ssh_stream_t *ss);
 
 
 ngx_http_hermes_transport_t  ngx_http_hermes_transport_ssh = {
@@ -56,7 +83,7 @@ ngx_http_hermes_transport_t  ngx_http_hermes_transport_ssh = {
     ngx_http_hermes_ssh_stream_interrupt,
     ngx_http_hermes_ssh_stream_salvage,
     ngx_http_hermes_ssh_stream_close,
-    0                                       /* tools: not carried yet */
+    1                                       /* tools */
 };
 
 
@@ -65,6 +92,7 @@ ngx_http_hermes_ssh_stream_run(ngx_http_hermes_stream_t *st)
 {
     int                            sv[2];
     ngx_int_t                      rc;
+    ngx_socket_t                   rfd;
     ngx_connection_t              *c;
     ngx_http_hermes_conn_t         conn;
     ngx_http_hermes_ssh_stream_t  *ss;
@@ -112,6 +140,13 @@ ngx_http_hermes_ssh_stream_run(ngx_http_hermes_stream_t *st)
         goto failed;
     }
 
+    rfd = (ngx_socket_t) -1;
+
+    if (st->rpc && ngx_http_hermes_ssh_stream_rpc_open(ss, &rfd) != NGX_OK) {
+        close(sv[1]);
+        goto failed;
+    }
+
     ngx_http_hermes_backend_take(&conn, st->hlcf->backend, st->ref->host);
 
     rc = ngx_http_hermes_ssh_relay(&conn, st->ref,
@@ -121,10 +156,14 @@ ngx_http_hermes_ssh_stream_run(ngx_http_hermes_stream_t *st)
                                    st->request ? (size_t) (st->request->last
                                                  - st->request->pos) : 0,
                                    st->request ? -1 : st->offset,
-                                   sv[1], st->log);
+                                   sv[1], rfd, st->log);
     if (rc != NGX_OK) {
         ngx_http_hermes_backend_give(&conn);
         close(sv[1]);
+
+        if (rfd != (ngx_socket_t) -1) {
+            close(rfd);
+        }
 
         if (rc == NGX_BUSY) {
             /* nothing was shipped: the kernel is fine, as it was */
@@ -534,5 +573,308 @@ ngx_http_hermes_ssh_stream_close(ngx_http_hermes_stream_t *st)
         ss->relay = NULL;
     }
 
+    ngx_http_hermes_ssh_stream_rpc_close(ss);
+
     st->ctx = NULL;
+}
+
+
+/* the cell's tool calls: a socketpair to the carrier, the far end its */
+
+static ngx_int_t
+ngx_http_hermes_ssh_stream_rpc_open(ngx_http_hermes_ssh_stream_t *ss,
+    ngx_socket_t *fd)
+{
+    int                        sv[2];
+    ngx_connection_t          *c;
+    ngx_http_hermes_stream_t  *st;
+
+    st = ss->st;
+
+    ss->rpc_in = ngx_create_temp_buf(st->pool, 4096);
+    if (ss->rpc_in == NULL) {
+        return NGX_ERROR;
+    }
+
+    if (socketpair(AF_UNIX, SOCK_STREAM|SOCK_CLOEXEC, 0, sv) == -1) {
+        ngx_log_error(NGX_LOG_ERR, st->log, ngx_errno,
+                      "hermes: socketpair() failed");
+        return NGX_ERROR;
+    }
+
+    if (ngx_nonblocking(sv[0]) == -1) {
+        close(sv[0]);
+        close(sv[1]);
+        return NGX_ERROR;
+    }
+
+    c = ngx_get_connection(sv[0], st->log);
+    if (c == NULL) {
+        close(sv[0]);
+        close(sv[1]);
+        return NGX_ERROR;
+    }
+
+    c->data = ss;
+    c->read->handler = ngx_http_hermes_ssh_stream_rpc_read;
+    c->write->handler = ngx_http_hermes_ssh_stream_rpc_write;
+    c->read->log = st->log;
+    c->write->log = st->log;
+    ss->rpc = c;
+
+    if (ngx_handle_read_event(c->read, 0) != NGX_OK) {
+        close(sv[1]);
+        ngx_http_hermes_ssh_stream_rpc_close(ss);
+        return NGX_ERROR;
+    }
+
+    ngx_http_hermes_rpc_carry(st->rpc, ngx_http_hermes_ssh_stream_answer, ss);
+
+    *fd = sv[1];
+
+    return NGX_OK;
+}
+
+
+/* RPC_REQ payloads from the carrier: {"name":"req_N"} and the request */
+
+static void
+ngx_http_hermes_ssh_stream_rpc_read(ngx_event_t *ev)
+{
+    ngx_connection_t              *c = ev->data;
+    ngx_http_hermes_ssh_stream_t  *ss = c->data;
+
+    u_char                    *p;
+    size_t                     len, size;
+    ssize_t                    n;
+    ngx_buf_t                 *b, *nb;
+    ngx_str_t                  json, data, name;
+    ngx_http_hermes_stream_t  *st;
+
+    st = ss->st;
+
+    for ( ;; ) {
+        b = ss->rpc_in;
+
+        n = recv(c->fd, b->last, b->end - b->last, 0);
+
+        if (n == -1) {
+            if (ngx_socket_errno == NGX_EAGAIN) {
+                break;
+            }
+
+            if (ngx_socket_errno == NGX_EINTR) {
+                continue;
+            }
+
+            n = 0;
+        }
+
+        if (n == 0) {
+            /* the carrier ended the stream: the relay says how */
+            ngx_http_hermes_ssh_stream_rpc_close(ss);
+            return;
+        }
+
+        b->last += n;
+
+        /* every whole record */
+
+        for ( ;; ) {
+            if (b->last - b->pos < 4) {
+                break;
+            }
+
+            len = ngx_http_hermes_frames_u32(b->pos);
+
+            if (len > NGX_HTTP_HERMES_FRAME_MAX) {
+                ngx_log_error(NGX_LOG_ERR, st->log, 0,
+                              "hermes: a tool call record of %uz bytes "
+                              "from the carrier", len);
+                ngx_http_hermes_ssh_stream_rpc_close(ss);
+                return;
+            }
+
+            if ((size_t) (b->last - b->pos) < 4 + len) {
+                break;
+            }
+
+            p = b->pos + 4;
+            b->pos += 4 + len;
+
+            name.len = 0;
+
+            if (ngx_http_hermes_frames_split(p, len, &json, &data) != NGX_OK
+                || ngx_http_hermes_frames_json_str(&json, "name", &name)
+                   != NGX_OK)
+            {
+                ngx_log_error(NGX_LOG_ERR, st->log, 0,
+                              "hermes: a bad RPC_REQ frame from the agent");
+                continue;
+            }
+
+            if (ngx_http_hermes_rpc_request(st->rpc, name.data, name.len,
+                                            data.data, data.len)
+                == NGX_DONE)
+            {
+                ngx_http_hermes_ssh_stream_rpc_close(ss);
+                return;
+            }
+        }
+
+        /* room for the rest: a record may be up to a frame */
+
+        if (b->pos == b->last) {
+            b->pos = b->start;
+            b->last = b->start;
+
+        } else if (b->pos > b->start) {
+            p = b->pos;
+            b->pos = b->start;
+            b->last = ngx_movemem(b->start, p, b->last - p);
+        }
+
+        if (b->last == b->end) {
+            size = ngx_min(2 * (size_t) (b->end - b->start),
+                           4 + NGX_HTTP_HERMES_FRAME_MAX);
+
+            nb = ngx_create_temp_buf(st->pool, size);
+            if (nb == NULL) {
+                ngx_http_hermes_ssh_stream_rpc_close(ss);
+                return;
+            }
+
+            nb->last = ngx_cpymem(nb->pos, b->pos, b->last - b->pos);
+            ss->rpc_in = nb;
+        }
+    }
+
+    if (ngx_handle_read_event(ev, 0) != NGX_OK) {
+        ngx_http_hermes_ssh_stream_rpc_close(ss);
+    }
+}
+
+
+/*
+ * An answer for the agent to write as NAME in the kernel dir (res_N in
+ * rpc/, or tool_results/...): records of at most a chunk each, the file
+ * written whole and renamed once "more" is false.
+ */
+
+static ngx_int_t
+ngx_http_hermes_ssh_stream_answer(void *data, u_char *name, size_t len,
+    u_char *buf, size_t n)
+{
+    ngx_http_hermes_ssh_stream_t *ss = data;
+
+    u_char  *p, *b;
+    size_t   off, k, size, need;
+    u_char   json[128];
+
+    if (ss->rpc == NULL || len > 64) {
+        return NGX_ERROR;
+    }
+
+    off = 0;
+
+    do {
+        k = ngx_min(n - off, NGX_HTTP_HERMES_RPC_CHUNK);
+
+        p = ngx_sprintf(json, "{\"name\":\"%*s\",\"offset\":%uz,"
+                        "\"more\":%s}", len, name, off,
+                        off + k < n ? "true" : "false");
+
+        need = 4 + 4 + (p - json) + k;
+
+        if (ss->rpc_out_size - ss->rpc_out_len < need) {
+            size = ngx_max(2 * ss->rpc_out_size,
+                           ss->rpc_out_len - ss->rpc_out_pos + need);
+
+            b = ngx_alloc(size, ss->st->log);
+            if (b == NULL) {
+                return NGX_ERROR;
+            }
+
+            if (ss->rpc_out) {
+                ngx_memcpy(b, ss->rpc_out + ss->rpc_out_pos,
+                           ss->rpc_out_len - ss->rpc_out_pos);
+                ngx_free(ss->rpc_out);
+            }
+
+            ss->rpc_out = b;
+            ss->rpc_out_size = size;
+            ss->rpc_out_len -= ss->rpc_out_pos;
+            ss->rpc_out_pos = 0;
+        }
+
+        b = ss->rpc_out + ss->rpc_out_len;
+        b = ngx_http_hermes_frames_put_u32(b, (uint32_t) (need - 4));
+        b = ngx_http_hermes_frames_put_u32(b, (uint32_t) (p - json));
+        b = ngx_cpymem(b, json, p - json);
+        b = ngx_cpymem(b, buf + off, k);
+        ss->rpc_out_len = b - ss->rpc_out;
+
+        off += k;
+
+    } while (off < n);
+
+    ngx_http_hermes_ssh_stream_rpc_write(ss->rpc->write);
+
+    return NGX_OK;
+}
+
+
+static void
+ngx_http_hermes_ssh_stream_rpc_write(ngx_event_t *ev)
+{
+    ngx_connection_t              *c = ev->data;
+    ngx_http_hermes_ssh_stream_t  *ss = c->data;
+
+    ssize_t  n;
+
+    while (ss->rpc_out_pos < ss->rpc_out_len) {
+        n = send(c->fd, ss->rpc_out + ss->rpc_out_pos,
+                 ss->rpc_out_len - ss->rpc_out_pos, MSG_NOSIGNAL);
+
+        if (n == -1) {
+            if (ngx_socket_errno == NGX_EAGAIN) {
+                break;
+            }
+
+            if (ngx_socket_errno == NGX_EINTR) {
+                continue;
+            }
+
+            /* the carrier ended the stream */
+            ngx_http_hermes_ssh_stream_rpc_close(ss);
+            return;
+        }
+
+        ss->rpc_out_pos += n;
+    }
+
+    if (ss->rpc_out_pos == ss->rpc_out_len) {
+        ss->rpc_out_pos = 0;
+        ss->rpc_out_len = 0;
+    }
+
+    if (ngx_handle_write_event(ev, 0) != NGX_OK) {
+        ngx_http_hermes_ssh_stream_rpc_close(ss);
+    }
+}
+
+
+static void
+ngx_http_hermes_ssh_stream_rpc_close(ngx_http_hermes_ssh_stream_t *ss)
+{
+    if (ss->rpc) {
+        ngx_close_connection(ss->rpc);
+        ss->rpc = NULL;
+    }
+
+    ngx_free(ss->rpc_out);
+    ss->rpc_out = NULL;
+    ss->rpc_out_size = 0;
+    ss->rpc_out_pos = 0;
+    ss->rpc_out_len = 0;
 }

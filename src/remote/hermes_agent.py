@@ -22,7 +22,7 @@ letter, the payload (docs/protocol.md, "The kernel-host agent"):
     C CELL {"dir","cell","pid","start","ino","uid","offset","out_limit",
             "res_limit","window"} (+ the request when offset is -1)
     A ACK u64 offset                    Q CANCEL
-    a RPC_ANSWER {"name":"res_N"} + the answer
+    a RPC_ANSWER {"name","offset","more"} + bytes of the answer
     H HELLO  x EXIT  S SHIPPED  O OUT  R RESULT  r RPC_REQ (agent -> module)
 
 A CELL does for cell N of a kernel what hermes_relay.py did over a
@@ -48,10 +48,16 @@ newline too), then R with the result, refused when larger than RES_LIMIT
     {"relay":"unreadable","status":"error","error":...}   a file of the
                          cell is not a regular file, or too big
 
-While a CELL stream of a kernel is open, complete tool call requests
-rpc/req_N (renamed into place) are read (regular files, at most 1 MiB),
-removed and sent as r frames on that stream; an a frame writes
-rpc/res_N atomically (tmp O_EXCL|O_NOFOLLOW 0600, then rename).
+Before a CELL ships a new cell, the requests and answers an earlier
+cell left in rpc/ are removed: its authority ended with it.  While a
+CELL stream of a kernel is open, complete tool call requests rpc/req_N
+(renamed into place) are read (regular files, at most 1 MiB), removed
+and sent as r frames {"name":"req_N"} + the request on that stream; the
+module checks them.  a frames write its answers: NAME is rpc's res_N or
+tool_results/cell_N_N.json (an answer too big for the code, archived;
+tool_results/ made 0700 if missing, else it must be the kernel's, 0700,
+not a link), written as NAME.tmp (O_EXCL|O_NOFOLLOW 0600) from offset 0
+on, in order, renamed into place with the frame whose "more" is false.
 
 The agent never polls.  It sleeps in one poll() over stdin, stdout (when
 frames wait to be written), one inotify instance (ctypes on libc: watches
@@ -112,6 +118,7 @@ EVENT = struct.Struct("iIII")
 
 RPC_REQ = re.compile(r"req_[0-9]{1,12}\Z")
 RPC_RES = re.compile(r"res_[0-9]{1,12}\Z")
+RPC_ARCHIVE = re.compile(r"tool_results/(cell_[0-9]{1,12}_[0-9]{1,12}\.json)\Z")
 
 HEADER = struct.Struct(">IIB")
 U32 = struct.Struct(">I")
@@ -332,6 +339,39 @@ class Kernel:
     def ours(self):
         return self.dir is not None
 
+    def rpc_sweep(self):
+        """An earlier cell's requests and answers: no authority now."""
+        if self.rpc is None:
+            return
+        try:
+            names = os.listdir(self.rpc)
+        except OSError:
+            return
+        for name in names:
+            if RPC_REQ.match(name) or RPC_RES.match(name):
+                try:
+                    os.unlink(name, dir_fd=self.rpc)
+                except OSError:
+                    pass
+
+    def tool_results(self):
+        """tool_results/ of the kernel dir, made if missing: its fd."""
+        try:
+            os.mkdir("tool_results", 0o700, dir_fd=self.dir)
+            made = True
+        except FileExistsError:
+            made = False
+        fd = os.open("tool_results", DIRS, dir_fd=self.dir)
+        st = os.fstat(fd)
+        if made and st.st_uid != self.uid:
+            os.fchown(fd, self.uid, -1)     # root made it for the kernel
+            st = os.fstat(fd)
+        if not private(st, self.uid):
+            os.close(fd)
+            raise OSError(errno.EPERM, "not an owner-only directory of the "
+                          "kernel's user")
+        return fd
+
     def alive(self):
         return proc_start(self.pid) == self.start
 
@@ -460,6 +500,7 @@ class Cell:
         self.wd = self.rpc_wd = -1
         self.open = True
         self.tick = None
+        self.answers = {}       # name: [dirfd, base name, tmp fd, offset]
 
     def start(self):
         a = self.agent
@@ -528,6 +569,9 @@ class Cell:
             self.pidfd = None
         for wd in (self.wd, self.rpc_wd):
             a.unwatch(self, wd)
+        for p in self.answers.values():
+            self.answer_drop(p)
+        self.answers = {}
         close(self.o.fd)
         self.o.fd = None
         self.k.close()
@@ -623,10 +667,17 @@ class Cell:
             self.agent.send(self.sid, b"r", jb({"name": name}, data))
 
     def rpc_answer(self, payload):
+        """A piece of an answer: NAME.tmp from offset 0 on, in order,
+        renamed to NAME with the last piece."""
         try:
             obj, data = parse_jb(payload)
             name = obj.get("name")
-            if not isinstance(name, str) or not RPC_RES.match(name):
+            offset = want_int(obj, "offset", 0, default=0)
+            more = obj.get("more", False)
+            if not isinstance(name, str) or not isinstance(more, bool):
+                raise ValueError("bad name or more")
+            m = RPC_ARCHIVE.match(name)
+            if not (m or RPC_RES.match(name)):
                 raise ValueError("bad name")
         except ValueError as e:
             log("bad RPC_ANSWER on stream %d: %s" % (self.sid, e))
@@ -634,15 +685,48 @@ class Cell:
         if self.k.rpc is None:
             log("rpc/%s: the kernel has no rpc directory" % name)
             return
+        p = self.answers.pop(name, None)
         try:
-            # a tmp left by an agent that died writing it (unlink takes
-            # the name, never what a link points to)
-            os.unlink(name + ".tmp", dir_fd=self.k.rpc)
+            if p is None:
+                if offset != 0:
+                    raise OSError(errno.EINVAL, "a piece out of order")
+                dirfd = self.k.tool_results() if m else os.dup(self.k.rpc)
+                base = m.group(1) if m else name
+                p = [dirfd, base, None, 0]
+                try:
+                    # a tmp left by an agent that died writing it (unlink
+                    # takes the name, never what a link points to)
+                    os.unlink(base + ".tmp", dir_fd=dirfd)
+                except OSError:
+                    pass
+                p[2] = os.open(base + ".tmp", CREATE, 0o600, dir_fd=dirfd)
+                if self.k.uid != os.geteuid():
+                    os.fchown(p[2], self.k.uid, -1)
+            elif offset != p[3]:
+                raise OSError(errno.EINVAL, "a piece out of order")
+            view = memoryview(data)
+            while view:
+                view = view[os.write(p[2], view):]
+            p[3] += len(data)
+            if more:
+                self.answers[name] = p
+                return
+            os.close(p[2])
+            p[2] = None
+            os.rename(p[1] + ".tmp", p[1], src_dir_fd=p[0], dst_dir_fd=p[0])
+            os.close(p[0])
+        except OSError as e:
+            log("rpc answer %s: %s" % (name, e.strerror or e))
+            if p is not None:
+                self.answer_drop(p)
+
+    def answer_drop(self, p):
+        close(p[2])
+        try:
+            os.unlink(p[1] + ".tmp", dir_fd=p[0])
         except OSError:
             pass
-        err = self.k.write_new(self.k.rpc, name, data, "rpc")
-        if err is not None:
-            log(err[1])
+        close(p[0])
 
 
 class Exec:
@@ -968,6 +1052,7 @@ class Agent:
             return
         k = Kernel(path, pid, start, ino, uid)
         if offset < 0:
+            k.rpc_sweep()
             w = ship(k, cell, data)
             if w is not None:
                 k.close()
