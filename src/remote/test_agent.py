@@ -7,6 +7,7 @@ against real kernel dirs with real runners (test_remote.Kernel).
 
 import json
 import os
+import shutil
 import signal
 import struct
 import subprocess
@@ -693,6 +694,48 @@ class AgentTest(unittest.TestCase):
         fr = a.end(1)
         self.assertIn(b"{'y': 2}", out_bytes([f for f in fr if f[0] == "O"]))
         self.assertEqual(json.loads(result(fr))["status"], "success")
+
+    def test_rpc_answer_in_pieces_and_archive(self):
+        a = self.agent()
+        k = self.kernel()
+        with open(k.path("rpc", "req_000003"), "wb") as f:
+            f.write(b"left by an earlier cell")
+        with open(k.path("rpc", "res_000004"), "wb") as f:
+            f.write(b"ditto")
+        a.cell(1, k, 1, code="import time\ntime.sleep(3)")
+        a.wait(lambda: a.of(1))
+        self.assertEqual(sorted(os.listdir(k.rpc)), [], "swept before the cell")
+        # an archived answer in three pieces, out of the rpc/ directory
+        name = "tool_results/cell_000001_000002.json"
+        a.send(1, "a", jb({"name": name, "offset": 0, "more": True}, b"ab"))
+        a.send(1, "a", jb({"name": name, "offset": 2, "more": True}, b"cd"))
+        self.assertTrue(a.ping())
+        tr = k.path("tool_results")
+        self.assertEqual(os.listdir(tr), ["cell_000001_000002.json.tmp"],
+                         "not in place before the last piece")
+        a.send(1, "a", jb({"name": name, "offset": 4, "more": False}, b"e"))
+        self.assertTrue(a.ping())
+        self.assertEqual(os.listdir(tr), ["cell_000001_000002.json"])
+        self.assertEqual(os.stat(tr).st_mode & 0o777, 0o700)
+        path = os.path.join(tr, "cell_000001_000002.json")
+        self.assertEqual(os.stat(path).st_mode & 0o777, 0o600)
+        with open(path, "rb") as f:
+            self.assertEqual(f.read(), b"abcde")
+        # a piece out of order drops the answer; a path out is refused
+        a.send(1, "a", jb({"name": "res_000005", "offset": 0, "more": True}, b"x"))
+        a.send(1, "a", jb({"name": "res_000005", "offset": 9}, b"y"))
+        a.send(1, "a", jb({"name": "tool_results/../cells/x.json"}, b"no"))
+        self.assertTrue(a.ping())
+        self.assertEqual(sorted(os.listdir(k.rpc)), [], "nothing left behind")
+        self.assertIn("out of order", a.stderr())
+        # tool_results/ made a link by the code: not followed
+        elsewhere = tempfile.mkdtemp(prefix="hermes_raelse_")
+        self.addCleanup(shutil.rmtree, elsewhere)
+        shutil.rmtree(tr)
+        os.symlink(elsewhere, tr)
+        a.send(1, "a", jb({"name": "tool_results/cell_000001_000006.json"}, b"z"))
+        self.assertTrue(a.ping())
+        self.assertEqual(os.listdir(elsewhere), [], "nothing written through it")
 
     # -- never polls ------------------------------------------------------
 
