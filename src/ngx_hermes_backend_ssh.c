@@ -2222,7 +2222,7 @@ ngx_http_hermes_ssh_now(void)
 static ngx_int_t
 ngx_http_hermes_ssh_connect(ngx_http_hermes_ssh_link_t *l, ngx_msec_t timeout)
 {
-    int                              rc, no;
+    int                              rc, no, yes;
     long                             sec, usec;
     ssh_key                          key;
     ssh_session                      s;
@@ -2240,6 +2240,7 @@ ngx_http_hermes_ssh_connect(ngx_http_hermes_ssh_link_t *l, ngx_msec_t timeout)
     }
 
     no = 0;
+    yes = 1;
     sec = (long) (timeout / 1000);
     usec = (long) (timeout % 1000) * 1000;
 
@@ -2253,7 +2254,9 @@ ngx_http_hermes_ssh_connect(ngx_http_hermes_ssh_link_t *l, ngx_msec_t timeout)
                            bcf->known_hosts.data)
            != SSH_OK
         || ssh_options_set(s, SSH_OPTIONS_TIMEOUT, &sec) != SSH_OK
-        || ssh_options_set(s, SSH_OPTIONS_TIMEOUT_USEC, &usec) != SSH_OK)
+        || ssh_options_set(s, SSH_OPTIONS_TIMEOUT_USEC, &usec) != SSH_OK
+        /* frames are small and wanted at once: no Nagle on our side */
+        || ssh_options_set(s, SSH_OPTIONS_NODELAY, &yes) != SSH_OK)
     {
         ngx_snprintf(l->err, sizeof(l->err),
                      "ssh options for %V:%ui: %s%Z", &h->name, h->port,

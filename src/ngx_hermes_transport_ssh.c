@@ -271,19 +271,31 @@ ngx_http_hermes_ssh_stream_relay_handler(ngx_event_t *ev)
             continue;
         }
 
-        /* forward whole event lines, up to the result's marker */
+        /*
+         * forward whole event lines, up to the result's marker; what was
+         * looked at already is not again (a 1 MB line comes in many reads)
+         */
 
-        m = ngx_strlchr(b->pos, b->last, '\x1e');
+        m = ngx_strlchr(b->pos + ss->scanned, b->last, '\x1e');
 
         if (m) {
             nl = m;
             ss->res_ready = 1;
 
         } else {
-            for (nl = b->last; nl > b->pos && nl[-1] != '\n'; nl--) {
+            for (nl = b->last; nl > b->pos + ss->scanned && nl[-1] != '\n';
+                 nl--)
+            {
                 /* void */
             }
+
+            if (nl == b->pos + ss->scanned) {
+                /* no newline in what came since (nor before: all sent) */
+                nl = b->pos;
+            }
         }
+
+        ss->scanned = b->last - nl;
 
         if (nl > b->pos) {
             ngx_http_hermes_ssh_stream_keep(ss, b->pos, nl - b->pos);
