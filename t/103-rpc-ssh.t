@@ -39,8 +39,18 @@ if ($srv == 0) {
     exec '/usr/bin/python3', Hermes::Test::repo_root() . '/t/lib/hermes_tool_server.py',
         $tport, $hitlog or POSIX::_exit(127);
 }
-END { local $?; if ($srv) { kill "TERM", $srv; waitpid $srv, 0; } }
+# and a minimal MCP server
+my $mport = $t->port(3);
+my $msrv = fork // die "fork: $!";
+if ($msrv == 0) {
+    open STDOUT, '>', "$p/logs/mcp-server.out" or POSIX::_exit(1);
+    open STDERR, '>&', \*STDOUT;
+    exec '/usr/bin/python3', Hermes::Test::repo_root() . '/t/lib/hermes_mcp_server.py',
+        $mport, "$p/logs/mcp-hits.log" or POSIX::_exit(127);
+}
+END { local $?; for ($srv, $msrv) { if ($_) { kill "TERM", $_; waitpid $_, 0; } } }
 wait_until(sub { -s "$p/logs/tool-server.out" }, 10) or die "tool server did not start";
+wait_until(sub { -s "$p/logs/mcp-server.out" }, 10) or die "MCP server did not start";
 
 my $ssh = "hermes_backend ssh host=127.0.0.1:${\ $s->port } root=%%KROOT%%/ssh "
         . "user=root identity=${\ $s->identity } known_hosts=${\ $s->known_hosts } "
@@ -61,6 +71,11 @@ $t->write_conf(<<"CONF");
         location = /x { hermes_execute; }
         location = /small { hermes_execute; hermes_max_output 2k; }
         location = /down { hermes_execute; hermes_tools_pass /tools-down; }
+        location = /mcp-x {
+            hermes_execute;
+            hermes_tools auto;
+            hermes_tools_pass /mcp protocol=mcp;
+        }
 
         location /tools {
             internal;
@@ -70,6 +85,10 @@ $t->write_conf(<<"CONF");
         location /tools-down {
             internal;
             proxy_pass http://127.0.0.1:%%PORT_2%%/;
+        }
+        location /mcp {
+            internal;
+            proxy_pass http://127.0.0.1:%%PORT_3%%/mcp;
         }
 
         location = /status { hermes_status; }
@@ -114,6 +133,20 @@ my $kdir = kdir($kid);
 ok($kdir && -d "$kdir/rpc", 'the kernel dir is on the (loopback) host');
 opendir my $dh, "$kdir/rpc"; my @left = grep { !/^\./ } readdir $dh; closedir $dh;
 is_deeply(\@left, [], 'rpc/ is empty after the calls');
+
+# -- an MCP server, its tools listed ----------------------------------------
+
+$r = $t->execute('/mcp-x', {session => 'mcp', code => <<'PY'});
+print(hermes_tools.add(a=1, b=2))
+print(repr(hermes_tools.greet(name="ssh")))
+try:
+    hermes_tools.nosuch()
+except hermes_tools.ToolError as e:
+    print("ToolError:", e)
+PY
+is($r->{result}{output},
+   "{'sum': 3}\n'hello, ssh'\nToolError: tool \"nosuch\": not one of the MCP server's tools (tools/list)\n",
+   'MCP over ssh: structuredContent as data, text as str, tools/list enforced');
 
 # -- refusals, the budget, failing endpoints ---------------------------------
 
