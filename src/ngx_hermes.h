@@ -312,7 +312,10 @@ struct ngx_http_hermes_sh_s {
 
     ngx_rbtree_t                  rbtree;
     ngx_rbtree_node_t             sentinel;
-    ngx_queue_t                   lru;          /* most recent at head */
+    ngx_queue_t                   lru;          /* with a kernel: most
+                                                   recent at head */
+    ngx_queue_t                   lost;         /* without: tombstones,
+                                                   spawns to come */
     ngx_uint_t                    kernels;      /* entries with a kernel */
 
     /* counters, changed under the zone's lock or atomically */

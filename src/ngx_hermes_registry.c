@@ -60,6 +60,8 @@ static void ngx_http_hermes_registry_delete(ngx_http_hermes_zone_t *zone,
     ngx_http_hermes_node_t *kn);
 static void ngx_http_hermes_registry_set_state(ngx_http_hermes_zone_t *zone,
     ngx_http_hermes_node_t *kn, ngx_uint_t state);
+static void ngx_http_hermes_registry_touch(ngx_http_hermes_zone_t *zone,
+    ngx_http_hermes_node_t *kn);
 static void ngx_http_hermes_registry_end_turn(ngx_http_hermes_zone_t *zone,
     ngx_http_hermes_node_t *kn);
 static ngx_int_t ngx_http_hermes_registry_evict(ngx_http_hermes_zone_t *zone,
@@ -75,6 +77,8 @@ static ngx_uint_t ngx_http_hermes_registry_evict_lru(
 static void ngx_http_hermes_registry_sweep_locked(
     ngx_http_hermes_zone_t *zone, ngx_http_hermes_victims_t *victims,
     ngx_uint_t full);
+static ngx_int_t ngx_http_hermes_registry_reap(ngx_http_hermes_zone_t *zone,
+    ngx_queue_t *queue, ngx_http_hermes_victims_t *victims, uint64_t now);
 static void ngx_http_hermes_registry_reclaim(ngx_http_hermes_zone_t *zone,
     ngx_http_hermes_node_t *kn, ngx_http_hermes_victims_t *victims,
     uint64_t now);
@@ -166,6 +170,7 @@ ngx_http_hermes_registry_init_zone(ngx_shm_zone_t *shm_zone, void *data)
                     ngx_http_hermes_registry_rbtree_insert);
 
     ngx_queue_init(&zone->sh->lru);
+    ngx_queue_init(&zone->sh->lost);
 
     len = sizeof(" in hermes_zone \"\"") + shm_zone->shm.name.len;
 
@@ -484,7 +489,7 @@ ngx_http_hermes_registry_acquire(ngx_http_hermes_zone_t *zone,
         ngx_memcpy(kn->data, ref->key.data, ref->key.len);
 
         ngx_rbtree_insert(&zone->sh->rbtree, &kn->node);
-        ngx_queue_insert_head(&zone->sh->lru, &kn->queue);
+        ngx_queue_insert_head(&zone->sh->lost, &kn->queue);
 
     } else if (ngx_http_hermes_pending(kn) > queue) {
         ngx_shmtx_unlock(&zone->shpool->mutex);
@@ -525,8 +530,7 @@ ngx_http_hermes_registry_turn(ngx_http_hermes_zone_t *zone,
     kn->turn_at = ngx_http_hermes_now_ms();
     kn->last_used = kn->turn_at;
 
-    ngx_queue_remove(&kn->queue);
-    ngx_queue_insert_head(&zone->sh->lru, &kn->queue);
+    ngx_http_hermes_registry_touch(zone, kn);
 
     if (kn->state == NGX_HTTP_HERMES_STATE_LOST) {
         /* no kernel (new entry, or the last one died): spawn one */
@@ -569,14 +573,36 @@ ngx_http_hermes_registry_set_state(ngx_http_hermes_zone_t *zone,
     was = (kn->state != NGX_HTTP_HERMES_STATE_LOST);
     is = (state != NGX_HTTP_HERMES_STATE_LOST);
 
-    if (was && !is) {
+    kn->state = (uint8_t) state;
+
+    if (was == is) {
+        return;
+    }
+
+    if (was) {
         zone->sh->kernels--;
 
-    } else if (!was && is) {
+    } else {
         zone->sh->kernels++;
     }
 
-    kn->state = (uint8_t) state;
+    ngx_http_hermes_registry_touch(zone, kn);
+}
+
+
+/*
+ * Used now: to the head of its queue.  Entries without a kernel have a
+ * queue of their own, so that making room for a kernel under the cap
+ * never walks past tombstones, however many there are.
+ */
+
+static void
+ngx_http_hermes_registry_touch(ngx_http_hermes_zone_t *zone,
+    ngx_http_hermes_node_t *kn)
+{
+    ngx_queue_remove(&kn->queue);
+    ngx_queue_insert_head(kn->state == NGX_HTTP_HERMES_STATE_LOST
+                          ? &zone->sh->lost : &zone->sh->lru, &kn->queue);
 }
 
 
@@ -845,8 +871,7 @@ ngx_http_hermes_registry_end_turn(ngx_http_hermes_zone_t *zone,
     kn->last_used = ngx_http_hermes_now_ms();
     kn->turn_at = kn->last_used;
 
-    ngx_queue_remove(&kn->queue);
-    ngx_queue_insert_head(&zone->sh->lru, &kn->queue);
+    ngx_http_hermes_registry_touch(zone, kn);
 }
 
 
@@ -911,8 +936,7 @@ ngx_http_hermes_registry_retire(ngx_http_hermes_zone_t *zone,
     kn->pid = 0;
     kn->last_used = ngx_http_hermes_now_ms();
 
-    ngx_queue_remove(&kn->queue);
-    ngx_queue_insert_head(&zone->sh->lru, &kn->queue);
+    ngx_http_hermes_registry_touch(zone, kn);
 
     return NGX_OK;
 }
@@ -953,49 +977,60 @@ ngx_http_hermes_registry_victim(ngx_http_hermes_node_t *kn,
 }
 
 
-/* the least recently used entry without a running or queued cell */
+/*
+ * The least recently used entry without a running or queued cell: a
+ * kernel for the cap (retired, its session told), or with "tombstones"
+ * (the zone has no room) a tombstone first, then a kernel, gone whole.
+ */
 
 static ngx_uint_t
 ngx_http_hermes_registry_evict_lru(ngx_http_hermes_zone_t *zone,
     ngx_http_hermes_victims_t *victims, ngx_uint_t tombstones)
 {
-    ngx_uint_t               live;
-    ngx_queue_t             *q;
+    ngx_uint_t               i;
+    ngx_queue_t             *q, *queue[2];
     ngx_http_hermes_node_t  *kn;
 
-    for (q = ngx_queue_last(&zone->sh->lru);
-         q != ngx_queue_sentinel(&zone->sh->lru);
-         q = ngx_queue_prev(q))
-    {
-        kn = ngx_queue_data(q, ngx_http_hermes_node_t, queue);
+    queue[0] = tombstones ? &zone->sh->lost : &zone->sh->lru;
+    queue[1] = tombstones ? &zone->sh->lru : NULL;
 
-        if (ngx_http_hermes_pending(kn)
-            || (!tombstones && kn->state == NGX_HTTP_HERMES_STATE_LOST))
+    for (i = 0; i < 2 && queue[i]; i++) {
+
+        for (q = ngx_queue_last(queue[i]);
+             q != ngx_queue_sentinel(queue[i]);
+             q = ngx_queue_prev(q))
         {
-            continue;
-        }
+            kn = ngx_queue_data(q, ngx_http_hermes_node_t, queue);
 
-        live = (kn->state != NGX_HTTP_HERMES_STATE_LOST);
+            if (ngx_http_hermes_pending(kn)) {
+                continue;
+            }
 
-        /* the cap leaves a tombstone; the zone's room, nothing */
+            if (kn->state == NGX_HTTP_HERMES_STATE_LOST) {
+                return ngx_http_hermes_registry_evict(zone, kn, victims)
+                       == NGX_OK;
+            }
 
-        if ((tombstones ? ngx_http_hermes_registry_evict(zone, kn, victims)
-                        : ngx_http_hermes_registry_retire(zone, kn, victims,
+            /* the cap leaves a tombstone; the zone's room, nothing */
+
+            if ((tombstones ? ngx_http_hermes_registry_evict(zone, kn, victims)
+                            : ngx_http_hermes_registry_retire(zone, kn,
+                                                  victims,
                                                   NGX_HTTP_HERMES_LOST_CAP))
-            != NGX_OK)
-        {
-            return 0;
-        }
+                != NGX_OK)
+            {
+                return 0;
+            }
 
-        if (tombstones && live) {
-            victims->v[victims->n - 1].reason = NGX_HTTP_HERMES_LOST_MEMORY;
-        }
+            if (tombstones) {
+                victims->v[victims->n - 1].reason =
+                                                NGX_HTTP_HERMES_LOST_MEMORY;
+            }
 
-        if (live) {
             zone->sh->evicted_cap_total++;
-        }
 
-        return 1;
+            return 1;
+        }
     }
 
     return 0;
@@ -1015,26 +1050,66 @@ ngx_http_hermes_registry_sweep_locked(ngx_http_hermes_zone_t *zone,
     ngx_http_hermes_victims_t *victims, ngx_uint_t full)
 {
     uint64_t                 now;
-    ngx_queue_t             *q, *prev;
+    ngx_uint_t               i;
+    ngx_queue_t             *q, *next, *queue;
     ngx_http_hermes_node_t  *kn;
 
     now = ngx_http_hermes_now_ms();
 
     if (full) {
-        for (q = ngx_queue_head(&zone->sh->lru);
-             q != ngx_queue_sentinel(&zone->sh->lru);
-             q = ngx_queue_next(q))
-        {
-            kn = ngx_queue_data(q, ngx_http_hermes_node_t, queue);
+        for (i = 0; i < 2; i++) {
+            queue = i ? &zone->sh->lost : &zone->sh->lru;
 
-            if (ngx_http_hermes_pending(kn)) {
-                ngx_http_hermes_registry_reclaim(zone, kn, victims, now);
+            for (q = ngx_queue_head(queue);
+                 q != ngx_queue_sentinel(queue);
+                 q = next)
+            {
+                /* a reclaim may make a kernel a tombstone: another queue */
+                next = ngx_queue_next(q);
+                kn = ngx_queue_data(q, ngx_http_hermes_node_t, queue);
+
+                if (ngx_http_hermes_pending(kn)) {
+                    ngx_http_hermes_registry_reclaim(zone, kn, victims, now);
+                }
             }
         }
     }
 
-    for (q = ngx_queue_last(&zone->sh->lru);
-         q != ngx_queue_sentinel(&zone->sh->lru);
+    /* kernels first: one made a tombstone is not looked at twice */
+
+    if (ngx_http_hermes_registry_reap(zone, &zone->sh->lru, victims, now)
+        != NGX_OK
+        || ngx_http_hermes_registry_reap(zone, &zone->sh->lost, victims, now)
+           != NGX_OK)
+    {
+        return;
+    }
+
+    while (zone->sh->kernels > zone->max_kernels) {
+        if (!ngx_http_hermes_registry_warm_evict(zone, victims)
+            && !ngx_http_hermes_registry_evict_lru(zone, victims, 0))
+        {
+            break;
+        }
+    }
+}
+
+
+/*
+ * Idle entries of a queue, from its tail: the queue is ordered by last
+ * use, so the walk stops at the first not idle long enough.  A kernel
+ * becomes a tombstone (another queue); a tombstone goes.
+ */
+
+static ngx_int_t
+ngx_http_hermes_registry_reap(ngx_http_hermes_zone_t *zone,
+    ngx_queue_t *queue, ngx_http_hermes_victims_t *victims, uint64_t now)
+{
+    ngx_queue_t             *q, *prev;
+    ngx_http_hermes_node_t  *kn;
+
+    for (q = ngx_queue_last(queue);
+         q != ngx_queue_sentinel(queue);
          q = prev)
     {
         prev = ngx_queue_prev(q);
@@ -1057,17 +1132,11 @@ ngx_http_hermes_registry_sweep_locked(ngx_http_hermes_zone_t *zone,
                                             NGX_HTTP_HERMES_LOST_IDLE)
             != NGX_OK)
         {
-            return;
+            return NGX_DECLINED;
         }
     }
 
-    while (zone->sh->kernels > zone->max_kernels) {
-        if (!ngx_http_hermes_registry_warm_evict(zone, victims)
-            && !ngx_http_hermes_registry_evict_lru(zone, victims, 0))
-        {
-            break;
-        }
-    }
+    return NGX_OK;
 }
 
 
@@ -1390,15 +1459,23 @@ ngx_http_hermes_registry_drain(ngx_http_hermes_zone_t *zone,
     ngx_http_hermes_victims_t *victims)
 {
     ngx_uint_t               n;
-    ngx_queue_t             *q;
+    ngx_queue_t             *q, *queue;
     ngx_http_hermes_node_t  *kn;
 
     n = 0;
 
     ngx_shmtx_lock(&zone->shpool->mutex);
 
-    while (!ngx_queue_empty(&zone->sh->lru)) {
-        q = ngx_queue_last(&zone->sh->lru);
+    /* kernels, then tombstones */
+
+    for (queue = &zone->sh->lru; queue; ) {
+
+        if (ngx_queue_empty(queue)) {
+            queue = (queue == &zone->sh->lru) ? &zone->sh->lost : NULL;
+            continue;
+        }
+
+        q = ngx_queue_last(queue);
         kn = ngx_queue_data(q, ngx_http_hermes_node_t, queue);
 
         if (ngx_http_hermes_registry_evict(zone, kn, victims) != NGX_OK) {
@@ -1443,6 +1520,16 @@ ngx_http_hermes_registry_stats(ngx_http_hermes_zone_t *zone,
 
     st->kernels = sh->kernels;
 
+    /* entries without a kernel may have cells queued: a spawn to come */
+
+    for (q = ngx_queue_head(&sh->lost);
+         q != ngx_queue_sentinel(&sh->lost);
+         q = ngx_queue_next(q))
+    {
+        kn = ngx_queue_data(q, ngx_http_hermes_node_t, queue);
+        st->queued += ngx_http_hermes_pending(kn) - kn->claimed;
+    }
+
     for (q = ngx_queue_head(&sh->lru);
          q != ngx_queue_sentinel(&sh->lru);
          q = ngx_queue_next(q))
@@ -1460,10 +1547,6 @@ ngx_http_hermes_registry_stats(ngx_http_hermes_zone_t *zone,
 
         /* the serving ticket waits too until its request claims it */
         st->queued += ngx_http_hermes_pending(kn) - kn->claimed;
-
-        if (kn->state == NGX_HTTP_HERMES_STATE_LOST) {
-            continue;
-        }
 
         /* most kernels are on the host of the one before */
 
@@ -2128,7 +2211,7 @@ ngx_http_hermes_registry_warm_reserve(ngx_http_hermes_zone_t *zone,
     ngx_memcpy(kn->data, ref->key.data, ref->key.len);
 
     ngx_rbtree_insert(&zone->sh->rbtree, &kn->node);
-    ngx_queue_insert_head(&zone->sh->lru, &kn->queue);
+    ngx_queue_insert_head(&zone->sh->lost, &kn->queue);
 
     /* the spawn's turn, as a first request's */
 

@@ -261,8 +261,17 @@ test_one_spawn_per_key(void **state)
 
     n = 0;
 
+    /* entries with a kernel, and those without */
+
     for (q = ngx_queue_head(&r->zone.sh->lru);
          q != ngx_queue_sentinel(&r->zone.sh->lru) && n < nkeys * 2;
+         q = ngx_queue_next(q))
+    {
+        all[n++] = ngx_queue_data(q, ngx_http_hermes_node_t, queue);
+    }
+
+    for (q = ngx_queue_head(&r->zone.sh->lost);
+         q != ngx_queue_sentinel(&r->zone.sh->lost) && n < nkeys * 2;
          q = ngx_queue_next(q))
     {
         all[n++] = ngx_queue_data(q, ngx_http_hermes_node_t, queue);
