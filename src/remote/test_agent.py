@@ -632,7 +632,7 @@ class AgentTest(unittest.TestCase):
             self.assertTrue(_wait_for(lambda: os.path.exists(k.res_path(1))))
         finally:
             os.kill(a.pid, signal.SIGCONT)
-        fr = a.end(1, timeout=3)
+        fr = a.end(1, timeout=15)   # 16k events to read first, under load
         self.assertEqual([unjb(p) for t, p in fr if t == "r"],
                          [({"name": "req_000003"}, b"{}")])
         self.assertEqual(out_bytes([f for f in fr if f[0] == "O"]),
