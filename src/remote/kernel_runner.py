@@ -1127,7 +1127,7 @@ def _process(n, path):
         # SystemExit: the module removes D.  os._exit: a cell's non-daemon
         # threads must not keep us alive.
         os._exit(0)
-    _keep_reserve()
+    # a reserve the result took is made again by the main loop
 
 
 # -- the result, on a full disk too -----------------------------------------
@@ -1139,11 +1139,13 @@ def _reserve_path():
 def _allocate(fd, size):
     """Grow fd's file to size bytes of allocated disk, or as far as the
     disk allows."""
-    have = os.fstat(fd).st_size
-    if have >= size:
+    st = os.fstat(fd)
+    have = st.st_size
+    if have >= size and st.st_blocks * 512 >= size:
         return
     try:
-        os.posix_fallocate(fd, have, size - have)
+        # from 0: a file made sparse (truncated longer) gets its holes
+        os.posix_fallocate(fd, 0, size)
         return
     except AttributeError:
         pass
@@ -1152,6 +1154,8 @@ def _allocate(fd, size):
             return
         if e.errno not in (errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL):
             raise
+    if have >= size:
+        return
     zeros = bytes(min(size - have, 64 * 1024))    # no fallocate here
     try:
         while have < size:
@@ -1162,34 +1166,51 @@ def _allocate(fd, size):
 
 
 def _reserve(n, size):
-    """Take the space for cell n's result before the cell runs: its .tmp
-    file, the kept reserve renamed into place and grown towards size.
-    -> ((st_dev, st_ino), bytes) or None."""
-    tmp = _cell_path("res", n) + ".tmp"
+    """Take the space for cell n's result before the cell runs: the kept
+    reserve, grown towards size.  Where a cell put something else in its
+    place, a new one; where even that fails (a directory there), a file
+    of cell n's own.  -> (path, (st_dev, st_ino), bytes) or None.
+
+    The reserve is used only on a full disk (see _write_result): on any
+    other, the result is a new file and the reserve stays for the next
+    cell, at the largest size a cell took.  Shrinking it, or truncating a
+    result written into it, costs an ext4 journal transaction each cell."""
+    path = _reserve_path()
     fd = -1
     try:
+        st = None
         try:
             # Only our own regular file: a cell may have put anything there.
-            fd = os.open(_reserve_path(), os.O_WRONLY | os.O_NOFOLLOW
-                         | os.O_NONBLOCK | os.O_CLOEXEC)
+            fd = os.open(path, os.O_WRONLY | os.O_NOFOLLOW | os.O_NONBLOCK
+                         | os.O_CLOEXEC)
             st = os.fstat(fd)
             if not stat.S_ISREG(st.st_mode) or st.st_nlink != 1:
                 raise OSError(errno.EINVAL, "not our reserve")
-            os.rename(_reserve_path(), tmp)
         except OSError:
+            st = None
             if fd >= 0:
                 os.close(fd)
                 fd = -1
             try:
-                os.unlink(tmp)
+                os.unlink(path)
             except OSError:
                 pass
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL
-                         | os.O_CLOEXEC, 0o600)
-        os.fchmod(fd, 0o600)
-        _allocate(fd, size)
-        st = os.fstat(fd)
-        return (st.st_dev, st.st_ino), st.st_size
+            flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC
+            try:
+                fd = os.open(path, flags, 0o600)
+            except OSError:
+                path = _cell_path("res", n) + ".tmp"
+                try:
+                    os.unlink(path)
+                except OSError:
+                    pass
+                fd = os.open(path, flags, 0o600)
+        if st is None or stat.S_IMODE(st.st_mode) != 0o600:
+            os.fchmod(fd, 0o600)
+        if st is None or st.st_size < size or st.st_blocks * 512 < size:
+            _allocate(fd, size)
+            st = os.fstat(fd)
+        return path, (st.st_dev, st.st_ino), st.st_size
     except OSError as e:
         _log("cannot reserve space for the result of cell %d: %s" % (n, e))
         return None
@@ -1253,25 +1274,26 @@ def _cut_to_fit(res, size, e):
         room //= 2
 
 
-def _write_reserved(path, res, resv):
-    tmp = path + ".tmp"
-    fd = os.open(tmp, os.O_WRONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+def _write_reserved(path, res, resv, data):
+    """The result into the reserved file (its space is taken already), cut
+    to fit where it is larger, then renamed into place."""
+    fd = os.open(resv[0], os.O_WRONLY | os.O_NOFOLLOW | os.O_NONBLOCK
+                 | os.O_CLOEXEC)
     try:
         st = os.fstat(fd)
-        if (st.st_dev, st.st_ino) != resv[0]:
+        if (st.st_dev, st.st_ino) != resv[1]:
             raise OSError(errno.ESTALE, "the reserved result file was replaced")
-        data = _dumps(res)
         try:
             _pwrite_all(fd, data)
         except OSError as e:
             if e.errno not in _FULL:
                 raise
-            data = _cut_to_fit(res, resv[1], e)
+            data = _cut_to_fit(res, resv[2], e)
             _pwrite_all(fd, data)
         os.ftruncate(fd, len(data))
     finally:
         os.close(fd)
-    os.rename(tmp, path)
+    os.rename(resv[0], path)
 
 
 def _pwrite_all(fd, data):
@@ -1280,20 +1302,59 @@ def _pwrite_all(fd, data):
         done += os.pwrite(fd, data[done:], done)
 
 
-def _write_result(n, res, resv=None):
-    path = _cell_path("res", n)
-    if resv is not None:
+def _write_new(path, data):
+    """data as path: path.tmp (0600 whatever the umask), then renamed, so
+    readers never see half a file; on a failure no .tmp is left."""
+    tmp = path + ".tmp"
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC
+    try:
+        fd = os.open(tmp, flags, 0o600)
+    except FileExistsError:              # a leftover (never followed: O_EXCL)
+        os.unlink(tmp)
+        fd = os.open(tmp, flags, 0o600)
+    try:
         try:
-            _write_reserved(path, res, resv)
+            os.fchmod(fd, 0o600)
+            _pwrite_all(fd, data)
+        finally:
+            os.close(fd)                 # may report a write's failure too
+        os.rename(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)               # what it took of a full disk
+        except OSError:
+            pass
+        raise
+
+
+def _write_result(n, res, resv=None):
+    """A new file, on a disk with room; the reserve takes it where that
+    fails (a full disk), or where the reserve is this cell's own."""
+    path = _cell_path("res", n)
+    data = _dumps(res)
+    if resv is not None and resv[0] != _reserve_path():
+        try:
+            _write_reserved(path, res, resv, data)
             return
         except OSError as e:
             _log("cannot write the reserved result of cell %d: %s" % (n, e))
     try:
-        _write_atomic(path, _dumps(res))
+        _write_new(path, data)
+        return
     except FileNotFoundError:            # the cell removed cells/: recreate it
         os.makedirs(CELLS, 0o700, exist_ok=True)
         os.chmod(CELLS, 0o700)
-        _write_atomic(path, _dumps(res))
+        _write_new(path, data)
+        return
+    except OSError as e:
+        if resv is None or resv[0] != _reserve_path():
+            raise
+        err = e
+    try:
+        _write_reserved(path, res, resv, data)
+    except OSError as e:
+        _log("cannot write the reserved result of cell %d: %s" % (n, e))
+        raise err from None
 
 
 def _fail(n, e):
