@@ -995,17 +995,41 @@ def _cell_path(kind, n):
     return os.path.join(CELLS, "cell_%s_%06d%s" % (kind, n, ".json" if kind != "out" else ""))
 
 
-def _remove_older(n):
-    # The module is done with every earlier cell's files.
+_O_PATH = getattr(os, "O_PATH", 0)
+
+
+def _remove(path):
+    """unlink(path), leaving no negative dentry behind: the name is held
+    open (O_PATH: no I/O, no inotify event) across the unlink, so the
+    kernel drops its dentry instead of keeping it as a negative one.
+    Negative dentries pile up in cells/ (three a cell) and every
+    inotify_add_watch on it, the module's and the agent's once a cell,
+    walks all of them: a cell cost 0.1 ms more per 1000 cells before."""
+    fd = -1
+    if _O_PATH:
+        try:
+            fd = os.open(path, _O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except OSError:
+            pass
     try:
-        names = os.listdir(CELLS)
-    except OSError:
-        return
+        os.unlink(path)
+    finally:
+        if fd >= 0:
+            os.close(fd)
+
+
+def _remove_older(n, names=None):
+    # The module is done with every earlier cell's files.
+    if names is None:
+        try:
+            names = os.listdir(CELLS)
+        except OSError:
+            return
     for name in names:
         m = _CELL_FILE.fullmatch(name)
         if m and int(m.group(1)) < n:
             try:
-                os.unlink(os.path.join(CELLS, name))
+                _remove(os.path.join(CELLS, name))
             except OSError:
                 pass
 
@@ -1069,13 +1093,15 @@ def _int(v, default):
     return v if isinstance(v, int) and not isinstance(v, bool) and v >= 0 else default
 
 
-def _process(n, path):
+def _process(n, path, names=None):
+    """Cell n, from its request at path; names: what cells/ held just
+    before, if it is known."""
     global _current, _globals, _count
     t0 = time.monotonic()
     _restore_fds()                        # before we open anything
     os.umask(0o077)                       # a cell may have changed it
     signal.signal(signal.SIGINT, _on_sigint)   # ... or the SIGINT handler
-    _remove_older(n)
+    _remove_older(n, names)
     try:
         req, bad = _read_req(path), None
     except (OSError, ValueError) as e:
@@ -1381,13 +1407,15 @@ def _fail(n, e):
 # -- main loop --------------------------------------------------------------
 
 def _pending(last):
+    """-> ([(id, name) of each request after last, in order], the names
+    in cells/) or ([], None)"""
     try:
         names = os.listdir(CELLS)
     except OSError:
-        return []
+        return [], None
     ids = [(int(m.group(1)), name) for name in names
            for m in [_REQ.fullmatch(name)] if m and int(m.group(1)) > last]
-    return sorted(ids)
+    return sorted(ids), names
 
 
 def _read_env_fd():
@@ -1485,19 +1513,21 @@ def main():
     last = 0
     deadline = time.monotonic() + idle
     while True:
-        for n, name in _pending(last):
+        pending, names = _pending(last)
+        for n, name in pending:
             last = n
             try:
-                _process(n, os.path.join(CELLS, name))
+                _process(n, os.path.join(CELLS, name), names)
             except BaseException as e:    # never let one cell end the loop
                 _fail(n, e)
+            names = None     # the next one lists again: this one made files
             deadline = time.monotonic() + idle   # the idle clock restarts
         if not idle:
             timeout = None
         else:
             timeout = deadline - time.monotonic()
             if timeout <= 0:
-                if _pending(last):   # a cell whose wake-up is still coming
+                if _pending(last)[0]:   # a cell whose wake-up is still coming
                     continue
                 _idle_exit()
         if not _reserve_kept():
