@@ -30,6 +30,7 @@ import os
 import re
 import select
 import signal
+import _signal
 import stat
 import sys
 import threading
@@ -834,6 +835,7 @@ def _mpl_flush(sink):
 # -- running code -----------------------------------------------------------
 
 _interruptible = False   # SIGINT raises KeyboardInterrupt only inside a cell
+_SIGINT = int(signal.SIGINT)
 _globals = None
 _count = 0
 
@@ -1100,7 +1102,8 @@ def _process(n, path, names=None):
     t0 = time.monotonic()
     _restore_fds()                        # before we open anything
     os.umask(0o077)                       # a cell may have changed it
-    signal.signal(signal.SIGINT, _on_sigint)   # ... or the SIGINT handler
+    # ... or the SIGINT handler (_signal's: signal's wrapper costs 6 us)
+    _signal.signal(_SIGINT, _on_sigint)
     _remove_older(n, names)
     try:
         req, bad = _read_req(path), None
@@ -1200,8 +1203,19 @@ def _reserve(n, size):
     The reserve is used only on a full disk (see _write_result): on any
     other, the result is a new file and the reserve stays for the next
     cell, at the largest size a cell took.  Shrinking it, or truncating a
-    result written into it, costs an ext4 journal transaction each cell."""
+    result written into it, frees blocks: that cost 0.3 ms a cell on ext4
+    (the truncate, then the unlink of the truncated file)."""
     path = _reserve_path()
+    try:
+        # the common case: ours, as we left it (no open: the checks are
+        # the same, and _write_reserved checks the file it opens again)
+        st = os.stat(path, follow_symlinks=False)
+        if (stat.S_ISREG(st.st_mode) and st.st_nlink == 1
+                and stat.S_IMODE(st.st_mode) == 0o600
+                and st.st_size >= size and st.st_blocks * 512 >= size):
+            return path, (st.st_dev, st.st_ino), st.st_size
+    except OSError:
+        pass
     fd = -1
     try:
         st = None
