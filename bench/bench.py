@@ -10,6 +10,7 @@ every socket in time; only 127.0.0.1 is contacted.
     /usr/bin/python3 bench/bench.py --hermes URL --jupyter URL
         [--hermes-ssh URL --hermes-ssh-rc URL | --ssh-why TEXT]
         [--hermes-warm URL --warm N | --warm-why TEXT]
+        [--hermes-ssh-warm URL | --ssh-warm-why TEXT]
         [--jupyter-stock URL] [--jupyter-par N] [--out results.json]
 
 The jupyter token comes from the environment (JUPYTER_TOKEN).
@@ -923,6 +924,7 @@ def fmt(v, unit=""):
 COLUMNS = [("hermes-local", "local"), ("hermes-local-tmpfs", "local tmpfs"),
            ("hermes-local-warm", "local warm pool"),
            ("hermes-ssh", "ssh dedicated"), ("hermes-ssh-rc", "ssh slow rc"),
+           ("hermes-ssh-warm", "ssh warm pool"),
            ("jupyter-nodelay", "jupyter+nodelay"), ("jupyter-stock", "jupyter stock")]
 
 
@@ -1055,6 +1057,8 @@ def targets(res):
         ratio_row(f"ssh ({who}) new session p50 <= 0.15x", name, ("spawn", "p50_ms"), 0.15)
     ratio_row("local new session, warm pool, p50 <= 0.02x", "hermes-local-warm",
               ("spawn", "p50_ms"), 0.02)
+    ratio_row("ssh (dedicated) new session, warm pool, p50 <= 0.15x", "hermes-ssh-warm",
+              ("spawn", "p50_ms"), 0.15)
     for k, what in (("1mb_one_line", "1 MB, one print"), ("1mb_10k_lines", "1 MB, 10k prints")):
         ratio_row(f"local {what}, p50 <= 0.1x", "hermes-local", (k, "p50_ms"), 0.1)
         for name, who in (("hermes-ssh", "dedicated"), ("hermes-ssh-rc", "slow rc")):
@@ -1127,6 +1131,9 @@ def main():
     ap.add_argument("--hermes-warm", help="the local backend with warm=N")
     ap.add_argument("--warm", type=int, default=0)
     ap.add_argument("--warm-why", help="why there is no warm pool in this run")
+    ap.add_argument("--hermes-ssh-warm",
+                    help="the ssh backend with warm=N, the user with no shell rc")
+    ap.add_argument("--ssh-warm-why", help="why there is no ssh warm pool in this run")
     ap.add_argument("--jupyter")
     ap.add_argument("--jupyter-stock")
     ap.add_argument("--jupyter-par", type=int, default=0)
@@ -1177,6 +1184,12 @@ def main():
                 res["systems"][name]["rc_runs"] = rc_runs(a.ssh_rc_runs) - rc0
         else:
             notes[name] = a.ssh_why or "n/a: no ssh location"
+    if a.hermes_ssh_warm:
+        res["systems"]["hermes-ssh-warm"] = run_warm(
+            HermesSystem(a.hermes_ssh_warm, "hermes-ssh-warm", "ssh"), a.warm)
+    else:
+        notes["hermes-ssh-warm"] = (a.ssh_warm_why or a.ssh_why
+                                    or "n/a: no ssh warm pool location")
     if a.jupyter:
         if websocket is None:
             res["systems"]["jupyter-nodelay"] = {"error": "python3-websocket missing"}

@@ -24,6 +24,7 @@ SERIES = [
     ("hermes-local-warm", "hermes local, warm pool", "tab:purple"),
     ("hermes-ssh", "hermes ssh, dedicated user", "tab:green"),
     ("hermes-ssh-rc", "hermes ssh, rc sleeps 1 s", "tab:olive"),
+    ("hermes-ssh-warm", "hermes ssh, warm pool", "tab:brown"),
     ("jupyter-nodelay", "jupyter-server (TCP_NODELAY)", "tab:red"),
     ("jupyter-stock", "jupyter-server (stock)", "tab:orange"),
 ]

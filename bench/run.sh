@@ -13,8 +13,10 @@
 #     5m) with the locations /v1/execute (local backend, kernels root in
 #     the prefix under /tmp), /v1/execute-ssh and /v1/execute-ssh-rc (ssh
 #     backend through that sshd as each user), /v1/execute-warm (the local
-#     backend with warm=N, when the module takes it: nginx -t says) and,
-#     with BENCH_TMPFS=1, /v1/execute-tmpfs (a kernels root on /dev/shm);
+#     backend with warm=N, when the module takes it: nginx -t says),
+#     /v1/execute-ssh-warm (the ssh backend as the dedicated user, its own
+#     kernels root, warm=N) and, with BENCH_TMPFS=1, /v1/execute-tmpfs (a
+#     kernels root on /dev/shm);
 #   - Debian's jupyter-server with TCP_NODELAY set on the kernel websocket
 #     (set_nodelay(True) in ZMQChannelsHandler.open, from a
 #     jupyter_server_config.py), the variant SPEC section 6 compares with;
@@ -27,8 +29,9 @@
 #
 # Environment:
 #   BENCH_SSH=0            skip the ssh backend (and the sshd)
-#   BENCH_WARM=N           warm=N on the /v1/execute-warm location (default
-#                          4; 0 skips it)
+#   BENCH_WARM=N           warm=N on the /v1/execute-warm and
+#                          /v1/execute-ssh-warm locations (default 4; 0
+#                          skips them)
 #   BENCH_STOCK=0          skip the stock jupyter-server
 #   BENCH_TMPFS=1          add the local location with its root on tmpfs
 #   BENCH_JUPYTER_PAR=N    also run the parallel test on jupyter with N
@@ -226,13 +229,15 @@ start_sshd() {
     echo "[127.0.0.1]:$sport $(cut -d' ' -f1,2 "$d/host_ed25519.pub")" >"$d/known_hosts"
     # HOME (set by sshd) is where bash looks for ~/.bashrc; the kernels
     # roots are the users' own, 0700
-    mkdir -p "$d/home-plain" "$d/home-rc" "$d/kroot-plain" "$d/kroot-rc"
+    mkdir -p "$d/home-plain" "$d/home-rc" "$d/kroot-plain" "$d/kroot-rc" \
+        "$d/kroot-warm"
     # each run of it also leaves a line in ~/.rc-runs: bench.py counts them
     printf '%s\n' '# hermes bench: a slow shell rc (pyenv/conda init stands here)' \
         'echo . >>"$HOME/.rc-runs" 2>/dev/null' 'sleep 1' >"$d/home-rc/.bashrc"
-    chown -R hermes-bench: "$d/home-plain" "$d/kroot-plain"
+    chown -R hermes-bench: "$d/home-plain" "$d/kroot-plain" "$d/kroot-warm"
     chown -R hermes-bench-rc: "$d/home-rc" "$d/kroot-rc"
-    chmod 700 "$d/home-plain" "$d/home-rc" "$d/kroot-plain" "$d/kroot-rc"
+    chmod 700 "$d/home-plain" "$d/home-rc" "$d/kroot-plain" "$d/kroot-rc" \
+        "$d/kroot-warm"
     mkdir -p /run/sshd && chmod 755 /run/sshd
     local conf="ListenAddress 127.0.0.1
 Port $sport
@@ -361,7 +366,27 @@ else
             hermes_max_stream 5m;
         }"
 fi
-write_conf() {   # WARM_LOCATION
+# The same on the ssh backend, as the dedicated user: a kernels root of its
+# own, so that its backend (user, root, hosts) is not /v1/execute-ssh's
+# and the ssh dedicated column's new sessions still spawn.
+ssh_warm_location=""
+ssh_warm_why=""
+if [ -n "$ssh_why" ]; then
+    ssh_warm_why=$ssh_why
+elif [ "$warm" = 0 ]; then
+    ssh_warm_why=$warm_why
+else
+    ssh_warm_location="
+        location = /v1/execute-ssh-warm {
+            hermes_backend ssh host=127.0.0.1:$sport user=hermes-bench
+                identity=$sd/id_ed25519 known_hosts=$sd/known_hosts
+                root=$sd/kroot-warm warm=$warm;
+            hermes_execute;
+            hermes_cell_timeout 60s;
+            hermes_max_stream 5m;
+        }"
+fi
+write_conf() {   # WARM_LOCATIONS
 cat > "$prefix/nginx/nginx.conf" <<EOF
 load_module $prefix/nginx/ngx_http_hermes_module.so;
 $user
@@ -423,7 +448,20 @@ if [ -n "$warm_location" ]; then
         warm_location=""
     fi
 fi
-write_conf "$warm_location"
+if [ -n "$ssh_warm_location" ] && [ -z "$warm_location" ]; then
+    ssh_warm_why=$warm_why
+    ssh_warm_location=""
+elif [ -n "$ssh_warm_location" ]; then
+    write_conf "$warm_location$ssh_warm_location"
+    if ! out=$(/usr/sbin/nginx -t -q -p "$prefix/nginx" -c "$prefix/nginx/nginx.conf" \
+                   -e "$prefix/nginx/logs/warm-test.log" 2>&1); then
+        ssh_warm_why="n/a: module has no warm= on ssh backends"
+        echo "bench: ssh warm pool $ssh_warm_why; nginx -t said:" \
+            "$(printf '%s' "$out" | grep -m1 emerg | sed 's/.*\[emerg\] //')" >&2
+        ssh_warm_location=""
+    fi
+fi
+write_conf "$warm_location$ssh_warm_location"
 /usr/sbin/nginx -t -q -p "$prefix/nginx" -c "$prefix/nginx/nginx.conf" -e "$prefix/nginx/logs/error.log"
 setsid /usr/sbin/nginx -p "$prefix/nginx" -c "$prefix/nginx/nginx.conf" \
     -e "$prefix/nginx/logs/error.log" -g 'daemon off;' </dev/null \
@@ -504,6 +542,11 @@ if [ -n "$warm_location" ]; then
     extra+=(--hermes-warm "http://127.0.0.1:$hport/v1/execute-warm" --warm "$warm")
 else
     extra+=(--warm-why "$warm_why")
+fi
+if [ -n "$ssh_warm_location" ]; then
+    extra+=(--hermes-ssh-warm "http://127.0.0.1:$hport/v1/execute-ssh-warm")
+else
+    extra+=(--ssh-warm-why "$ssh_warm_why")
 fi
 rm -f "$top/bench/results.json"     # no plot from an earlier run's figures
 set +e

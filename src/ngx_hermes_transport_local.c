@@ -18,8 +18,17 @@
 
 
 #define NGX_HTTP_HERMES_LOCAL_CHUNK    (128 * 1024)
+
+/*
+ * The result's rename, the directory's end; and appends to cell_out,
+ * only for a stream whose client takes output.  A JSON answer's cell is
+ * not woken by each write of the cell nor by the result's tmp file.
+ * IN_MASK_ADD: a directory has one watch, shared with the other streams
+ * of the kernel, and takes the union of what they ask.
+ */
 #define NGX_HTTP_HERMES_INOTIFY_MASK                                          \
-    (IN_MODIFY|IN_MOVED_TO|IN_DELETE_SELF|IN_ONLYDIR)
+    (IN_MOVED_TO|IN_DELETE_SELF|IN_ONLYDIR|IN_MASK_ADD)
+#define NGX_HTTP_HERMES_INOTIFY_OUTPUT  IN_MODIFY
 
 
 typedef struct {
@@ -168,7 +177,9 @@ ngx_http_hermes_local_stream_run(ngx_http_hermes_stream_t *st)
     ngx_sprintf(name, "/proc/self/fd/%d%Z", ls->cells_fd);
 
     ls->wd = inotify_add_watch(ngx_http_hermes_inotify->fd, (char *) name,
-                               NGX_HTTP_HERMES_INOTIFY_MASK);
+                               NGX_HTTP_HERMES_INOTIFY_MASK
+                               | (st->quiet ? 0
+                                            : NGX_HTTP_HERMES_INOTIFY_OUTPUT));
 
     if (ls->wd == -1) {
         ngx_log_error(NGX_LOG_ERR, st->log, ngx_errno,

@@ -360,6 +360,22 @@ class RunnerTest(unittest.TestCase):
                 self.assertEqual(f.read(), b"keep me")
         self.assertTrue(os.path.isfile(keep) and not os.path.islink(keep))
 
+    def test_results_are_new_files_and_the_reserve_stays(self):
+        # On a disk with room the reserve is not written: it stays, the
+        # same file at the size a cell takes (7 x max_output + 32 KiB).
+        k = self.kernel()
+        keep = k.path("cells", "reserve.tmp")
+        k.run("x = 1")
+        st = os.stat(keep)
+        for i in range(3):
+            r = k.run("print(%d)" % i)
+            self.assertEqual((r["status"], r["output"]), ("success", "%d\n" % i))
+            now = os.lstat(keep)
+            self.assertEqual((now.st_ino, stat.S_IMODE(now.st_mode)), (st.st_ino, 0o600))
+            self.assertGreaterEqual(now.st_blocks * 512, 7 * 50000 + 32 * 1024)
+            self.assertNotEqual(os.stat(k.res_path(k.n)).st_ino, st.st_ino)
+            self.assertFalse(os.path.exists(k.res_path(k.n) + ".tmp"))
+
     def test_reset_clears_state(self):
         k = self.kernel()
         k.run("x = 1")
@@ -975,6 +991,33 @@ class DiskFullTest(unittest.TestCase):
                          ("success", "42\n", 4), r)
         self.assertEqual(k.events(k.n), [{"type": "stdout", "text": "42\n"}])
         self.assertTrue(k.alive())
+
+    def test_full_disk_result_takes_the_reserve(self):
+        # The result is a new file while there is room; on a full disk the
+        # kept reserve becomes the result, and is kept again once there is
+        # room.  With a directory in its place, a file of the cell's own.
+        k = self.kernel()
+        reserve = os.path.join(k.cells, "reserve.tmp")
+        self.assertEqual(k.run("x = 1")["status"], "success")
+        ino = os.stat(reserve).st_ino
+        n = k.send(self.FILL + "print('filled', err)")
+        r = k.result(n, 10)
+        self.assertDiskFull(r)
+        self.assertEqual(os.stat(k.res_path(n)).st_ino, ino)
+        self.assertFalse(os.path.exists(k.res_path(n) + ".tmp"))
+        os.unlink(k.path("fill"))
+        self.assertTrue(_wait_for(lambda: os.path.isfile(reserve), 5), "no reserve kept")
+        os.unlink(reserve)
+        os.mkdir(reserve)
+        n = k.send(self.FILL + "print('filled', err)")
+        r = k.result(n, 10)
+        self.assertDiskFull(r)
+        self.assertFalse(os.path.exists(k.res_path(n) + ".tmp"))
+        self.assertTrue(os.path.isdir(reserve))
+        os.unlink(k.path("fill"))
+        os.rmdir(reserve)
+        r = k.run("print(x)")
+        self.assertEqual((r["status"], r["output"]), ("success", "1\n"))
 
     def test_a_cell_that_swallows_the_errors_is_still_stopped(self):
         k = self.kernel()
