@@ -288,6 +288,13 @@ def read_bounded(fd, limit):
     return b"".join(parts)
 
 
+def unlink_quiet(name, dirfd):
+    try:
+        os.unlink(name, dir_fd=dirfd)
+    except OSError:
+        pass
+
+
 def close(fd):
     if fd is not None and fd >= 0:
         try:
@@ -653,16 +660,16 @@ class Cell:
             if fd is None:
                 return          # taken already
             try:
+                # removed while open: no negative dentry stays in rpc/ (a
+                # later watch of it would walk them all)
+                unlink_quiet(name, rpc)
                 data = read_bounded(fd, RPC_MAX)
             finally:
                 os.close(fd)
         except (Unreadable, OSError) as e:
             log("rpc/%s refused: %s" % (name, e))
             data = None
-        try:
-            os.unlink(name, dir_fd=rpc)
-        except OSError:
-            pass
+            unlink_quiet(name, rpc)
         if data is not None:
             self.agent.send(self.sid, b"r", jb({"name": name}, data))
 

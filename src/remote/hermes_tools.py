@@ -119,16 +119,23 @@ def _write_atomic(path, data):
     os.rename(tmp, path)
 
 
-def _read_regular(path):
+def _read_regular(path, take=False):
     """The bytes of a regular file; None for anything else (a FIFO must
-    not hang us, a symlink is not followed).  Shared with kernel_runner.py."""
+    not hang us, a symlink is not followed).  With take, the name is
+    removed once opened: removed while open, it leaves no negative dentry
+    behind (every later inotify watch of the directory would walk it).
+    Shared with kernel_runner.py."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
     except OSError as e:
         if e.errno == errno.ELOOP:
+            if take:
+                _unlink_quiet(path)
             return None
         raise
     try:
+        if take:
+            _unlink_quiet(path)
         if not stat.S_ISREG(os.fstat(fd).st_mode):
             return None
         parts = []
@@ -139,6 +146,13 @@ def _read_regular(path):
             parts.append(b)
     finally:
         os.close(fd)
+
+
+def _unlink_quiet(path):
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
 
 
 def call(tool, args=None, timeout=300):
@@ -172,11 +186,6 @@ def call(tool, args=None, timeout=300):
         if fd >= 0:
             os.close(fd)
     try:
-        os.unlink(res)
-    except OSError:
-        pass
-
-    try:
         if data is None:
             raise ValueError("not a regular file")
         msg = json.loads(data)
@@ -201,7 +210,7 @@ def _wait(req, res, fd, deadline):
     delay = POLL_FIRST
     while True:
         try:
-            return _read_regular(res)
+            return _read_regular(res, take=True)
         except FileNotFoundError:
             pass
         left = deadline - time.monotonic()
