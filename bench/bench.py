@@ -861,7 +861,7 @@ def run_system(sysm, par_sessions=None):
             if prof["ndjson"]:
                 guarded(r, "trivial_ndjson", t_trivial_stream, sysm, prof["ndjson"], 10,
                         bud, s)
-            if sysm.name == "hermes-local":
+            if sysm.name in ("hermes-local", "hermes-ssh"):
                 log(f"{sysm.name}: tool call round trip")
                 guarded(r, "tool_call", t_tool_call, sysm, N_TOOL)
             log(f"{sysm.name}: first output byte")

@@ -345,6 +345,9 @@ if [ -z "$ssh_why" ]; then
             hermes_execute;
             hermes_cell_timeout 60s;
             hermes_max_stream 5m;
+            hermes_tools echo;
+            hermes_tools_pass /tools;
+            hermes_max_tool_calls 1000;
         }"
     done
 fi
