@@ -13,6 +13,8 @@
 
 #include <spawn.h>
 #include <poll.h>
+#include <sys/inotify.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 
 
@@ -580,53 +582,135 @@ ngx_http_hermes_local_interrupt(ngx_fd_t dir, uint32_t cell, ngx_log_t *log)
 }
 
 
-/* thread pool: wait for the runner's "ready" file naming pid */
+/* a pool thread's clock: nginx's cached time is the event loop's */
+
+static ngx_msec_t
+ngx_http_hermes_local_now(void)
+{
+    struct timespec  ts;
+
+    (void) clock_gettime(CLOCK_MONOTONIC, &ts);
+
+    return (ngx_msec_t) ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+
+/*
+ * Thread pool: wait for the runner's "ready" file naming pid, woken by
+ * inotify when it is renamed into place and by the pid's pidfd when the
+ * runner exits first; where either is missing, looked at every few ms.
+ */
 
 ngx_int_t
 ngx_http_hermes_local_wait_ready(u_char *dir, ngx_pid_t pid, ngx_pid_t expect,
     ngx_msec_t timeout)
 {
+    int              ifd, pfd, n, wait;
     u_char           path[NGX_HTTP_HERMES_DIR_MAX + 16], buf[64];
-    ssize_t          n;
+    ngx_uint_t       exited;
+    ssize_t          len;
     ngx_fd_t         fd;
+    ngx_int_t        rc;
+    ngx_msec_t       start, now;
+    struct pollfd    pf[2];
     ngx_file_info_t  fi;
-    ngx_msec_t       waited, delay;
-    struct timespec  ts;
+    u_char           events[1024];
 
     *ngx_slprintf(path, path + sizeof(path) - 1, "%s/ready", dir) = '\0';
 
-    delay = 1;
+    /* the watch before the first look: a rename between is seen */
 
-    for (waited = 0; waited < timeout; waited += delay) {
+    ifd = inotify_init1(IN_NONBLOCK|IN_CLOEXEC);
 
-        if (kill(pid, 0) == -1 && ngx_errno == ESRCH) {
-            return NGX_ERROR;
-        }
+    if (ifd != -1
+        && inotify_add_watch(ifd, (char *) dir,
+                             IN_MOVED_TO|IN_CLOSE_WRITE|IN_ONLYDIR
+                             |IN_DONT_FOLLOW)
+           == -1)
+    {
+        close(ifd);
+        ifd = -1;
+    }
+
+    pfd = (int) syscall(SYS_pidfd_open, pid, 0);
+
+    rc = NGX_ERROR;
+    start = ngx_http_hermes_local_now();
+
+    exited = 0;
+
+    for ( ;; ) {
 
         /* the runner's dir, where a FIFO must not pin a pool thread */
         fd = open((char *) path, O_RDONLY|O_CLOEXEC|O_NOFOLLOW|O_NONBLOCK);
 
         if (fd != -1) {
-            n = (ngx_fd_info(fd, &fi) == 0 && ngx_is_file(&fi))
-                ? read(fd, buf, sizeof(buf) - 1) : -1;
+            len = (ngx_fd_info(fd, &fi) == 0 && ngx_is_file(&fi))
+                  ? read(fd, buf, sizeof(buf) - 1) : -1;
             close(fd);
 
-            if (n > 0) {
-                buf[n] = '\0';
-                return ngx_http_hermes_ready_pid(buf, expect);
+            if (len > 0) {
+                buf[len] = '\0';
+                rc = ngx_http_hermes_ready_pid(buf, expect);
+                break;
             }
         }
 
-        ts.tv_sec = 0;
-        ts.tv_nsec = delay * 1000000;
-        (void) nanosleep(&ts, NULL);
+        /* a zombie's pid answers kill(): its pidfd said it exited */
 
-        if (delay < 8) {
-            delay *= 2;
+        if (exited || (kill(pid, 0) == -1 && ngx_errno == ESRCH)) {
+            break;
+        }
+
+        now = ngx_http_hermes_local_now();
+
+        if (now - start >= timeout) {
+            break;
+        }
+
+        wait = (int) (timeout - (now - start));
+
+        if (ifd == -1) {
+            wait = ngx_min(wait, 8);
+
+        } else if (pfd == -1) {
+            wait = ngx_min(wait, 50);
+        }
+
+        n = 0;
+
+        if (ifd != -1) {
+            pf[n].fd = ifd;
+            pf[n].events = POLLIN;
+            n++;
+        }
+
+        if (pfd != -1) {
+            pf[n].fd = pfd;
+            pf[n].events = POLLIN;
+            n++;
+        }
+
+        (void) poll(pf, n, wait);
+
+        if (pfd != -1 && (pf[n - 1].revents & (POLLIN|POLLHUP|POLLERR))) {
+            exited = 1;
+        }
+
+        if (ifd != -1) {
+            while (read(ifd, events, sizeof(events)) > 0) { /* void */ }
         }
     }
 
-    return NGX_ERROR;
+    if (ifd != -1) {
+        close(ifd);
+    }
+
+    if (pfd != -1) {
+        close(pfd);
+    }
+
+    return rc;
 }
 
 
