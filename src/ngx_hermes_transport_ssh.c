@@ -732,6 +732,10 @@ ngx_http_hermes_ssh_stream_rpc_read(ngx_event_t *ev)
                 ngx_http_hermes_ssh_stream_rpc_close(ss);
                 return;
             }
+
+            if (ss->rpc == NULL) {
+                return;         /* an answer could not be passed on */
+            }
         }
 
         /* room for the rest: a record may be up to a frame */
