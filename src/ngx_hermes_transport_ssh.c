@@ -660,6 +660,7 @@ ngx_http_hermes_ssh_stream_rpc_read(ngx_event_t *ev)
     size_t                     len, size;
     ssize_t                    n;
     ngx_buf_t                 *b, *nb;
+    int64_t                    flag;
     ngx_str_t                  json, data, name;
     ngx_http_hermes_stream_t  *st;
 
@@ -723,6 +724,15 @@ ngx_http_hermes_ssh_stream_rpc_read(ngx_event_t *ev)
                 ngx_log_error(NGX_LOG_ERR, st->log, 0,
                               "hermes: a bad RPC_REQ frame from the agent");
                 continue;
+            }
+
+            /* one the agent could not read (a FIFO, a link): counted */
+
+            if (ngx_http_hermes_frames_json_int(&json, "unreadable", &flag)
+                == NGX_OK && flag)
+            {
+                data.data = NULL;
+                data.len = 0;
             }
 
             if (ngx_http_hermes_rpc_request(st->rpc, name.data, name.len,

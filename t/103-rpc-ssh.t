@@ -13,6 +13,7 @@ use warnings;
 use Test::More;
 use JSON::PP;
 use Time::HiRes qw(time sleep);
+use POSIX ();
 
 use Hermes::Test;
 use Hermes::Sshd;
@@ -253,13 +254,20 @@ my %forged = (
 );
 forge($_, $forged{$_}) for sort keys %forged;
 
+# not a request at all: a FIFO and a link, planted by whoever can write rpc/
+POSIX::mkfifo("$rpc/x120", 0600) or die "mkfifo: $!";
+rename "$rpc/x120", "$rpc/req_000120" or die;
+symlink "/etc/passwd", "$rpc/x121" or die;
+rename "$rpc/x121", "$rpc/req_000121" or die;
+
 # one good request with the token, then the same seq again: a replay
 forge(201, qq({"tool":"echo","args":{"f":201},"seq":201,"token":"$token"}));
 ok(wait_until(sub { -e "$rpc/res_000201" }, 5), 'a request with the token is answered');
 unlink "$rpc/res_000201";
 forge(201, qq({"tool":"echo","args":{"f":201,"again":1},"seq":201,"token":"$token"}));
 
-ok(wait_until(sub { !grep { -e sprintf("%s/req_%06d", $rpc, $_) } keys %forged, 201 }, 5),
+ok(wait_until(sub { !grep { -e sprintf("%s/req_%06d", $rpc, $_) || -l sprintf("%s/req_%06d", $rpc, $_) }
+                  keys %forged, 201, 120, 121 }, 5),
    'every forged request is taken from rpc/');
 sleep 0.5;
 my @answers = do { opendir(my $d, $rpc); grep { /^res_/ } readdir $d };
@@ -268,7 +276,7 @@ my @fh = grep { ref $_->{args} eq 'HASH' && defined $_->{args}{f} } @{ hits() };
 is_deeply([map { $_->{args}{f} } @fh], [201], 'only the good request reached the endpoint, once');
 
 my $st1 = status()->{rpc_rejected_total};
-my %want = (malformed => 1, token => 2, seq => 3, replay => 1);
+my %want = (malformed => 3, token => 2, seq => 3, replay => 1);
 is(($st1->{$_} // 0) - ($st0->{$_} // 0), $want{$_},
    "rpc_rejected_total{reason=\"$_\"}, counted by the module")
     for sort keys %want;

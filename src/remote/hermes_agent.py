@@ -52,8 +52,9 @@ Before a CELL ships a new cell, the requests and answers an earlier
 cell left in rpc/ are removed: its authority ended with it.  While a
 CELL stream of a kernel is open, complete tool call requests rpc/req_N
 (renamed into place) are read (regular files, at most 1 MiB), removed
-and sent as r frames {"name":"req_N"} + the request on that stream; the
-module checks them.  a frames write its answers: NAME is rpc's res_N or
+and sent as r frames {"name":"req_N"} + the request on that stream (or
+{"name":"req_N","unreadable":1} for one that is not a regular file or is
+too big); the module checks and counts them.  a frames write its answers: NAME is rpc's res_N or
 tool_results/cell_N_N.json (an answer too big for the code, archived;
 tool_results/ made 0700 if missing, else it must be the kernel's, 0700,
 not a link), written as NAME.tmp (O_EXCL|O_NOFOLLOW 0600) from offset 0
@@ -670,7 +671,11 @@ class Cell:
             log("rpc/%s refused: %s" % (name, e))
             data = None
             unlink_quiet(name, rpc)
-        if data is not None:
+        if data is None:
+            # a FIFO, a link, too big: the module counts it, as its own
+            self.agent.send(self.sid, b"r", jb({"name": name,
+                                                "unreadable": 1}))
+        else:
             self.agent.send(self.sid, b"r", jb({"name": name}, data))
 
     def rpc_answer(self, payload):

@@ -667,7 +667,11 @@ class AgentTest(unittest.TestCase):
             f.truncate(300 << 20)
         os.rename(k.path("rpc", "x"), k.path("rpc", "req_000010"))
         self.assertTrue(a.ping())
-        self.assertEqual(len(a.of(1)), 2)
+        # each said unreadable, for the module to count; none read
+        self.assertEqual(sorted(unjb(p) for t, p in a.of(1)[2:]),
+                         [({"name": "req_%06d" % n, "unreadable": 1}, b"")
+                          for n in (8, 9, 10)])
+        self.assertFalse([n for n in os.listdir(k.rpc) if n.startswith("req_")])
         a.send(1, "a", jb({"name": "res_000007"}, b'{"seq":7}'))
         a.send(1, "a", jb({"name": "../cells/res_000007"}, b"no"))
         self.assertTrue(a.ping())
