@@ -668,7 +668,8 @@ class AgentTest(unittest.TestCase):
         os.rename(k.path("rpc", "x"), k.path("rpc", "req_000010"))
         self.assertTrue(a.ping())
         # each said unreadable, for the module to count; none read
-        self.assertEqual(sorted(unjb(p) for t, p in a.of(1)[2:]),
+        self.assertEqual(sorted((unjb(p) for t, p in a.of(1)[2:]),
+                                key=lambda m: m[0]["name"]),
                          [({"name": "req_%06d" % n, "unreadable": 1}, b"")
                           for n in (8, 9, 10)])
         self.assertFalse([n for n in os.listdir(k.rpc) if n.startswith("req_")])
