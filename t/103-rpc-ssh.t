@@ -201,7 +201,7 @@ is($r->{result}{output}, "tool \"echo\": the tool endpoint is unavailable (HTTP 
 
 # -- a large answer: archived on the kernel host, written in pieces ----------
 
-$r = $t->execute('/small', {session => 'big', code => <<'PY'});
+$r = $t->execute('/small', {session => 'big', code => <<'PY'}, timeout => 90);
 import os, stat
 r = hermes_tools.big(n=1200000)
 print(type(r).__name__, r["bytes"], r["head"][:11], r["tail"][-6:])
@@ -212,7 +212,8 @@ print(sorted(n for n in os.listdir(os.path.dirname(r.path)) if n.endswith(".tmp"
 PY
 is($r->{result}{output},
    "LargeResult 1200012 {\"data\": \"x xxxx\"}\n0o600 0o700\n1200000 True\n[]\n",
-   'an answer over a frame: archived whole (0600 in 0700), its head and tail to the code');
+   'an answer over a frame: archived whole (0600 in 0700), its head and tail to the code')
+    or diag explain $r;
 
 # -- forged requests into a running cell's rpc/ on the host ----------------
 
