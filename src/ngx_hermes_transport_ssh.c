@@ -50,6 +50,7 @@ typedef struct {
 
     unsigned                        res_ready:1;
     unsigned                        paused:1;   /* the client is slow */
+    unsigned                        rpc_early:1; /* before "shipped" */
 } ngx_http_hermes_ssh_stream_t;
 
 
@@ -264,6 +265,13 @@ ngx_http_hermes_ssh_stream_relay_handler(ngx_event_t *ev)
 
             if (st->shipped(st) != NGX_OK) {
                 goto done;
+            }
+
+            /* tool calls that came first: the stream has begun now */
+
+            if (ss->rpc_early && ss->rpc) {
+                ss->rpc_early = 0;
+                ngx_http_hermes_ssh_stream_rpc_read(ss->rpc->read);
             }
         }
 
@@ -665,6 +673,15 @@ ngx_http_hermes_ssh_stream_rpc_read(ngx_event_t *ev)
     ngx_http_hermes_stream_t  *st;
 
     st = ss->st;
+
+    if (!st->is_shipped) {
+        /*
+         * the agent's RPC_REQ may overtake its SHIPPED here (two
+         * sockets): a call's events wait for the stream's first line
+         */
+        ss->rpc_early = 1;
+        return;
+    }
 
     for ( ;; ) {
         b = ss->rpc_in;
