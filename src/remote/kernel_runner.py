@@ -527,13 +527,13 @@ _FDS = []                # [(read end, "stdout"|"stderr", UTF-8 decoder)]
 _FD_WRITE = {}           # our copies of the write ends, to restore 1 and 2
 
 
-def _no_fds(timeout):
+def _no_fds(timeout, maxevents=1):
     return ()
 
 
-# _fd_ready(0): whether the pipes hold bytes, one syscall (each write asks:
-# an epoll of both pipes costs 0.18 us against poll()'s 0.25); the reader
-# thread has a poll of its own.
+# _fd_ready(0, 1): whether the pipes hold bytes, one syscall (each write
+# asks: an epoll of both pipes, for at most one event, costs 0.15 us
+# against poll()'s 0.25); the reader thread has a poll of its own.
 _fd_ready = _no_fds
 
 
@@ -542,8 +542,10 @@ def _capture_fds():
     mine = select.poll()
     if hasattr(select, "epoll"):
         poll, pollin = select.epoll(), select.EPOLLIN
+        ready = poll.poll
     else:
         poll, pollin = select.poll(), select.POLLIN
+        ready = lambda timeout, maxevents=1: poll.poll(timeout)  # noqa: E731
     for fd, name in ((1, "stdout"), (2, "stderr")):
         try:
             _LOG_FDS[name] = os.dup(fd)
@@ -561,7 +563,7 @@ def _capture_fds():
         _FDS.append((r, name, codecs.getincrementaldecoder("utf-8")("replace")))
         poll.register(r, pollin)
         mine.register(r, select.POLLIN)
-    _fd_ready = poll.poll
+    _fd_ready = ready
     threading.Thread(target=_fd_reader, args=(mine,), name="hermes-fds",
                      daemon=True).start()
 
@@ -600,7 +602,7 @@ def _drain_fds(final=False, polled=False):
         return
     if not (final or polled):
         try:
-            if not _fd_ready(0):
+            if not _fd_ready(0, 1):
                 return                # the common case: one syscall
         except (OSError, RuntimeError, ValueError):
             return
@@ -782,7 +784,7 @@ def _writer(name):
         item = ("stderr", s) if err else s
         if n <= FAST_MAX:
             try:
-                ready = _fd_ready(0)
+                ready = _fd_ready(0, 1)
             except (OSError, ValueError, RuntimeError):
                 ready = True           # the lock's way finds out
             if not ready:
