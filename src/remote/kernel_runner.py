@@ -63,7 +63,7 @@ DEFAULT_MAX_STREAM = 5 * 1024 * 1024
 CHUNK = 64 * 1024        # chars: flush threshold and largest text per event
 PARTIAL_DELAY = 0.005    # a line without "\n" reaches the file within this
 COALESCE = 0.001         # complete lines closer than this share one write
-FLUSH_LATE = 0.004       # at most this late while the cell writes on: _flusher
+FLUSH_LATE = 0.001       # at most this late while the cell writes on: _flusher
 FAST_MAX = 4096          # chars: a longer write takes the lock (_writer)
 
 # A full disk must not cost a cell its result (the module would wait for it
@@ -278,23 +278,26 @@ class _Sink:
         appended it to parts already, and its deadline has passed.  False
         once the cell is over and the text was not taken: the caller
         writes it elsewhere."""
-        with _lock:
-            if self.closed:
-                if appended:
-                    self._leftover()
-                return appended
-            now = _monotonic()
-            if not appended:
-                if not text:
-                    return True
+        try:
+            with _lock:
+                if self.closed:
+                    if appended:
+                        self._leftover()
+                    return appended
+                now = _monotonic()
+                if not appended:
+                    if not text:
+                        return True
+                    self._raise_if_full()
+                    _drain_fds()  # what went to fds 1 and 2 before comes first
+                    self.parts.append(item)
+                self.chars += len(text)
+                self._note(item, text, now)
+                self._settle(now)
                 self._raise_if_full()
-                _drain_fds()      # what went to fds 1 and 2 before comes first
-                self.parts.append(item)
-            self.chars += len(text)
-            self._note(item, text, now)
-            self._settle(now)
-            self._raise_if_full()
-        return True
+            return True
+        finally:
+            _raise_deferred()
 
     def _push(self, item, text, now):
         self.parts.append(item)
@@ -339,6 +342,12 @@ class _Sink:
     def display(self, bundle):
         """A display event after the text so far, and the bundle kept for
         the result, each within its bound.  False once the cell is over."""
+        try:
+            return self._display(bundle)
+        finally:
+            _raise_deferred()
+
+    def _display(self, bundle):
         with _lock:
             if self.closed:
                 return False
@@ -380,10 +389,13 @@ class _Sink:
         self._flush(keep_tail=True, now=now)
 
     def flush(self):
-        with _cond:
-            if not self.closed:
-                self._flush()
-                self._raise_if_full()
+        try:
+            with _cond:
+                if not self.closed:
+                    self._flush()
+                    self._raise_if_full()
+        finally:
+            _raise_deferred()
 
     def _flush(self, keep_tail=False, now=None):
         self.deadline = 0.0                   # first: see the class doc
@@ -736,6 +748,16 @@ def _start_interrupter():
                      name="hermes-interrupt", daemon=True).start()
 
 
+def _before_fork():
+    # What the cell printed before it forked comes before what the child
+    # prints (os.fork, multiprocessing; not subprocess: it runs no hooks).
+    s = _current
+    if s is not None:
+        with _lock:
+            if not s.closed:
+                s._flush()
+
+
 def _after_fork():
     # A forked child (multiprocessing, ...) may have been forked while the
     # flusher held the lock, and has no flusher thread: give it both.
@@ -1069,11 +1091,32 @@ def _on_sigint(signum, frame):
     # must not kill the runner.  (A background job started by a
     # non-interactive shell inherits SIGINT ignored, and Python then keeps
     # it ignored: so the handler is always installed explicitly.)
+    global _deferred
     if _interruptible:
+        f = frame
+        while f is not None:
+            if f.f_code in _CRITICAL:
+                # in the sink's bookkeeping (text taken from the buffer,
+                # not written yet): raised once that is done
+                _deferred = True
+                return
+            f = f.f_back
+        _deferred = False
         s = _current
         if s is not None and s.full is not None:
             raise HostDiskFull("%s: the cell is stopped" % _full_text(s.full))
         raise KeyboardInterrupt
+
+
+_deferred = False        # an interrupt came in a _CRITICAL section
+_CRITICAL = frozenset(f.__code__ for f in (
+    _Sink.add, _Sink.flush, _Sink.display, _Sink._display, _Sink.close,
+    _Sink._flush, _drain_fds))
+
+
+def _raise_deferred():
+    if _deferred:
+        _on_sigint(_SIGINT, None)
 
 
 _loop = None             # the runner's event loop, for top-level await
@@ -1734,7 +1777,7 @@ def main():
     except ValueError:
         idle = 0.0
     signal.signal(signal.SIGINT, _on_sigint)
-    os.register_at_fork(after_in_child=_after_fork)
+    os.register_at_fork(before=_before_fork, after_in_child=_after_fork)
     _start_flusher()
     _globals = _fresh_globals()
 
