@@ -539,25 +539,20 @@ _FDS = []                # [(read end, "stdout"|"stderr", UTF-8 decoder)]
 _FD_WRITE = {}           # our copies of the write ends, to restore 1 and 2
 
 
-def _no_fds(timeout, maxevents=1):
+def _no_fds(timeout):
     return ()
 
 
-# _fd_ready(0, 1): whether the pipes hold bytes, one syscall (each write
-# asks: an epoll of both pipes, for at most one event, costs 0.15 us
-# against poll()'s 0.25); the reader thread has a poll of its own.
+# _fd_ready(0): whether the pipes hold bytes, one poll() syscall (each
+# write asks).  An epoll of both pipes, for at most one event, would cost
+# 0.15 us against 0.25, but the runner keeps no fd but its files and
+# pipes (t/043-runner-fds.t).  The reader thread has a poll of its own.
 _fd_ready = _no_fds
 
 
 def _capture_fds():
     global _fd_ready
-    mine = select.poll()
-    if hasattr(select, "epoll"):
-        poll, pollin = select.epoll(), select.EPOLLIN
-        ready = poll.poll
-    else:
-        poll, pollin = select.poll(), select.POLLIN
-        ready = lambda timeout, maxevents=1: poll.poll(timeout)  # noqa: E731
+    poll, mine = select.poll(), select.poll()
     for fd, name in ((1, "stdout"), (2, "stderr")):
         try:
             _LOG_FDS[name] = os.dup(fd)
@@ -573,9 +568,9 @@ def _capture_fds():
         _FD_WRITE[name] = w
         # "replace", as sys.stdout.buffer: invalid UTF-8 becomes U+FFFD
         _FDS.append((r, name, codecs.getincrementaldecoder("utf-8")("replace")))
-        poll.register(r, pollin)
+        poll.register(r, select.POLLIN)
         mine.register(r, select.POLLIN)
-    _fd_ready = ready
+    _fd_ready = poll.poll
     threading.Thread(target=_fd_reader, args=(mine,), name="hermes-fds",
                      daemon=True).start()
 
@@ -614,7 +609,7 @@ def _drain_fds(final=False, polled=False):
         return
     if not (final or polled):
         try:
-            if not _fd_ready(0, 1):
+            if not _fd_ready(0):
                 return                # the common case: one syscall
         except (OSError, RuntimeError, ValueError):
             return
@@ -806,7 +801,7 @@ def _writer(name):
         item = ("stderr", s) if err else s
         if n <= FAST_MAX:
             try:
-                ready = _fd_ready(0, 1)
+                ready = _fd_ready(0)
             except (OSError, ValueError, RuntimeError):
                 ready = True           # the lock's way finds out
             if not ready:
