@@ -25,7 +25,9 @@ import codecs
 import errno
 import fcntl
 import io
+import itertools
 import json
+import operator
 import os
 import re
 import select
@@ -61,6 +63,8 @@ DEFAULT_MAX_STREAM = 5 * 1024 * 1024
 CHUNK = 64 * 1024        # chars: flush threshold and largest text per event
 PARTIAL_DELAY = 0.005    # a line without "\n" reaches the file within this
 COALESCE = 0.001         # complete lines closer than this share one write
+FLUSH_LATE = 0.001       # at most this late while the cell writes on: _flusher
+FAST_MAX = 4096          # chars: a longer write takes the lock (_writer)
 
 # A full disk must not cost a cell its result (the module would wait for it
 # until the cell's timeout): before a cell runs we take the space for its
@@ -116,6 +120,22 @@ class HostDiskFull(BaseException):
 
 def _full_text(e):
     return "%s (%s)" % (DISK_FULL, os.strerror(e.errno))
+
+
+# JSON escapes these as \uXXXX (or \t, \r, ...): such a text takes json's way
+_JSON_CTRL = bytes(c for c in range(32) if c != 10)
+
+
+def _text_line(name, text):
+    """The NDJSON line of a stdout/stderr event.  text has no lone
+    surrogates (see _utf8).  Where it has no control character but "\n",
+    its escapes are three bytes.replace: a third faster than json's
+    encoder for a print loop's 64 KiB (1.2 ms a MB of output)."""
+    data = text.encode("utf-8")
+    if len(data.translate(None, _JSON_CTRL)) != len(data):
+        return _dumps({"type": name, "text": text}) + b"\n"
+    return b"".join((b'{"type":"', name.encode(), b'","text":"', data.replace(
+        b"\\", b"\\\\").replace(b'"', b'\\"').replace(b"\n", b"\\n"), b'"}\n'))
 
 
 def _dumps(obj):
@@ -179,22 +199,59 @@ def _final_output(out, err, max_output):
 
 # -- streaming to cell_out_N ------------------------------------------------
 
-# One lock for the running cell's sink, shared with the flusher thread
-# (`with _lock` is cheaper than `with _cond`: it is taken twice a print).
+# One lock for the running cell's sink, shared with the flusher and the fd
+# reader threads.  Most writes of a busy stream do not take it (see
+# _CellStream.write).
 _lock = threading.Lock()
 _cond = threading.Condition(_lock)
 _current = None          # the running cell's _Sink, or None between cells
+_monotonic = time.monotonic
+_text_of = operator.itemgetter(1)
+_flusher_at = None       # when the flusher looks next; None: when notified
+
+
+def _is_err(item):
+    return item.__class__ is tuple
+
+
+def _item(name, text):
+    # What parts holds: stdout's text as is (so that "".join takes a
+    # stdout-only buffer at once), stderr's as ("stderr", text).
+    return text if name == "stdout" else ("stderr", text)
+
+
+def _wake_flusher(due):
+    # The flusher sleeps until _flusher_at: wake it if that is too late
+    # for due.  While the cell writes, the writes themselves flush when
+    # due, and the flusher (whose wake-up costs the writer a hand-over of
+    # the GIL) backs off up to FLUSH_LATE: see _flusher.
+    if _flusher_at is None or _flusher_at > due + FLUSH_LATE:
+        _cond.notify()
 
 
 class _Sink:
     """Collects one cell's stdout/stderr: streams NDJSON events to cell_out_N
-    and keeps the head/tail for the final output.  All state under _cond.
+    and keeps the head/tail for the final output.
 
-    When text goes out: complete lines at once, unless the last write was
+    Every write, Python's and what the fd pipes hold alike, is appended to
+    `parts` in the order written (see _item); a flush turns what parts
+    holds into events, one a run of one stream (split at CHUNK
+    characters), and adds it to the head/tail of the output.
+
+    When text goes out: complete lines at once, unless the last flush was
     less than COALESCE ago (a tight print loop), then within COALESCE, many
     lines in one event.  Text after the last "\n" (print's text before its
-    "\n" arrives, or a progress bar) waits up to PARTIAL_DELAY, so print()
-    stays one event and a partial line still shows promptly."""
+    "\n" arrives, or a progress bar) waits up to PARTIAL_DELAY, so a print
+    is never split and a partial line still shows promptly.
+
+    While parts holds a complete line whose flush is scheduled, at
+    `deadline`, a write only appends to parts, without the lock, until
+    the deadline passes: then the writer takes the lock and flushes
+    itself (see _CellStream.write), so a cell that holds the GIL still
+    streams on time.  Everything else changes under _lock, and a flush
+    sets `deadline` to 0 *before* it takes parts: a write that appends
+    after the take sees its deadline passed and takes the lock, so no
+    text is ever left in parts unscheduled or unwritten."""
 
     n = 0                 # the cell's id, for interrupts
 
@@ -202,10 +259,13 @@ class _Sink:
         self.fd, self.max_stream = fd, max_stream
         self.caps = {"stdout": _Capture(max_output), "stderr": _Capture(max_output)}
         self.streamed, self.cut, self.closed = 0, False, False
-        self.name, self.parts, self.chars, self.nbytes = None, [], 0, 0
-        self.lines = False          # the buffer holds a "\n"
-        self.partial_since = None   # when the text after the last "\n" began
-        self.deadline, self.last_flush = None, 0.0
+        self.parts, self.chars = [], 0   # not written yet (see _item)
+        self.deadline = 0.0         # see the class doc; 0: writes take the lock
+        self.due = None             # when the flusher writes what waits
+        self.lines = False          # parts holds a "\n" (as far as known)
+        self.partial = None         # the item where the text after the last
+        self.partial_since = 0.0    # "\n" began, and since when it waits
+        self.last_flush = 0.0
         self.full = None            # the OSError of a full disk: cell doomed
         self.kick = None            # when the flusher next interrupts it
         self.max_output = max_output
@@ -213,48 +273,81 @@ class _Sink:
         self.shown_omitted = 0                  # ... past max_output
         self.figures = set()        # ids of figures shown by this cell
 
-    def add(self, name, text):
-        """False once the cell is over (the caller then writes elsewhere)."""
-        if not text:
+    def add(self, item, text, appended=False):
+        """A write: item (see _item) of text.  appended: _CellStream.write
+        appended it to parts already, and its deadline has passed.  False
+        once the cell is over and the text was not taken: the caller
+        writes it elsewhere."""
+        try:
+            with _lock:
+                if self.closed:
+                    if appended:
+                        self._leftover()
+                    return appended
+                now = _monotonic()
+                if not appended:
+                    if not text:
+                        return True
+                    self._raise_if_full()
+                    _drain_fds()  # what went to fds 1 and 2 before comes first
+                    self.parts.append(item)
+                self.chars += len(text)
+                self._note(item, text, now)
+                self._settle(now)
+                self._raise_if_full()
             return True
-        text, data = _utf8(text)
-        with _lock:
-            if self.closed:
-                return False
-            self._raise_if_full()
-            _drain_fds()      # what went to fds 1 and 2 before comes first
-            self._add(name, text, data)
-            self._raise_if_full()
-        return True
+        finally:
+            _raise_deferred()
 
-    def _add(self, name, text, data):
-        self.caps[name].add(data)
-        if self.cut or self.fd < 0:
-            return
-        if self.parts and self.name != name:
-                self._flush()     # keep stdout/stderr in the order written
-        now = time.monotonic()
-        self.name = name
-        self.parts.append(text)
+    def _push(self, item, text, now):
+        self.parts.append(item)
         self.chars += len(text)
-        self.nbytes += len(data)
+        self._note(item, text, now)
+
+    def _note(self, item, text, now):
         if "\n" in text:
             self.lines = True
-            self.partial_since = None if text.endswith("\n") else now
-        elif self.partial_since is None:
-            self.partial_since = now
-        old = self.deadline
-        self._schedule()
-        if self.chars >= CHUNK:
-            self._flush()
-        elif self.deadline <= now:
-            self._due(now)    # also covers a flusher starved of the GIL
-        elif old is None or self.deadline < old:
-            _cond.notify()
+            if text.endswith("\n"):
+                self.partial = None
+            else:
+                self.partial, self.partial_since = item, now
+        elif text and self.partial is None:
+            self.partial, self.partial_since = item, now
+
+    def _settle(self, now):
+        """After writes: flush what is due, schedule the rest."""
+        due = self.last_flush + COALESCE if self.lines else None
+        if self.partial is not None:
+            p = self.partial_since + PARTIAL_DELAY
+            due = p if due is None or p < due else due
+        if self.chars >= CHUNK or (due is not None and due <= now):
+            self._due(now)
+            return
+        self.due = due
+        if due is not None:
+            if self.lines and self.full is None:
+                self.deadline = due
+            _wake_flusher(due)
+
+    def _leftover(self):
+        # Appended by a write racing with close(): the text is the log's.
+        items = self.parts[:]
+        del self.parts[:len(items)]
+        for it in items:
+            if _is_err(it):
+                _to_log("stderr", _utf8(it[1])[1])
+            else:
+                _to_log("stdout", _utf8(it)[1])
 
     def display(self, bundle):
         """A display event after the text so far, and the bundle kept for
         the result, each within its bound.  False once the cell is over."""
+        try:
+            return self._display(bundle)
+        finally:
+            _raise_deferred()
+
+    def _display(self, bundle):
         with _lock:
             if self.closed:
                 return False
@@ -267,8 +360,7 @@ class _Sink:
             else:
                 self.shown.append(kept)
                 self.shown_bytes += len(_dumps(kept))
-            if not self.cut and self.fd >= 0:
-                self._flush()
+            self._flush()
             if not self.cut and self.fd >= 0:
                 # counted in JSON bytes: with text's UTF-8 bytes (at most
                 # 6 bytes of JSON each) the file stays in the module's bound
@@ -292,59 +384,115 @@ class _Sink:
             raise OSError(self.full.errno, "%s: the cell's output cannot be "
                           "written" % _full_text(self.full))
 
-    def _schedule(self):
-        due = self.last_flush + COALESCE if self.lines else None
-        if self.partial_since is not None:
-            p = self.partial_since + PARTIAL_DELAY
-            due = p if due is None or p < due else due
-        self.deadline = due
-
     def _due(self, now):
-        # Lines are due; a young partial tail stays for its "\n".
-        young = (self.partial_since is not None
-                 and now < self.partial_since + PARTIAL_DELAY)
-        self._flush(keep_tail=young)
+        # What is due goes out; a young partial tail stays for its "\n".
+        self._flush(keep_tail=True, now=now)
 
     def flush(self):
-        with _cond:
-            if not self.closed:
-                self._flush()
-                self._raise_if_full()
+        try:
+            with _cond:
+                if not self.closed:
+                    self._flush()
+                    self._raise_if_full()
+        finally:
+            _raise_deferred()
 
-    def _flush(self, keep_tail=False):
-        if not self.parts:
+    def _flush(self, keep_tail=False, now=None):
+        self.deadline = 0.0                   # first: see the class doc
+        parts = self.parts
+        items = parts[:]
+        del parts[:len(items)]
+        self.chars, self.lines, self.due = 0, False, None
+        if now is None:
+            now = _monotonic()
+        if keep_tail and items:
+            items = self._keep_tail(items, now)
+        else:
+            self.partial = None
+        if not items:
             return
-        name, text, nbytes = self.name, "".join(self.parts), self.nbytes
-        self.parts, self.chars, self.nbytes = [], 0, 0
-        self.lines, self.deadline = False, None
-        if keep_tail:
-            i = text.rfind("\n") + 1
-            if i < len(text):
-                tail, text = text[i:], text[:i]
-                self.parts, self.chars = [tail], len(tail)
-                self.nbytes = nbytes - len(text.encode("utf-8"))
-                nbytes -= self.nbytes
-        if not self.parts:
-            self.partial_since = None
-        self.last_flush = time.monotonic()
-        self._schedule()
+        self.last_flush = now
+        try:
+            text = "".join(items)             # stdout only: the common case
+        except TypeError:
+            for err, run in itertools.groupby(items, _is_err):
+                if err:
+                    self._emit("stderr", "".join(map(_text_of, run)))
+                else:
+                    self._emit("stdout", "".join(run))
+        else:
+            self._emit("stdout", text)
+
+    def _keep_tail(self, items, now):
+        """items without the text after their last "\n" where that is
+        young (first seen less than PARTIAL_DELAY ago) and shorter than
+        CHUNK: it goes back to parts, to wait for its "\n"."""
+        err = _is_err(items[-1])
+        i = len(items)
+        while i > 0 and _is_err(items[i - 1]) == err and "\n" not in (
+                items[i - 1][1] if err else items[i - 1]):
+            i -= 1
+        head = None
+        if i > 0 and _is_err(items[i - 1]) == err:  # it holds the last "\n"
+            text = items[i - 1][1] if err else items[i - 1]
+            j = text.rfind("\n") + 1
+            if j < len(text):
+                i -= 1
+                head, rest = text[:j], text[j:]
+        run = items[i + 1:] if head is not None else items[i:]
+        tail = "".join(map(_text_of, run)) if err else "".join(run)
+        if head is not None:
+            tail = rest + tail
+        if not tail:
+            self.partial = None
+            return items
+        if items[i] is not self.partial:            # first seen now
+            self.partial_since = now
+        if now >= self.partial_since + PARTIAL_DELAY or len(tail) >= CHUNK:
+            self.partial = None                     # out with it
+            return items
+        kept = ("stderr", tail) if err else tail
+        self.parts.insert(0, kept)      # before what was appended meanwhile
+        self.chars = len(tail)
+        self.partial = kept
+        self.due = self.partial_since + PARTIAL_DELAY
+        _wake_flusher(self.due)
+        items = items[:i]
+        if head is not None:
+            items.append(("stderr", head) if err else head)
+        return items
+
+    def _emit(self, name, text):
+        """text of one stream: into the output's head/tail, and streamed
+        within max_stream, CHUNK characters an event at most."""
+        if not text:
+            return
+        text, data = _utf8(text)
+        self.caps[name].add(data)
+        if self.cut or self.fd < 0:
+            return
+        nbytes = len(data)
         room = self.max_stream - self.streamed
         if nbytes > room:
             # Stream exactly up to max_stream, cut at a character boundary.
-            text = text.encode("utf-8")[:max(room, 0)].decode("utf-8", "ignore")
+            text = data[:max(room, 0)].decode("utf-8", "ignore")
             nbytes = len(text.encode("utf-8"))
             self.cut = True
-            self.parts, self.chars, self.nbytes, self.deadline = [], 0, 0, None
         self.streamed += nbytes
         for i in range(0, len(text), CHUNK):
-            self._line({"type": name, "text": text[i:i + CHUNK]})
-        if self.cut:
+            if self.fd < 0:
+                return
+            self._write(_text_line(name, text[i:i + CHUNK]))
+        if self.cut and self.fd >= 0:
             self._line({"type": "stream_truncated", "max_stream": self.max_stream})
 
     def _line(self, event):
+        self._write(_dumps(event) + b"\n")
+
+    def _write(self, line):
         # One os.write per line; O_APPEND, so the reader (and a forked child
         # writing the same file) never sees lines interleaved mid-way.
-        data = memoryview(_dumps(event) + b"\n")
+        data = memoryview(line)
         done = 0
         try:
             while done < len(data):
@@ -362,10 +510,10 @@ class _Sink:
                 # flusher interrupts it until it ends (see _flusher).
                 self.full = e
                 self.kick = time.monotonic()
+                self.deadline = 0.0     # writes take the lock: _raise_if_full
                 _cond.notify()
             os.close(self.fd)
             self.fd = -1
-            self.parts, self.chars, self.nbytes, self.deadline = [], 0, 0, None
 
     def close(self):
         global _current
@@ -389,11 +537,21 @@ class _Sink:
 FD_READ = 1 << 20
 _FDS = []                # [(read end, "stdout"|"stderr", UTF-8 decoder)]
 _FD_WRITE = {}           # our copies of the write ends, to restore 1 and 2
-_fd_poll = None          # for _drain_fds; the reader thread has its own
+
+
+def _no_fds(timeout):
+    return ()
+
+
+# _fd_ready(0): whether the pipes hold bytes, one poll() syscall (each
+# write asks).  An epoll of both pipes, for at most one event, would cost
+# 0.15 us against 0.25, but the runner keeps no fd but its files and
+# pipes (t/043-runner-fds.t).  The reader thread has a poll of its own.
+_fd_ready = _no_fds
 
 
 def _capture_fds():
-    global _fd_poll
+    global _fd_ready
     poll, mine = select.poll(), select.poll()
     for fd, name in ((1, "stdout"), (2, "stderr")):
         try:
@@ -412,7 +570,7 @@ def _capture_fds():
         _FDS.append((r, name, codecs.getincrementaldecoder("utf-8")("replace")))
         poll.register(r, select.POLLIN)
         mine.register(r, select.POLLIN)
-    _fd_poll = poll
+    _fd_ready = poll.poll
     threading.Thread(target=_fd_reader, args=(mine,), name="hermes-fds",
                      daemon=True).start()
 
@@ -447,17 +605,18 @@ def _fd_reader(poll):
 def _drain_fds(final=False, polled=False):
     """Under _lock: what the pipes hold now, to the running cell or to
     runner.log; final: the cell is ending, decoders give what they hold."""
-    if _fd_poll is None:
+    if not _FDS:
         return
     if not (final or polled):
         try:
-            if not _fd_poll.poll(0):
-                return                # the common case: one syscall a print
-        except (OSError, RuntimeError):
+            if not _fd_ready(0):
+                return                # the common case: one syscall
+        except (OSError, RuntimeError, ValueError):
             return
     s = _current
     if s is not None and s.closed:
         s = None
+    now, pushed = _monotonic(), False
     for r, name, dec in _FDS:
         for _ in range(16):           # then let others have the lock
             try:
@@ -469,38 +628,62 @@ def _drain_fds(final=False, polled=False):
             else:
                 text = dec.decode(data)
                 if text:
-                    text, b = _utf8(text)
-                    s._add(name, text, b)
+                    s._push(_item(name, text), text, now)
+                    pushed = True
             if len(data) < FD_READ:
                 break
         if final:
             text = dec.decode(b"", True)
             dec.reset()
             if text and s is not None:
-                text, b = _utf8(text)
-                s._add(name, text, b)
+                s._push(_item(name, text), text, now)
+                pushed = True
+    if pushed:
+        s._settle(now)
 
 
 def _flusher():
     # Writes buffered text once it is due (see _Sink), and interrupts a
     # cell doomed by a full disk every KICK_EVERY until it ends.
+    #
+    # Each wake-up takes the GIL from a cell that may be printing (and
+    # that gives it up at every write: the check of the fd pipes is a
+    # syscall), which cost such a cell 0.1 ms a wake-up.  So where the
+    # writes flushed by themselves while we slept (the cell still writes,
+    # and its writes flush when due), we sleep longer each time, up to
+    # FLUSH_LATE past what is due; the first wake-up after a pause in the
+    # output is on time.
+    global _flusher_at
+    backoff = 0.0
     with _cond:
         while True:
             s = _current
             if s is None:
+                _flusher_at = None
+                backoff = 0.0
                 _cond.wait()
                 continue
-            now = time.monotonic()
+            now = _monotonic()
             if s.kick is not None and s.kick <= now:
                 s.kick = now + KICK_EVERY
                 _kick()
-            due = [t for t in (s.deadline, s.kick) if t is not None]
-            if not due:
-                _cond.wait()
-            elif min(due) > now:
-                _cond.wait(min(due) - now)
-            else:
+            due = s.due
+            if due is not None and due <= now:
                 s._due(now)
+                backoff = 0.0
+                continue
+            if _flusher_at is not None and _flusher_at <= now and (
+                    due is None or due > _flusher_at):
+                # woken on time, and the writes had flushed: they go on
+                backoff = min(max(2 * backoff, COALESCE), FLUSH_LATE)
+            elif due is None:
+                backoff = 0.0
+            if due is not None:
+                due = max(due, now + backoff)
+            if s.kick is not None and (due is None or s.kick < due):
+                due = s.kick
+            _flusher_at = due
+            _cond.wait(None if due is None else due - now)
 
 
 def _kick():
@@ -560,15 +743,30 @@ def _start_interrupter():
                      name="hermes-interrupt", daemon=True).start()
 
 
+def _before_fork():
+    # What the cell printed before it forked comes before what the child
+    # prints (os.fork, multiprocessing; not subprocess: it runs no hooks).
+    s = _current
+    if s is not None:
+        with _lock:
+            if not s.closed:
+                s._flush()
+
+
 def _after_fork():
     # A forked child (multiprocessing, ...) may have been forked while the
     # flusher held the lock, and has no flusher thread: give it both.
     # Nor does it read fds 1 and 2: its writes there reach the parent's
     # reader like any subprocess's.
-    global _lock, _cond, _fd_poll
+    global _lock, _cond, _fd_ready, _flusher_at
     _lock = threading.Lock()
     _cond = threading.Condition(_lock)
-    _fd_poll = None
+    _fd_ready, _flusher_at = _no_fds, None
+    s = _current
+    if s is not None:
+        # What the parent had not written yet is the parent's to write.
+        del s.parts[:]
+        s.chars, s.lines, s.partial, s.due, s.deadline = 0, False, None, None, 0.0
     for r, _, _ in _FDS:
         try:
             os.close(r)
@@ -576,6 +774,46 @@ def _after_fork():
             pass
     del _FDS[:]
     _start_flusher()
+
+
+def _writer(name):
+    """The write() of sys.stdout or sys.stderr (name) while a cell runs.
+
+    Where the fd pipes are empty and a flush of the buffer is scheduled
+    (see _Sink), a write appends to the buffer and checks the deadline:
+    a print costs two of these (its text, then its "\n"), and the
+    check of the pipes, one syscall, is most of their cost.  It cannot
+    be saved: bytes that reached fds 1 and 2 since the last write (a
+    subprocess, os.write, a C extension) go before this write's."""
+    err = name == "stderr"
+
+    def write(s):
+        if s.__class__ is not str:
+            if not isinstance(s, str):
+                raise TypeError("write() argument must be str, not %s"
+                                % type(s).__name__)
+            s = str.__str__(s)         # a subclass's methods are not ours
+        n = len(s)
+        sink = _current
+        if sink is None:
+            _to_log(name, _utf8(s)[1])
+            return n
+        item = ("stderr", s) if err else s
+        if n <= FAST_MAX:
+            try:
+                ready = _fd_ready(0)
+            except (OSError, ValueError, RuntimeError):
+                ready = True           # the lock's way finds out
+            if not ready:
+                sink.parts.append(item)
+                if _monotonic() >= sink.deadline:
+                    sink.add(item, s, True)
+                return n
+        if not sink.add(item, s):
+            _to_log(name, _utf8(s)[1])
+        return n
+
+    return write
 
 
 class _CellStream(io.TextIOBase):
@@ -591,6 +829,9 @@ class _CellStream(io.TextIOBase):
         super().__init__()
         self._name = name
         self.buffer = _CellBytes(self)   # for code that writes bytes
+        # print() looks write up on the object: a plain function there
+        # saves making a bound method twice a print
+        self._write = self.__dict__["write"] = _writer(name)
 
     encoding = property(lambda self: "utf-8")
     errors = property(lambda self: "replace")
@@ -608,12 +849,7 @@ class _CellStream(io.TextIOBase):
         return 1 if self._name == "stdout" else 2
 
     def write(self, s):
-        if not isinstance(s, str):
-            raise TypeError("write() argument must be str, not %s" % type(s).__name__)
-        sink = _current
-        if sink is None or not sink.add(self._name, s):
-            _to_log(self._name, _utf8(s)[1])
-        return len(s)
+        return self._write(s)
 
     def flush(self):
         sink = _current
@@ -850,11 +1086,32 @@ def _on_sigint(signum, frame):
     # must not kill the runner.  (A background job started by a
     # non-interactive shell inherits SIGINT ignored, and Python then keeps
     # it ignored: so the handler is always installed explicitly.)
+    global _deferred
     if _interruptible:
+        f = frame
+        while f is not None:
+            if f.f_code in _CRITICAL:
+                # in the sink's bookkeeping (text taken from the buffer,
+                # not written yet): raised once that is done
+                _deferred = True
+                return
+            f = f.f_back
+        _deferred = False
         s = _current
         if s is not None and s.full is not None:
             raise HostDiskFull("%s: the cell is stopped" % _full_text(s.full))
         raise KeyboardInterrupt
+
+
+_deferred = False        # an interrupt came in a _CRITICAL section
+_CRITICAL = frozenset(f.__code__ for f in (
+    _Sink.add, _Sink.flush, _Sink.display, _Sink._display, _Sink.close,
+    _Sink._flush, _drain_fds))
+
+
+def _raise_deferred():
+    if _deferred:
+        _on_sigint(_SIGINT, None)
 
 
 _loop = None             # the runner's event loop, for top-level await
@@ -1515,7 +1772,7 @@ def main():
     except ValueError:
         idle = 0.0
     signal.signal(signal.SIGINT, _on_sigint)
-    os.register_at_fork(after_in_child=_after_fork)
+    os.register_at_fork(before=_before_fork, after_in_child=_after_fork)
     _start_flusher()
     _globals = _fresh_globals()
 

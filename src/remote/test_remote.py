@@ -287,6 +287,91 @@ class RunnerTest(unittest.TestCase):
                          "".join("%d\n" % i for i in range(2000)))
         self.assertTrue(all(e["text"].endswith("\n") for e in ev))
 
+    def out_text(self, k, n):
+        """What cell_out_n holds so far (the cell may still run)."""
+        try:
+            with open(os.path.join(k.cells, "cell_out_%06d" % n), "rb") as f:
+                data = f.read()
+        except FileNotFoundError:
+            return ""
+        data = data[:data.rfind(b"\n") + 1]
+        return "".join(json.loads(line).get("text", "")
+                       for line in data.decode("utf-8").splitlines())
+
+    def test_a_print_loop_shows_its_last_lines_promptly(self):
+        # Prints close together share a write, never waiting for the cell
+        # to end: the last ones of a loop come while the cell sleeps, or
+        # computes (the flusher thread needs the GIL then).
+        k = self.kernel()
+        want = "".join("%d\n" % i for i in range(3000))
+        for then in ("time.sleep(3)",
+                     "t = time.monotonic()\nwhile time.monotonic() - t < 3: pass"):
+            n = k.send("import time\nfor i in range(3000): print(i)\n" + then)
+            t0 = time.monotonic()
+            self.assertTrue(_wait_for(lambda: self.out_text(k, n) == want, 2.5),
+                            (then, self.out_text(k, n)[-50:]))
+            self.assertLess(time.monotonic() - t0, 1.5, then)
+            self.assertFalse(os.path.exists(k.res_path(n)))
+            k.result(n)
+            self.assertEqual("".join(e["text"] for e in k.events(n)), want)
+
+    def test_tight_loop_keeps_the_order_of_streams_and_fds(self):
+        k = self.kernel()
+        n = k.send("import os, sys\nfor i in range(500):\n"
+                   "    print('p%d' % i)\n    _ = os.write(1, b'w%d\\n' % i)\n"
+                   "    sys.stderr.write('e%d\\n' % i)\n"
+                   "    _ = os.write(2, b'f%d\\n' % i)\n    print('q%d' % i, end='')\n"
+                   "    print()")
+        r = k.result(n)
+        self.assertEqual(r["status"], "success", r)
+        def runs(events):               # consecutive texts of a stream, joined
+            out = []
+            for t, text in events:
+                if out and out[-1][0] == t:
+                    out[-1][1] += text
+                else:
+                    out.append([t, text])
+            return out
+        want = []
+        for i in range(500):
+            want += [("stdout", "p%d\nw%d\n" % (i, i)),
+                     ("stderr", "e%d\nf%d\n" % (i, i)), ("stdout", "q%d\n" % i)]
+        self.assertEqual(runs((e["type"], e["text"]) for e in k.events(n)),
+                         runs(want))
+
+    def test_interrupted_print_loop_loses_and_repeats_nothing(self):
+        k = self.kernel()
+        n = k.send("import sys\ni = 0\nwhile True:\n    print(i)\n"
+                   "    sys.stderr.write('.')\n    i += 1",
+                   max_stream=1 << 30, max_output=1 << 26)
+        self.assertTrue(_wait_for(lambda: len(self.out_text(k, n)) > 100000, 5))
+        os.kill(k.pid, signal.SIGINT)
+        r = k.result(n, 10)
+        self.assertEqual(r["status"], "interrupted")
+        ev = k.events(n)
+        out = "".join(e["text"] for e in ev if e["type"] == "stdout")
+        err = "".join(e["text"] for e in ev if e["type"] == "stderr")
+        lines = out.split("\n")         # the last print may be half done
+        self.assertEqual(lines[:-1], [str(i) for i in range(len(lines) - 1)])
+        self.assertIn(lines[-1], ("", str(len(lines) - 1)))
+        self.assertEqual(r["stdout_bytes_total"], len(out))
+        dots = len(err) - len(err.lstrip("."))
+        self.assertIn(dots, (len(lines) - 1, len(lines) - 2))
+        self.assertIn("KeyboardInterrupt", err)
+        self.assertEqual(r["output"], out + "\n--- stderr ---\n" + err)
+
+    def test_a_forked_child_does_not_repeat_what_waited(self):
+        k = self.kernel()
+        r = k.run("import os, sys\nfor i in range(2000): print(i)\n"
+                  "pid = os.fork()\nif pid == 0:\n    print('child')\n"
+                  "    sys.stdout.flush()\n    os._exit(0)\n"
+                  "os.waitpid(pid, 0)\nprint('parent')")
+        self.assertEqual(r["status"], "success", r)
+        out = "".join(e["text"] for e in k.events(k.n))
+        want = "".join("%d\n" % i for i in range(2000))
+        # the parent's buffer is flushed before the fork, not copied
+        self.assertEqual(out, want + "child\nparent\n")
+
     def test_error_traceback_and_recovery(self):
         k = self.kernel()
         r = k.run("def f():\n    return 1 / 0\nprint('before')\nf()")
