@@ -1,7 +1,7 @@
 #!/usr/bin/perl
 # A spawn that fails at any step leaves nothing behind and says why in one
 # honest error.log line.  The kernel host is the test sshd, whose sessions
-# find fake mkdir, mv and python3 first on PATH; each fake does its real
+# find fake mkdir, head and python3 first on PATH; each fake does its real
 # job until its switch file says otherwise:
 #
 # - mkdir leaves the kernel dir 0755, or cells/ 0755, or gives it to
@@ -9,9 +9,9 @@
 #   directory step's type/owner/mode check refuses it, so 502
 #   spawn_failed, nothing shipped, nothing started, and the path removed
 #   (it is ours), but never what a symlink points to;
-# - mv refuses to put kernel.env in place (its .tmp, the token in it, is
-#   on disk), or python3 is missing: 502 spawn_failed, and no kernel dir,
-#   no kernel.env (nor its .tmp) and no process left;
+# - head fails halfway through kernel.env (part of the token on disk), or
+#   python3 is missing: 502 spawn_failed, and no kernel dir, no
+#   kernel.env and no process left;
 # - mkdir prints 10 kB of junk with newlines, control bytes and a forged
 #   "[alert]" line: error.log gets exactly one line for the failure, the
 #   junk escaped in it, cut to its buffer, and nothing past the buffer.
@@ -91,14 +91,19 @@ case "\$how" in
 esac
 SH
 
-write_file("$bin/mv", <<"SH", 0755);
+# the ship step writes each file with "head -c LEN >FILE": the file is
+# what its stdout is
+write_file("$bin/head", <<"SH", 0755);
 #!/bin/bash
-if [ "\$(cat '$sw/mv' 2>/dev/null)" = envfail ]; then
-    case "\${!#}" in
-        */kernel.env) echo "mv: cannot move: Input/output error" >&2; exit 1 ;;
+if [ "\$(cat '$sw/head' 2>/dev/null)" = envfail ]; then
+    case "\$(readlink /proc/\$\$/fd/1)" in
+        */kernel.env)
+            /usr/bin/head -c 20
+            echo "head: error writing 'standard output': Input/output error" >&2
+            exit 1 ;;
     esac
 fi
-exec /usr/bin/mv "\$@"
+exec /usr/bin/head "\$@"
 SH
 
 write_file("$bin/python3", <<"SH", 0755);
@@ -120,8 +125,8 @@ SH
 
 $s->start;
 
-is(scalar $s->ssh_cmd('command -v mkdir mv python3'),
-    "$bin/mkdir\n$bin/mv\n$bin/python3\n", 'the fakes come first on PATH');
+is(scalar $s->ssh_cmd('command -v mkdir head python3'),
+    "$bin/mkdir\n$bin/head\n$bin/python3\n", 'the fakes come first on PATH');
 
 $t->write_conf(<<"CONF");
     hermes_zone kernels:1m;
@@ -202,7 +207,7 @@ for my $case (@cases) {
 ###############################################################################
 # a later step fails: the directory goes, with the token's file
 
-for my $case (['mv', 'envfail', qr/ship kernel\.env: exit code 1: "mv: cannot move/],
+for my $case (['head', 'envfail', qr/ship: exit code 1: "head: error writing/],
               ['python3', 'missing', qr/the kernel did not start/])
 {
     my ($tool, $how, $says) = @$case;
@@ -220,7 +225,7 @@ for my $case (['mv', 'envfail', qr/ship kernel\.env: exit code 1: "mv: cannot mo
     my @env;
     File::Find::find({ no_chdir => 1,
         wanted => sub { push @env, $_ if m{/kernel\.env[^/]*$} } }, $root);
-    is("@env", '', "$tool $how: no kernel.env (nor its .tmp) left");
+    is("@env", '', "$tool $how: no kernel.env left");
     ok(wait_until(sub { !procs_in($root) }, 3), "$tool $how: no process left in the root")
         or diag 'left: ' . join(' ', procs_in($root));
 }

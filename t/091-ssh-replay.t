@@ -4,7 +4,7 @@
 # through real shells under a temp root, payloads on stdin.
 #
 # The directory, ship and kill commands are read out of the C source
-# (ngx_slprintf format strings).  The start command is composed at run
+# (ngx_slprintf format strings; the ship step is one piece a file).  The start command is composed at run
 # time (hermes_sandbox, root or not), so it is recorded from a real nginx
 # (its debug log shows every step's command), once with "hermes_sandbox
 # off" and once with the default bwrap sandbox, and replayed with this
@@ -45,7 +45,7 @@ diag 'bwrap not installed (Debian package bubblewrap): sandbox off only'
 
 my %DOC = (
     dirs  => 'umask 077; r=ROOT; if [ -n "$(find "$r/" -maxdepth 0 -perm /022 ! -perm -1000)" ]; then echo "the kernels root $r is writable by others without the sticky bit"; exit 3; fi; if ! mkdir -m 700 -- DIR 2>/dev/null; then if [ -e DIR ] || [ -L DIR ]; then echo EEXIST; exit 4; fi; mkdir -m 700 -- DIR; exit 5; fi; echo made; mkdir -m 700 -- DIR/cells DIR/rpc && stat -c %F:%u:%a:%i -- DIR DIR/cells DIR/rpc && id -u',
-    ship  => 'umask 077 && cat > DIR/NAME.tmp && chmod 600 DIR/NAME.tmp && mv -f DIR/NAME.tmp DIR/NAME',
+    ship  => 'set -C; umask 077 && head -c LEN >DIR/NAME',
     kill  => 'if s=$(cat /proc/PID/stat 2>/dev/null); then s=${s##*) }; set -- $s; [ "${20}" = START ] && kill -9 -PID; else kill -9 -PID; fi 2>/dev/null; for d in /sys/fs/cgroup/hermes/KID /sys/fs/cgroup/*/hermes/KID; do [ -d "$d" ] || continue; i=0; while [ $i -lt 100 ] && ! rmdir "$d" 2>/dev/null; do kill -9 $(cat "$d/cgroup.procs") 2>/dev/null; sleep 0.02; i=$((i+1)); done; done; [ INO = 0 ] || [ "$(stat -c %i -- DIR 2>/dev/null)" = INO ] && rm -rf -- DIR; exit 0',
 );
 
@@ -139,8 +139,8 @@ my %C;
 for my $r (@kernel_c) {
     my $s = $r->[0];
     if ($s =~ /^umask 077; r=/)                            { push @{ $C{dirs} }, $s }
-    elsif ($s =~ /^umask 077 && cat > '?%s\/%V\.tmp/)      { push @{ $C{ship} }, $s }
-    elsif ($s =~ /^umask 077 && cat > '?%s\/kernel\.env/)  { push @{ $C{env} }, $s }
+    elsif ($s eq 'set -C; umask 077')                      { push @{ $C{ship} }, $s }
+    elsif ($s =~ /^ && head -c %uz >'%s\/%V'$/)            { push @{ $C{shipfile} }, $s }
     elsif ($s =~ /^HERMES_RPC_TOKEN=/)                     { push @{ $C{envfmt} }, $s }
     elsif ($s =~ /^kill -9 -%P\b.*rm -rf/)                 { push @{ $C{kill} }, $s }
     elsif ($s =~ /^if s=\$\(cat \/proc\/%P\/stat/)           { push @{ $C{killpid} }, $s }
@@ -155,20 +155,21 @@ for my $r (c_strings($C_SANDBOX)) {
     my %k = map { $_ => 1 } @{ $C{kill} || [] };
     $C{kill} = [ keys %k ];
 }
-for my $k (qw(dirs ship env envfmt kill killpid killdir killcg)) {
+for my $k (qw(dirs ship shipfile envfmt kill killpid killdir killcg)) {
     is(scalar @{ $C{$k} || [] }, 1, "exactly one $k format string in the C source")
         or diag explain $C{$k};
     $C{$k} = $C{$k}[0] // '';
 }
 
 # C format -> documented form: quotes dropped, %s -> DIR, %V -> NAME,
-# %*s -> KID, %P -> PID, blanks single
+# %*s -> KID, %P -> PID, %uz -> LEN, blanks single
 sub c_to_doc {
     my ($f, $name) = @_;
     $name //= 'NAME';
     (my $s = $f) =~ s/'//g;
-    $s =~ s{%(%|s|V|\*s|P)}{
-        $1 eq '%' ? '%' : $1 eq 's' ? 'DIR' : $1 eq 'V' ? $name : $1 eq 'P' ? 'PID' : 'KID'
+    $s =~ s{%(%|s|V|\*s|P|uz)}{
+        $1 eq '%' ? '%' : $1 eq 's' ? 'DIR' : $1 eq 'V' ? $name : $1 eq 'P' ? 'PID'
+        : $1 eq 'uz' ? 'LEN' : 'KID'
     }ge;
     $s =~ s/  +/ /g;
     return $s;
@@ -184,6 +185,21 @@ sub c_cmd {
     die "directory holds a single quote: $dir\n" if $dir =~ /'/;
     (my $s = $f) =~ s{%(%|s|V)}{$1 eq '%' ? '%' : $1 eq 's' ? $dir : $name}ge;
     return $s;
+}
+
+# the ship step for a directory and [name, bytes] pairs, as C builds it:
+# the command, and the payload (the files' bytes one after another)
+sub ship_cmd {
+    my ($dir, @files) = @_;
+    die "directory holds a single quote: $dir\n" if $dir =~ /'/;
+    my $s = $C{ship};
+    for my $f (@files) {
+        (my $piece = $C{shipfile}) =~ s{%(uz|s|V)}{
+            $1 eq 'uz' ? length $f->[1] : $1 eq 's' ? $dir : $f->[0]
+        }ge;
+        $s .= $piece;
+    }
+    return ($s, join '', map { $_->[1] } @files);
 }
 
 is(c_to_doc($C{dirs}, 'ROOT'), $DOC{dirs}, 'C directory step = docs');
@@ -203,12 +219,10 @@ is(c_to_doc($C{dirs}, 'ROOT'), $DOC{dirs}, 'C directory step = docs');
         'ngx_http_hermes_kill_command: the pid part, the cgroups (ngx_http_hermes_sandbox_kill), the directory')
         or diag "positions @at";
 }
-is(c_to_doc($C{ship}), $DOC{ship}, 'C ship step = docs');
-is(c_to_doc($C{env}), $DOC{ship} =~ s/NAME/kernel.env/gr,
-    'C kernel.env step = docs ("the same for kernel.env")');
-for my $k (qw(dirs ship env)) {
-    my @conv = $C{$k} =~ /(%.)/gs;
-    ok(!grep({ !/^%[%sV]$/ } @conv), "C $k step: only %s/%V conversions")
+is(c_to_doc($C{ship} . $C{shipfile}), $DOC{ship}, 'C ship step (one file) = docs');
+for my $k (qw(dirs ship shipfile)) {
+    my @conv = $C{$k} =~ /(%uz|%.)/gs;
+    ok(!grep({ !/^%(?:[%sV]|uz)$/ } @conv), "C $k step: only %s/%V/%uz conversions")
         or diag "@conv";
     unlike($C{$k}, qr/TOKEN/, "C $k step: no token on the command line");
 }
@@ -283,18 +297,26 @@ CONF
         my @mine = grep { index($_->[1], "/hermes_rkernel_$kid") >= 0 } @steps;
         my %by;
         push @{ $by{$_->[0]} }, $_->[1] for @mine;
-        is_deeply([ sort keys %by ], [ 'directory setup', 'ship kernel.env', 'ship runner', 'start' ],
+        is_deeply([ sort keys %by ], [ 'directory setup', 'ship', 'start' ],
             "$mode: the steps of its spawn logged");
 
         # what the C format strings give is what was sent
         is_deeply($by{'directory setup'}, [ c_cmd($C{dirs}, $dir) ], "$mode: the directory step sent = C");
-        my %shipped = map { m{^umask 077 && cat > '\Q$dir\E/([\w.]+)\.tmp'} ? ($1 => $_) : ('?' => $_) }
-            @{ $by{'ship runner'} || [] };
-        ok($shipped{'kernel_runner.py'} && $shipped{'hermes_tools.py'},
-            "$mode: kernel_runner.py and hermes_tools.py shipped") or diag explain \%shipped;
-        is_deeply(\%shipped, { map { $_ => c_cmd($C{ship}, $dir, $_) } grep { $_ ne '?' } keys %shipped },
-            "$mode: the ship steps sent = C");
-        is_deeply($by{'ship kernel.env'}, [ c_cmd($C{env}, $dir) ], "$mode: the kernel.env step sent = C");
+        # one ship step: the runner's files as they are in src/remote/,
+        # the marker and kernel.env last (the start step reads it)
+        my @ship = @{ $by{ship} || [] };
+        is(scalar @ship, 1, "$mode: one ship step");
+        my @files = ($ship[0] // '') =~ / && head -c (\d+) >'\Q$dir\E\/([\w.]+)'/g;
+        my %len;
+        my @names;
+        while (@files) { my ($l, $n) = splice @files, 0, 2; $len{$n} = $l; push @names, $n }
+        is("@names[-2, -1]", 'gateway kernel.env', "$mode: the marker and kernel.env shipped last")
+            or diag $ship[0];
+        for my $py (qw(kernel_runner.py hermes_tools.py)) {
+            is($len{$py}, -s "$ROOT/src/remote/$py", "$mode: $py shipped, its length as in src/remote/");
+        }
+        is($ship[0], (ship_cmd($dir, map { [$_, 'x' x $len{$_}] } @names))[0],
+            "$mode: the ship step sent = C");
 
         my $start = ($by{start} || [])->[0] // '';
         is(scalar @{ $by{start} || [] }, 1, "$mode: one start command");
@@ -363,7 +385,24 @@ sub sh_start {
     my $pid = fork // die "fork: $!";
     if ($pid == 0) {
         close $rd;
-        open STDIN, '<', $in or POSIX::_exit(127);
+        if (length($o{stdin} // '')) {
+            # a pipe, as from the module, in pieces: the ship step's
+            # "head -c" must read exactly each file's length from it
+            pipe my $pr, my $pw or POSIX::_exit(127);
+            my $w = fork // POSIX::_exit(127);
+            if ($w == 0) {
+                close $pr;
+                open my $src, '<:raw', $in or POSIX::_exit(1);
+                local $/ = \1000;
+                while (my $chunk = <$src>) { syswrite $pw, $chunk or last }
+                POSIX::_exit(0);
+            }
+            close $pw;
+            open STDIN, '<&', $pr or POSIX::_exit(127);
+            close $pr;
+        } else {
+            open STDIN, '<', $in or POSIX::_exit(127);
+        }
         open STDOUT, '>&', $wr or POSIX::_exit(127);
         open STDERR, '>', "$in.err" or POSIX::_exit(127);
         close $wr;
@@ -597,12 +636,10 @@ sub prepare {
     my ($sh, $shell, $dir, %o) = @_;
     my $r = run_sh($shell, c_cmd($C{dirs}, $dir));
     is($r->{out}, dirs_out($dir), "$sh: $o{what}: directories made") or diag $r->{err};
-    for my $name (sort keys %{ $o{files} }) {
-        $r = run_sh($shell, c_cmd($C{ship}, $dir, $name), stdin => $o{files}{$name});
-        is($r->{rc}, 0, "$sh: $o{what}: shipped $name") or diag $r->{err};
-    }
-    $r = run_sh($shell, c_cmd($C{env}, $dir), stdin => env_payload($o{token}, $o{kid}, $o{idle} // 0));
-    is($r->{rc}, 0, "$sh: $o{what}: shipped kernel.env") or diag $r->{err};
+    my ($cmd, $in) = ship_cmd($dir, (map { [$_, $o{files}{$_}] } sort keys %{ $o{files} }),
+        ['kernel.env', env_payload($o{token}, $o{kid}, $o{idle} // 0)]);
+    $r = run_sh($shell, $cmd, stdin => $in);
+    is($r->{rc}, 0, "$sh: $o{what}: shipped its files and kernel.env") or diag $r->{err};
 }
 
 # start: prints the pid and the kernel's uid, at once
@@ -636,27 +673,36 @@ for my $shell ('/bin/sh', '/bin/bash') {
     is(mode("$dir/cells"), '700', "$sh: DIR/cells 0700");
     is(mode("$dir/rpc"), '700', "$sh: DIR/rpc 0700");
 
-    # 2. the runner (a stand-in) and hermes_tools.py; a hostile payload
-    #    travels byte for byte and is never interpreted
+    # 2. the runner (a stand-in), hermes_tools.py and kernel.env in one
+    #    step; a hostile payload travels byte for byte, never interpreted,
+    #    and each file ends where its length says
     my $runner = standin_runner(sleep => 1.5, exit => 7);
-    $r = run_sh($shell, c_cmd($C{ship}, $dir, 'kernel_runner.py'), stdin => $runner);
-    is($r->{rc}, 0, "$sh: ship kernel_runner.py exits 0") or diag $r->{err};
     my $tools = "# tools\n'\$(touch $root/pwned)'\"`touch $root/pwned2`\"\0\xff\n";
-    $r = run_sh($shell, c_cmd($C{ship}, $dir, 'hermes_tools.py'), stdin => $tools);
-    is($r->{rc}, 0, "$sh: ship hermes_tools.py exits 0");
+    my $env = env_payload($token, $kid, 1830);
+    my @ship = (['kernel_runner.py', $runner], ['hermes_tools.py', $tools], ['kernel.env', $env]);
+    {
+        my ($c, $in) = ship_cmd($dir, @ship);
+        $r = run_sh($shell, $c, stdin => $in);
+    }
+    is($r->{rc}, 0, "$sh: ship exits 0") or diag $r->{err};
     is(slurp("$dir/kernel_runner.py"), $runner, "$sh: runner shipped byte for byte");
     is(slurp("$dir/hermes_tools.py"), $tools, "$sh: a payload with quotes, \$(), NUL shipped byte for byte");
+    is(slurp("$dir/kernel.env"), $env, "$sh: kernel.env shipped byte for byte");
     ok(!-e "$root/pwned" && !-e "$root/pwned2", "$sh: the payload was not interpreted");
-    is(mode("$dir/kernel_runner.py"), '600', "$sh: kernel_runner.py 0600");
-    is(mode("$dir/hermes_tools.py"), '600', "$sh: hermes_tools.py 0600");
+    is(mode("$dir/$_"), '600', "$sh: $_ 0600 under an outer umask 022")
+        for qw(kernel_runner.py hermes_tools.py kernel.env);
 
-    # 3. kernel.env
-    my $env = env_payload($token, $kid, 1830);
-    $r = run_sh($shell, c_cmd($C{env}, $dir), stdin => $env);
-    is($r->{rc}, 0, "$sh: ship kernel.env exits 0");
-    is(mode("$dir/kernel.env"), '600', "$sh: kernel.env 0600");
-    my @left = glob("$dir/*.tmp");
-    is("@left", '', "$sh: no NAME.tmp left behind");
+    # noclobber: a path there already (a planted link) fails the step and
+    # nothing is written through it
+    {
+        my $d = "$root/clobber";
+        mkdir $d, 0700 or die;
+        symlink "$root/clobber-target", "$d/kernel_runner.py" or die;
+        my ($c, $in) = ship_cmd($d, ['kernel_runner.py', "x\n"]);
+        $r = run_sh($shell, $c, stdin => $in);
+        isnt($r->{rc}, 0, "$sh: shipping over an existing path fails");
+        ok(!-e "$root/clobber-target", "$sh: ... and writes nothing through a link");
+    }
 
     # a root others may write without the sticky bit: refused, nothing made
     for my $m (0777, 0775, 01777) {
@@ -700,7 +746,10 @@ for my $shell ('/bin/sh', '/bin/bash') {
     ok(!-e "/proc/hermes-nope-$$", "$sh: nothing created");
 
     my $gone = "$root/hermes_rkernel_" . new_kid();
-    $r = run_sh($shell, c_cmd($C{ship}, $gone, 'kernel_runner.py'), stdin => "x\n");
+    {
+        my ($c, $in) = ship_cmd($gone, ['kernel_runner.py', "x\n"]);
+        $r = run_sh($shell, $c, stdin => $in);
+    }
     isnt($r->{rc}, 0, "$sh: shipping into a missing DIR fails");
     for my $mode (@MODES) {
         $r = run_sh($shell, start_cmd($mode, $gone, new_kid()));
