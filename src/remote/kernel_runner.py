@@ -781,8 +781,8 @@ def _writer(name):
 
     Where the fd pipes are empty and a flush of the buffer is scheduled
     (see _Sink), a write appends to the buffer and checks the deadline:
-    a print costs two of these (its text, then its "\n"), and the
-    check of the pipes, one syscall, is most of their cost.  It cannot
+    a print of str costs one of these (see _print), and the check of
+    the pipes, one syscall, is most of its cost.  It cannot
     be saved: bytes that reached fds 1 and 2 since the last write (a
     subprocess, os.write, a C extension) go before this write's."""
     err = name == "stderr"
@@ -804,7 +804,10 @@ def _writer(name):
                 ready = _fd_ready(0)
             except (OSError, ValueError, RuntimeError):
                 ready = True           # the lock's way finds out
-            if not ready:
+            # Empty pipes, and the lock free after that: bytes the reader
+            # thread took from them (under the lock) are in parts already,
+            # not still on their way there behind this write.
+            if not ready and not _lock.locked():
                 sink.parts.append(item)
                 if _monotonic() >= sink.deadline:
                     sink.add(item, s, True)
@@ -878,6 +881,33 @@ class _CellBytes(io.RawIOBase):
 
 
 STDOUT, STDERR = _CellStream("stdout"), _CellStream("stderr")
+
+_builtin_print = builtins.print
+
+
+def _print(*args, sep=" ", end="\n", file=None, flush=False):
+    # builtins.print while the runner lives.  Into a cell's stream, with
+    # str arguments only (nothing of theirs can run or raise), the line
+    # goes in one write(), not one for the text and one for end: each
+    # write looks at the fd pipes (see _writer), and a print loop spent a
+    # fifth of its time there.  Anything else is the built-in's, as given.
+    f = sys.stdout if file is None else file
+    if ((f is STDOUT or f is STDERR) and sep.__class__ is str
+            and end.__class__ is str):
+        for a in args:
+            if a.__class__ is not str:
+                break
+        else:
+            f.write(args[0] + end if len(args) == 1 else sep.join(args) + end)
+            if flush:
+                f.flush()
+            return None
+    return _builtin_print(*args, sep=sep, end=end, file=file, flush=flush)
+
+
+_print.__name__ = _print.__qualname__ = "print"
+_print.__module__ = "builtins"
+_print.__doc__ = _builtin_print.__doc__
 
 
 # -- rich results: display events ------------------------------------------
@@ -1759,6 +1789,7 @@ def main():
     except OSError as e:
         _log("cannot capture fds 1 and 2: %s" % e)
     builtins.display = _display
+    builtins.print = _print
     sys.modules[_mpl_backend.__name__] = _mpl_backend
     sys.meta_path.insert(0, _MplHook())
     if os.getsid(0) != os.getpid():

@@ -287,6 +287,49 @@ class RunnerTest(unittest.TestCase):
                          "".join("%d\n" % i for i in range(2000)))
         self.assertTrue(all(e["text"].endswith("\n") for e in ev))
 
+    def test_print_is_the_builtins(self):
+        # print writes a line of str in one write(); everything it does
+        # otherwise is the built-in's
+        k = self.kernel()
+        code = (
+            "import io, pickle, sys\n"
+            "print('a', 'b', sep=None, end=None)\n"
+            "print(1, 'x', [2], sep='-')\n"
+            "print('p', end='')\n"
+            "print('q', flush=True)\n"
+            "print()\n"
+            "s = io.StringIO()\n"
+            "print('to', 'sio', file=s)\n"
+            "print(repr(s.getvalue()))\n"
+            "print('e', file=sys.stderr)\n"
+            "class S(str):\n"
+            "    def __str__(self): return 'sub'\n"
+            "print(S('x'), sep=S(':'))\n"
+            "got = []\n"
+            "w = sys.stdout.write\n"
+            "sys.stdout.write = lambda t: got.append(t) or len(t)\n"
+            "print('hid', 'den')\n"
+            "sys.stdout.write = w\n"
+            "print(got)\n"
+            "print(print.__name__, print.__module__,"
+            " pickle.loads(pickle.dumps(print)) is print)\n")
+        r = k.run(code)
+        self.assertEqual(r["status"], "success", r)
+        self.assertEqual(r["output"],
+                         "a b\n1-x-[2]\npq\n\n'to sio\\n'\nsub\n"
+                         "['hid den\\n']\nprint builtins True\n"
+                         "\n--- stderr ---\ne\n")
+        for bad, why in (("print('a', sep=1)", "TypeError: sep must be None or a string, not int"),
+                         ("print('a', end=b'')", "TypeError: end must be None or a string, not bytes")):
+            r = k.run(bad)
+            self.assertEqual(r["status"], "error", r)
+            self.assertIn(why, r["output"])
+        r = k.run("class B:\n    def __str__(self): raise ValueError('no str')\n"
+                  "print('before', B())")
+        self.assertEqual(r["status"], "error", r)
+        self.assertIn("ValueError: no str", r["output"])
+        self.assertNotIn("kernel_runner", r["output"])
+
     def out_text(self, k, n):
         """What cell_out_n holds so far (the cell may still run)."""
         try:
