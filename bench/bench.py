@@ -199,6 +199,23 @@ def cpu_total():
     return sum(v) - idle, sum(v)
 
 
+def settle(why, quiet=0.10, most=30.0):
+    """Wait until the machine is quiet (CPU busy under `quiet` in two
+    windows of 0.25 s in a row), at most `most` seconds: what one system
+    left running (a warm pool refilling, kernels being killed) must not
+    weigh on the next one's measures.  The seconds waited."""
+    t0 = time.perf_counter()
+    calm = 0
+    while calm < 2 and time.perf_counter() - t0 < most:
+        b0, a0 = cpu_total()
+        time.sleep(0.25)
+        b1, a1 = cpu_total()
+        calm = calm + 1 if (b1 - b0) <= quiet * max(a1 - a0, 1) else 0
+    waited = time.perf_counter() - t0
+    log(f"  quiet before {why} after {waited:.1f}s")
+    return round(waited, 2)
+
+
 def cpu_of_children(ppid):
     """CPU seconds of the live children of ppid (nginx workers)."""
     t = 0
@@ -843,7 +860,7 @@ def guarded(results, key, fn, *a):
 def run_system(sysm, par_sessions=None):
     prof = PROFILES[sysm.kind]
     bud = prof["budget"]
-    r = {"profile": dict(prof)}
+    r = {"profile": dict(prof), "settle_s": settle(sysm.name)}
     t_sys = time.perf_counter()
     log(f"{sysm.name}: trivial round trip")
     guarded(r, "trivial", t_trivial_cpu, sysm, prof["trivial"], prof["trivial_warm"], bud)
@@ -905,8 +922,9 @@ def rc_runs(path):
 def run_warm(sysm, warm):
     prof = PROFILES["warm"]
     r = {"warm": warm}
-    log(f"{sysm.name}: new sessions from a pool of {warm}")
     time.sleep(1.0)               # the pool fills after the start
+    r["settle_s"] = settle(sysm.name)
+    log(f"{sysm.name}: new sessions from a pool of {warm}")
     guarded(r, "spawn", t_spawn, sysm, prof["spawn"], prof["budget"], prof["spawn_gap"])
     return r
 
@@ -1020,6 +1038,7 @@ def table(res):
         fmt(error_count(d)) for d in data))
     row("shell rc runs (slow-rc user)", ("rc_runs",))
     row("seconds this column took", ("seconds",))
+    row("seconds waited for a quiet machine first", ("settle_s",))
     return render(("measure",) + tuple(label for _, label in cols), rows)
 
 
@@ -1198,8 +1217,8 @@ def main():
                 JupyterSystem(a.jupyter, token, "jupyter-nodelay"), a.jupyter_par)
     if a.jupyter_stock and websocket is not None:
         js = JupyterSystem(a.jupyter_stock, token, "jupyter-stock")
+        r = {"settle_s": settle("jupyter-stock")}
         log("jupyter-stock: trivial round trip")
-        r = {}
         guarded(r, "trivial", t_trivial, js, N_TRIVIAL_STOCK, 10)
         res["systems"]["jupyter-stock"] = r
 
