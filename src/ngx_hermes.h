@@ -751,6 +751,8 @@ u_char *ngx_http_hermes_frames_cell(u_char *buf, uint32_t stream,
 u_char *ngx_http_hermes_frames_exec(u_char *buf, uint32_t stream,
     u_char *cmd, size_t cmd_len, ngx_msec_t timeout, size_t out_max,
     size_t in_len);
+u_char *ngx_http_hermes_frames_ready(u_char *buf, uint32_t stream,
+    u_char *dir, size_t dir_len, ngx_pid_t pid, ngx_msec_t timeout);
 
 
 /* kernel lifecycle: spawn and kill, in the thread pool */

@@ -184,6 +184,8 @@ static void ngx_http_hermes_ssh_take(ngx_http_hermes_conn_t *conn);
 static void ngx_http_hermes_ssh_give(ngx_http_hermes_conn_t *conn);
 static ngx_int_t ngx_http_hermes_ssh_exec(ngx_http_hermes_conn_t *conn,
     ngx_http_hermes_cmd_t *cmd);
+static ngx_int_t ngx_http_hermes_ssh_request(ngx_http_hermes_conn_t *conn,
+    ngx_http_hermes_ssh_stream_t *s, ngx_http_hermes_cmd_t *cmd);
 static ngx_int_t ngx_http_hermes_ssh_ready(ngx_http_hermes_conn_t *conn,
     u_char *dir, ngx_pid_t pid, ngx_pid_t expect, uint64_t *start);
 static ngx_uint_t ngx_http_hermes_ssh_root(
@@ -513,9 +515,6 @@ ngx_http_hermes_ssh_exec(ngx_http_hermes_conn_t *conn,
 {
     u_char                        *p;
     size_t                         len, size;
-    ngx_uint_t                     quit;
-    ngx_http_hermes_ssh_link_t    *l;
-    ngx_http_hermes_ssh_exec_t     x;
     ngx_http_hermes_ssh_stream_t  *s;
 #if (NGX_DEBUG)
     u_char                         text[NGX_MAX_ERROR_STR];
@@ -527,12 +526,8 @@ ngx_http_hermes_ssh_exec(ngx_http_hermes_conn_t *conn,
     cmd->out_len = 0;
     cmd->err = 0;
 
-    l = conn->link;
-
-    if (l == NULL) {
-        ngx_snprintf(conn->err, sizeof(conn->err), "no ssh link%Z");
-        conn->unavailable = 1;
-        return NGX_DECLINED;
+    if (conn->link == NULL) {
+        return ngx_http_hermes_ssh_request(conn, NULL, cmd);
     }
 
     /* stderr goes where stdout goes: a step's message */
@@ -577,10 +572,42 @@ ngx_http_hermes_ssh_exec(ngx_http_hermes_conn_t *conn,
                                     ngx_strlen(cmd->cmd), 0) = '\0';
 
         ngx_log_debug2(NGX_LOG_DEBUG_HTTP, ngx_cycle->log, 0,
-                       "hermes: ssh exec on %V: %s", &l->h->name, text);
+                       "hermes: ssh exec on %V: %s", &conn->link->h->name,
+                       text);
     }
 
 #endif
+
+    return ngx_http_hermes_ssh_request(conn, s, cmd);
+}
+
+
+/*
+ * Thread pool: a stream whose first frame is an EXEC or a READY, to the
+ * link's I/O thread, which answers it by its deadline with the agent's x
+ * (or the link's failure) in "cmd".  "s" is the I/O thread's from here on.
+ */
+
+static ngx_int_t
+ngx_http_hermes_ssh_request(ngx_http_hermes_conn_t *conn,
+    ngx_http_hermes_ssh_stream_t *s, ngx_http_hermes_cmd_t *cmd)
+{
+    ngx_uint_t                   quit;
+    ngx_http_hermes_ssh_link_t  *l;
+    ngx_http_hermes_ssh_exec_t   x;
+
+    cmd->status = -1;
+    cmd->out_len = 0;
+    cmd->err = 0;
+
+    l = conn->link;
+
+    if (l == NULL) {
+        ngx_free(s);
+        ngx_snprintf(conn->err, sizeof(conn->err), "no ssh link%Z");
+        conn->unavailable = 1;
+        return NGX_DECLINED;
+    }
 
     s->fd = -1;
     s->rfd = (ngx_socket_t) -1;
@@ -630,35 +657,47 @@ ngx_http_hermes_ssh_exec(ngx_http_hermes_conn_t *conn,
 
 /*
  * Thread pool: the runner says "ready" with its pid, and /proc tells the
- * pid's start time, in one command: the host may be far.
+ * pid's start time, in one READY of the agent: woken by inotify and the
+ * pid's pidfd on the host, not a shell polling every 10 ms.
  */
 
 static ngx_int_t
 ngx_http_hermes_ssh_ready(ngx_http_hermes_conn_t *conn, u_char *dir,
     ngx_pid_t pid, ngx_pid_t expect, uint64_t *start)
 {
-    u_char                 *p;
-    u_char                  out[1024];
-    u_char                  cmd[2 * NGX_HTTP_HERMES_DIR_MAX + 512];
-    ngx_int_t               rc;
-    ngx_http_hermes_cmd_t   c;
-
-    *ngx_slprintf(cmd, cmd + sizeof(cmd) - 1,
-                  "i=0; while [ $i -lt 1000 ] && [ ! -s '%s/ready' ]"
-                  " && kill -0 %P 2>/dev/null;"
-                  " do sleep 0.01; i=$((i+1)); done;"
-                  " cat '%s/ready' && kill -0 %P"
-                  " && echo && cat /proc/%P/stat",
-                  dir, pid, dir, pid, pid) = '\0';
+    u_char                        *p;
+    size_t                         len;
+    u_char                         out[1024];
+    ngx_int_t                      rc;
+    ngx_http_hermes_cmd_t          c;
+    ngx_http_hermes_ssh_stream_t  *s;
 
     ngx_memzero(&c, sizeof(ngx_http_hermes_cmd_t));
 
-    c.cmd = (char *) cmd;
     c.out = out;
     c.out_size = sizeof(out) - 1;
-    c.timeout = 10000;              /* the loop above: 10 s at most */
+    c.timeout = 10000;              /* the runner's start: 10 s at most */
 
-    rc = ngx_http_hermes_ssh_exec(conn, &c);
+    s = NULL;
+
+    if (conn->link) {
+        len = ngx_strlen(dir);
+
+        s = ngx_calloc(sizeof(ngx_http_hermes_ssh_stream_t)
+                       + NGX_HTTP_HERMES_FRAME_EXEC_MAX + 6 * len,
+                       ngx_cycle->log);
+        if (s == NULL) {
+            ngx_snprintf(conn->err, sizeof(conn->err), "out of memory%Z");
+            return NGX_ERROR;
+        }
+
+        s->frame = (u_char *) (s + 1);
+        s->frame_len = ngx_http_hermes_frames_ready(s->frame, 0, dir, len,
+                                                    pid, c.timeout)
+                       - s->frame;
+    }
+
+    rc = ngx_http_hermes_ssh_request(conn, s, &c);
 
     if (rc != NGX_OK) {
         return rc;

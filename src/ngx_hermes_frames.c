@@ -352,3 +352,31 @@ ngx_http_hermes_frames_exec(u_char *buf, uint32_t stream, u_char *cmd,
 
     return p;
 }
+
+
+/*
+ * A READY frame: wait for "dir"/ready and answer as an EXEC would; "buf"
+ * holds NGX_HTTP_HERMES_FRAME_EXEC_MAX + 6 times the directory's length.
+ */
+
+u_char *
+ngx_http_hermes_frames_ready(u_char *buf, uint32_t stream, u_char *dir,
+    size_t dir_len, ngx_pid_t pid, ngx_msec_t timeout)
+{
+    u_char  *p, *json;
+    size_t   len;
+
+    json = buf + NGX_HTTP_HERMES_FRAME_HEADER + 4;
+
+    p = ngx_cpymem(json, "{\"dir\":\"", sizeof("{\"dir\":\"") - 1);
+    p = (u_char *) ngx_escape_json(p, dir, dir_len);
+    p = ngx_sprintf(p, "\",\"pid\":%P,\"timeout\":%M}", pid, timeout);
+
+    len = p - json;
+
+    (void) ngx_http_hermes_frames_header(buf, stream, 'W', 4 + len);
+    (void) ngx_http_hermes_frames_put_u32(buf + NGX_HTTP_HERMES_FRAME_HEADER,
+                                          (uint32_t) len);
+
+    return p;
+}

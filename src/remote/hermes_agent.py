@@ -19,11 +19,20 @@ A frame is u32 BE length (at most 1 MiB + 64), u32 BE stream, one type
 letter, the payload (docs/protocol.md, "The kernel-host agent"):
 
     P PING -> p PONG                    X EXEC {"cmd","timeout","out_max"}
+    W READY {"dir","pid","timeout"}  (answered by x, as an EXEC)
     C CELL {"dir","cell","pid","start","ino","uid","offset","out_limit",
             "res_limit","window"} (+ the request when offset is -1)
     A ACK u64 offset                    Q CANCEL
     a RPC_ANSWER {"name","offset","more"} + bytes of the answer
     H HELLO  x EXIT  S SHIPPED  O OUT  R RESULT  r RPC_REQ (agent -> module)
+
+A READY waits for a new kernel's runner to say it is up: DIR/ready (a
+regular file, not followed if a link, at most 4 KiB), woken by inotify
+on DIR and by PID's pidfd.  Its x is status 0 with the file's bytes, a
+newline and PID's /proc/PID/stat once the file holds something and PID
+is alive; status 1 when PID is gone or DIR cannot be opened; -1 past the
+timeout (ms): what the spawn's shell loop said before, without its 10 ms
+sleeps.
 
 A CELL does for cell N of a kernel what hermes_relay.py did over a
 channel of its own, with the same checks and the same words.  The kernel
@@ -92,6 +101,7 @@ CHUNK = 65536
 RPC_MAX = 1 << 20
 RPC_BACKLOG = 8 << 20             # frames waiting on stdout: requests wait
 EXEC_OUT_MAX = 1 << 20
+READY_MAX = 4096
 DEFAULT_WINDOW = 1 << 20
 TICK_NO_INOTIFY = 0.01
 TICK_NO_PIDFD = 0.1
@@ -877,6 +887,107 @@ class Exec:
         self.agent.streams.pop(self.sid, None)
 
 
+class Ready:
+    """One READY stream: until DIR/ready holds the runner's word, PID is
+    gone, or the timeout."""
+
+    out_name, res_name, rpc_wd = "ready", None, None
+
+    def __init__(self, agent, sid, req):
+        self.agent, self.sid = agent, sid
+        path = req.get("dir")
+        if not isinstance(path, str) or not path or "\0" in path:
+            raise ValueError("dir must be a path")
+        self.path = path
+        self.pid = want_int(req, "pid", 1, (1 << 31) - 1)
+        self.deadline = (time.monotonic()
+                         + want_int(req, "timeout", 1, 1 << 31) / 1000.0)
+        self.dir = self.pidfd = None
+        self.wd = -1
+        self.tick = None
+        self.open = True
+
+    def start(self):
+        a = self.agent
+        try:
+            self.dir = os.open(self.path, DIRS)
+        except OSError as e:
+            return self.answer({"status": 1}, ("%s: %s\n" % (
+                self.path, e.strerror)).encode())
+        try:
+            self.pidfd = pidfd_open(self.pid)
+        except ProcessLookupError:
+            return self.pump()
+        if self.pidfd is not None:
+            a.on(self.pidfd, select.POLLIN, self.exited)
+        self.wd = a.watch(self, self.dir)
+        # a clock where a mechanism is missing, and for the timeout
+        self.tick = (TICK_NO_INOTIFY if self.wd < 0 or self.pidfd is None
+                     else max(0.0, self.deadline - time.monotonic()))
+        self.pump()
+
+    def exited(self, ev):
+        self.agent.off(self.pidfd)
+        close(self.pidfd)
+        self.pidfd = None
+        self.pump()
+
+    def check(self):
+        if self.wd in self.agent.watches and self.pidfd is not None:
+            self.tick = max(0.0, self.deadline - time.monotonic())
+        else:                       # no watch (or it went), or no pidfd
+            self.tick = TICK_NO_INOTIFY
+        self.pump()
+
+    def pump(self):
+        if not self.open:
+            return
+        word = b""
+        try:
+            fd = None if self.dir is None else open_regular("ready", self.dir)
+            if fd is not None:
+                try:
+                    word = read_bounded(fd, READY_MAX)
+                finally:
+                    os.close(fd)
+        except Unreadable:
+            word = b""              # not the runner's: wait on for it
+        if word:
+            try:
+                with open("/proc/%d/stat" % self.pid, "rb") as f:
+                    st = f.read()
+            except OSError:
+                st = b""
+            if st and proc_start(self.pid) is not None:
+                return self.answer({"status": 0}, word + b"\n" + st)
+            return self.answer({"status": 1}, word + b"\n")
+        if proc_start(self.pid) is None:
+            return self.answer({"status": 1})
+        if time.monotonic() >= self.deadline:
+            self.answer({"status": -1, "error": "no ready after %d ms"
+                         % round(self.deadline - time.monotonic())})
+
+    def answer(self, status, out=b""):
+        if self.open:
+            self.agent.send(self.sid, b"x", jb(status, out))
+        self.cancel()
+
+    def cancel(self):
+        if not self.open:
+            return
+        a = self.agent
+        self.open = False
+        a.streams.pop(self.sid, None)
+        a.dirty.pop(self, None)
+        if self.pidfd is not None:
+            a.off(self.pidfd)
+            close(self.pidfd)
+            self.pidfd = None
+        a.unwatch(self, self.wd)
+        close(self.dir)
+        self.dir = None
+
+
 class Agent:
 
     def __init__(self, inbuf):
@@ -981,10 +1092,15 @@ class Agent:
         s = self.streams.get(sid)
         if typ == ord("P"):
             self.send(sid, b"p", b"")
-        elif typ in (ord("X"), ord("C")):
+        elif typ in (ord("X"), ord("C"), ord("W")):
             if sid == 0 or s is not None:
                 raise Quit("stream %d is in use" % sid)
-            (self.exec_ if typ == ord("X") else self.cell)(sid, payload)
+            if typ == ord("X"):
+                self.exec_(sid, payload)
+            elif typ == ord("C"):
+                self.cell(sid, payload)
+            else:
+                self.ready(sid, payload)
         elif s is None:
             return                  # ended or cancelled: late, ignored
         elif typ == ord("A"):
@@ -1040,6 +1156,17 @@ class Agent:
             return
         self.streams[sid] = e
         e.start()
+
+    def ready(self, sid, payload):
+        try:
+            req, _ = parse_jb(payload)
+            w = Ready(self, sid, req)
+        except ValueError as err:
+            self.send(sid, b"x", jb({"status": -1,
+                                     "error": "bad READY: %s" % err}))
+            return
+        self.streams[sid] = w
+        w.start()
 
     def cell(self, sid, payload):
         try:
@@ -1105,6 +1232,8 @@ class Agent:
                     if isinstance(s, Cell):
                         self.dirty[s] = True
                         s.rpc_scan()
+                    elif isinstance(s, Ready):
+                        self.dirty[s] = True
                 continue
             w = self.watches.get(wd)
             if w is None:

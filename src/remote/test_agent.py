@@ -176,6 +176,9 @@ class Agent:
         self.send(sid, "X", jb({"cmd": cmd, "timeout": timeout,
                                 "out_max": out_max}, stdin))
 
+    def ready(self, sid, path, pid, timeout=5000):
+        self.send(sid, "W", jb({"dir": path, "pid": pid, "timeout": timeout}))
+
     def ping(self, sid=77):
         before = len(self.of(sid))
         self.send(sid, "P")
@@ -742,6 +745,91 @@ class AgentTest(unittest.TestCase):
         self.assertTrue(a.ping())
         self.assertEqual(os.listdir(elsewhere), [], "nothing written through it")
 
+    # -- READY: a new kernel's word ----------------------------------------
+
+    def runner_dir(self):
+        """A kernel dir whose "runner" sleeps until killed: (dir, process)."""
+        d = tempfile.mkdtemp(prefix="hermes_ready_")
+        self.addCleanup(shutil.rmtree, d, True)
+        p = subprocess.Popen(["sleep", "60"])
+        self.addCleanup(p.wait)
+        self.addCleanup(p.kill)
+        return d, p
+
+    def say_ready(self, d, pid):
+        with open(os.path.join(d, "ready.tmp"), "w") as f:
+            f.write('{"pid":%d}' % pid)
+        os.rename(os.path.join(d, "ready.tmp"), os.path.join(d, "ready"))
+
+    def test_ready_answers_once_the_runner_says_so(self):
+        a = self.agent()
+        d, p = self.runner_dir()
+        a.ready(1, d, p.pid)
+        self.assertTrue(a.ping())
+        sw0 = _proc(a.pid)[1]
+        time.sleep(0.5)
+        # woken, not polled: the shell loop it replaces woke 50 times
+        self.assertLessEqual(_proc(a.pid)[1] - sw0, 3, "wake-ups while waiting")
+        self.assertEqual(a.of(1), [], "nothing before the word")
+        self.say_ready(d, p.pid)
+        (t, pl), = a.end(1)
+        st, out = unjb(pl)
+        self.assertEqual((t, st), ("x", {"status": 0}))
+        word, stat_line = out.split(b"\n", 1)
+        self.assertEqual(word, b'{"pid":%d}' % p.pid)
+        with open("/proc/%d/stat" % p.pid, "rb") as f:
+            self.assertEqual(stat_line, f.read(), "the pid's stat, whole")
+        # a word already there: at once
+        a.ready(2, d, p.pid)
+        self.assertEqual(unjb(a.end(2)[0][1])[0], {"status": 0})
+
+    def test_ready_ends_when_the_runner_dies_or_time_is_up(self):
+        a = self.agent()
+        d, p = self.runner_dir()
+        a.ready(1, d, p.pid, timeout=30000)
+        a.ready(2, d, p.pid, timeout=200)
+        t0 = time.monotonic()
+        st, _ = unjb(a.end(2)[0][1])
+        self.assertEqual(st["status"], -1)
+        self.assertIn("no ready", st["error"])
+        self.assertGreaterEqual(time.monotonic() - t0, 0.15)
+        p.kill()
+        p.wait()
+        t0 = time.monotonic()
+        self.assertEqual(unjb(a.end(1)[0][1]), ({"status": 1}, b""))
+        self.assertLess(time.monotonic() - t0, 2.0, "the exit, not the timeout")
+        a.ready(3, d, p.pid)            # gone already
+        self.assertEqual(unjb(a.end(3)[0][1])[0], {"status": 1})
+        a.ready(4, d + "-missing", 1)
+        st, out = unjb(a.end(4)[0][1])
+        self.assertEqual(st, {"status": 1})
+        self.assertIn(b"No such file", out)
+        a.send(5, "W", jb({"dir": d, "timeout": 100}))
+        st, _ = unjb(a.end(5)[0][1])
+        self.assertEqual(st["status"], -1)
+        self.assertIn("bad READY", st["error"])
+
+    def test_ready_that_is_not_a_regular_file_is_not_the_word(self):
+        a = self.agent()
+        d, p = self.runner_dir()
+        other = os.path.join(d, "other")
+        with open(other, "w") as f:
+            f.write('{"pid":%d}' % p.pid)
+        os.symlink(other, os.path.join(d, "ready"))
+        a.ready(1, d, p.pid, timeout=300)
+        st, _ = unjb(a.end(1)[0][1])
+        self.assertEqual(st["status"], -1, "a link is not followed")
+        os.unlink(os.path.join(d, "ready"))
+        os.mkfifo(os.path.join(d, "ready"), 0o600)
+        a.ready(2, d, p.pid, timeout=300)
+        st, _ = unjb(a.end(2)[0][1])
+        self.assertEqual(st["status"], -1, "a FIFO neither, and no hang")
+        self.assertTrue(a.ping())
+        os.unlink(os.path.join(d, "ready"))
+        self.say_ready(d, p.pid)
+        a.ready(3, d, p.pid)
+        self.assertEqual(unjb(a.end(3)[0][1])[0], {"status": 0})
+
     # -- never polls ------------------------------------------------------
 
     def test_idle_agent_sleeps(self):
@@ -830,6 +918,22 @@ class FallbackTest(unittest.TestCase):
             a.wait(lambda: out_bytes(a.of(5)))
             k.proc.kill()
             self.assertEqual(result(a.end(5, timeout=3)), b'{"relay":"died"}')
+            # READY on the clock where a mechanism is missing
+            d = tempfile.mkdtemp(prefix="hermes_ready_")
+            self.addCleanup(shutil.rmtree, d, True)
+            p = subprocess.Popen(["sleep", "60"])
+            self.addCleanup(p.wait)
+            self.addCleanup(p.kill)
+            a.ready(6, d, p.pid)
+            time.sleep(0.1)
+            with open(os.path.join(d, "ready"), "w") as f:
+                f.write("{}")
+            self.assertEqual(unjb(a.end(6)[0][1])[0], {"status": 0}, prelude)
+            os.unlink(os.path.join(d, "ready"))
+            a.ready(7, d, p.pid)
+            time.sleep(0.1)
+            p.kill()
+            self.assertEqual(unjb(a.end(7)[0][1]), ({"status": 1}, b""), prelude)
 
 
 def _file(k, name):

@@ -311,6 +311,45 @@ test_exec(void **state)
 }
 
 
+/* a READY frame: the directory JSON-escaped, the pid, the timeout */
+
+static void
+test_ready(void **state)
+{
+    u_char                   *p;
+    int64_t                   v;
+    ngx_str_t                 json, bytes;
+    ngx_http_hermes_frame_t   f;
+    u_char                    buf[NGX_HTTP_HERMES_FRAME_EXEC_MAX + 6 * 32];
+
+    static u_char  path[] = "/k/\"odd\"\n\\dir";
+
+    p = ngx_http_hermes_frames_ready(buf, 9, path, sizeof(path) - 1, 4242,
+                                     10000);
+
+    assert_int_equal(ngx_http_hermes_frames_parse(buf, p - buf, &f), NGX_OK);
+    assert_int_equal(f.type, 'W');
+    assert_int_equal(f.stream, 9);
+    assert_int_equal(ngx_http_hermes_frames_split(f.payload, f.len, &json,
+                                                  &bytes),
+                     NGX_OK);
+    assert_int_equal(bytes.len, 0);
+
+    /* quotes, the newline and the backslash escaped: one JSON string */
+
+    assert_non_null(ngx_strlcasestrn(json.data, json.data + json.len,
+                                     (u_char *) "\"dir\":\"/k/\\\"odd\\\""
+                                     "\\n\\\\dir\",", 25 - 1));
+
+    assert_int_equal(ngx_http_hermes_frames_json_int(&json, "pid", &v),
+                     NGX_OK);
+    assert_int_equal(v, 4242);
+    assert_int_equal(ngx_http_hermes_frames_json_int(&json, "timeout", &v),
+                     NGX_OK);
+    assert_int_equal(v, 10000);
+}
+
+
 static int
 setup(void **state)
 {
@@ -330,6 +369,7 @@ main(void)
         cmocka_unit_test(test_magic),
         cmocka_unit_test(test_cell),
         cmocka_unit_test(test_exec),
+        cmocka_unit_test(test_ready),
     };
 
     return cmocka_run_group_tests_name("frames", tests, setup, NULL);
