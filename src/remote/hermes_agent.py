@@ -257,8 +257,12 @@ def pidfd_open(pid):
 def proc_start(pid):
     """The pid's start time in clock ticks; None if it is gone or a zombie."""
     try:
-        with open("/proc/%d/stat" % pid, "rb") as f:
-            fields = f.read().rsplit(b")", 1)[1].split()
+        # os-level: a file object costs six more syscalls, twice a cell
+        fd = os.open("/proc/%d/stat" % pid, os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            fields = os.read(fd, 4096).rsplit(b")", 1)[1].split()
+        finally:
+            os.close(fd)
     except (OSError, IndexError):
         return None
     if len(fields) < 20 or fields[0] in (b"Z", b"X"):
