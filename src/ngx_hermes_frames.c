@@ -293,6 +293,28 @@ ngx_http_hermes_frames_magic(u_char *p, size_t n, size_t *skip)
 
 
 /*
+ * The header of a frame whose payload is J+B: the JSON was written from
+ * buf + NGX_HTTP_HERMES_FRAME_HEADER + 4 up to "last", and "bytes" more
+ * follow it.  "last".
+ */
+
+static u_char *
+ngx_http_hermes_frames_jb(u_char *buf, uint32_t stream, u_char type,
+    u_char *last, size_t bytes)
+{
+    size_t  len;
+
+    len = last - (buf + NGX_HTTP_HERMES_FRAME_HEADER + 4);
+
+    (void) ngx_http_hermes_frames_header(buf, stream, type, 4 + len + bytes);
+    (void) ngx_http_hermes_frames_put_u32(buf + NGX_HTTP_HERMES_FRAME_HEADER,
+                                          (uint32_t) len);
+
+    return last;
+}
+
+
+/*
  * A CELL frame's header and JSON: the caller sends the request's bytes
  * after it (offset -1 only).  "buf" holds NGX_HTTP_HERMES_FRAME_CELL_MAX;
  * the end of what was written.
@@ -302,12 +324,11 @@ u_char *
 ngx_http_hermes_frames_cell(u_char *buf, uint32_t stream,
     ngx_http_hermes_frame_cell_t *c)
 {
-    u_char  *p, *json;
-    size_t   len;
+    u_char  *p;
 
-    json = buf + NGX_HTTP_HERMES_FRAME_HEADER + 4;
+    p = buf + NGX_HTTP_HERMES_FRAME_HEADER + 4;
 
-    p = ngx_cpymem(json, "{\"dir\":\"", sizeof("{\"dir\":\"") - 1);
+    p = ngx_cpymem(p, "{\"dir\":\"", sizeof("{\"dir\":\"") - 1);
     p = (u_char *) ngx_escape_json(p, c->dir, ngx_strlen(c->dir));
     p = ngx_sprintf(p, "\",\"cell\":%uD,\"pid\":%P,\"start\":%uL,\"ino\":%uL,"
                     "\"uid\":%uD,\"offset\":%O,\"out_limit\":%O,"
@@ -315,14 +336,7 @@ ngx_http_hermes_frames_cell(u_char *buf, uint32_t stream,
                     c->cell, c->pid, c->start, c->ino, c->uid, c->offset,
                     c->out_limit, c->res_limit, c->window);
 
-    len = p - json;
-
-    (void) ngx_http_hermes_frames_header(buf, stream, 'C',
-                                         4 + len + c->req_len);
-    (void) ngx_http_hermes_frames_put_u32(buf + NGX_HTTP_HERMES_FRAME_HEADER,
-                                          (uint32_t) len);
-
-    return p;
+    return ngx_http_hermes_frames_jb(buf, stream, 'C', p, c->req_len);
 }
 
 
@@ -335,22 +349,15 @@ u_char *
 ngx_http_hermes_frames_exec(u_char *buf, uint32_t stream, u_char *cmd,
     size_t cmd_len, ngx_msec_t timeout, size_t out_max, size_t in_len)
 {
-    u_char  *p, *json;
-    size_t   len;
+    u_char  *p;
 
-    json = buf + NGX_HTTP_HERMES_FRAME_HEADER + 4;
+    p = buf + NGX_HTTP_HERMES_FRAME_HEADER + 4;
 
-    p = ngx_cpymem(json, "{\"cmd\":\"", sizeof("{\"cmd\":\"") - 1);
+    p = ngx_cpymem(p, "{\"cmd\":\"", sizeof("{\"cmd\":\"") - 1);
     p = (u_char *) ngx_escape_json(p, cmd, cmd_len);
     p = ngx_sprintf(p, "\",\"timeout\":%M,\"out_max\":%uz}", timeout, out_max);
 
-    len = p - json;
-
-    (void) ngx_http_hermes_frames_header(buf, stream, 'X', 4 + len + in_len);
-    (void) ngx_http_hermes_frames_put_u32(buf + NGX_HTTP_HERMES_FRAME_HEADER,
-                                          (uint32_t) len);
-
-    return p;
+    return ngx_http_hermes_frames_jb(buf, stream, 'X', p, in_len);
 }
 
 
@@ -363,20 +370,13 @@ u_char *
 ngx_http_hermes_frames_ready(u_char *buf, uint32_t stream, u_char *dir,
     size_t dir_len, ngx_pid_t pid, ngx_msec_t timeout)
 {
-    u_char  *p, *json;
-    size_t   len;
+    u_char  *p;
 
-    json = buf + NGX_HTTP_HERMES_FRAME_HEADER + 4;
+    p = buf + NGX_HTTP_HERMES_FRAME_HEADER + 4;
 
-    p = ngx_cpymem(json, "{\"dir\":\"", sizeof("{\"dir\":\"") - 1);
+    p = ngx_cpymem(p, "{\"dir\":\"", sizeof("{\"dir\":\"") - 1);
     p = (u_char *) ngx_escape_json(p, dir, dir_len);
     p = ngx_sprintf(p, "\",\"pid\":%P,\"timeout\":%M}", pid, timeout);
 
-    len = p - json;
-
-    (void) ngx_http_hermes_frames_header(buf, stream, 'W', 4 + len);
-    (void) ngx_http_hermes_frames_put_u32(buf + NGX_HTTP_HERMES_FRAME_HEADER,
-                                          (uint32_t) len);
-
-    return p;
+    return ngx_http_hermes_frames_jb(buf, stream, 'W', p, 0);
 }

@@ -553,12 +553,9 @@ class Cell:
             self.rpc_scan()
 
     def exited(self, ev):
-        a = self.agent
-        a.off(self.pidfd)
-        close(self.pidfd)
-        self.pidfd = None
+        self.agent.pidfd_done(self)
         self.dead = True
-        a.dirty[self] = True
+        self.agent.dirty[self] = True
 
     def check(self):
         """The periodic look of a stream without pidfd or without watch."""
@@ -582,13 +579,7 @@ class Cell:
         a = self.agent
         if not self.open:
             return
-        self.open = False
-        a.streams.pop(self.sid, None)
-        a.dirty.pop(self, None)
-        if self.pidfd is not None:
-            a.off(self.pidfd)
-            close(self.pidfd)
-            self.pidfd = None
+        a.forget(self)
         for wd in (self.wd, self.rpc_wd):
             a.unwatch(self, wd)
         for p in self.answers.values():
@@ -844,10 +835,7 @@ class Exec:
         if self.proc.poll() is None:
             return
         a = self.agent
-        if self.pidfd is not None:
-            a.off(self.pidfd)
-            close(self.pidfd)
-            self.pidfd = None
+        a.pidfd_done(self)
         a.execs.pop(self, None)
         if not self.proc.stdout.closed:
             self.readable(0, drain=True)
@@ -931,9 +919,7 @@ class Ready:
         self.pump()
 
     def exited(self, ev):
-        self.agent.off(self.pidfd)
-        close(self.pidfd)
-        self.pidfd = None
+        self.agent.pidfd_done(self)
         self.pump()
 
     def check(self):
@@ -980,13 +966,7 @@ class Ready:
         if not self.open:
             return
         a = self.agent
-        self.open = False
-        a.streams.pop(self.sid, None)
-        a.dirty.pop(self, None)
-        if self.pidfd is not None:
-            a.off(self.pidfd)
-            close(self.pidfd)
-            self.pidfd = None
+        a.forget(self)
         a.unwatch(self, self.wd)
         close(self.dir)
         self.dir = None
@@ -1211,7 +1191,21 @@ class Agent:
         self.streams[sid] = s
         s.start()
 
-    # -- inotify, SIGCHLD ----------------------------------------------------
+    # -- inotify, pidfds, SIGCHLD --------------------------------------------
+
+    def pidfd_done(self, s):
+        """s's pidfd, if any, out of the loop and closed."""
+        if s.pidfd is not None:
+            self.off(s.pidfd)
+            close(s.pidfd)
+            s.pidfd = None
+
+    def forget(self, s):
+        """A CELL or READY stream ends: nothing more is sent for it."""
+        s.open = False
+        self.streams.pop(s.sid, None)
+        self.dirty.pop(s, None)
+        self.pidfd_done(s)
 
     def watch(self, s, dirfd):
         wd = self.ino.watch(dirfd)
