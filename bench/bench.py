@@ -1184,6 +1184,11 @@ def main():
     res["machine"]["busy_before_start"] = busy0
     notes = res["notes"]
 
+    hold = float(os.environ.get("BENCH_HOLD") or 0)
+    if hold > 0:
+        # everything is up: time to probe the servers by hand
+        log(f"holding {hold:g}s before the first column (BENCH_HOLD)")
+        time.sleep(hold)
     res["systems"]["hermes-local"] = run_system(HermesSystem(a.hermes))
     if a.hermes_tmpfs:
         res["systems"]["hermes-local-tmpfs"] = run_system(

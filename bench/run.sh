@@ -40,6 +40,9 @@
 #   BENCH_PLOT=FILE        where the plot goes (default
 #                          docs/benchmarks-latency.png; empty: none)
 #   BENCH_KEEP=1           keep the temporary prefix (logs) after the run
+#   BENCH_HOLD=SECONDS     wait that long once everything is up, before the
+#                          first column (the URLs are on bench.py's command
+#                          line, in ps): to probe the servers by hand
 set -euo pipefail
 
 top=$(cd "$(dirname "$0")/.." && pwd)
