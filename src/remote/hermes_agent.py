@@ -254,16 +254,27 @@ def pidfd_open(pid):
         return None
 
 
-def proc_start(pid):
-    """The pid's start time in clock ticks; None if it is gone or a zombie."""
+def proc_stat(pid):
+    """/proc/PID/stat, b"" if the pid is gone.  os-level: a file object
+    costs six more syscalls, and this is read twice a cell."""
     try:
-        # os-level: a file object costs six more syscalls, twice a cell
         fd = os.open("/proc/%d/stat" % pid, os.O_RDONLY | os.O_CLOEXEC)
-        try:
-            fields = os.read(fd, 4096).rsplit(b")", 1)[1].split()
-        finally:
-            os.close(fd)
-    except (OSError, IndexError):
+    except OSError:
+        return b""
+    try:
+        return os.read(fd, 4096)
+    except OSError:
+        return b""
+    finally:
+        os.close(fd)
+
+
+def proc_start(pid, st=None):
+    """The pid's start time in clock ticks (from its stat line st when
+    given); None if it is gone or a zombie."""
+    try:
+        fields = (proc_stat(pid) if st is None else st).rsplit(b")", 1)[1].split()
+    except IndexError:
         return None
     if len(fields) < 20 or fields[0] in (b"Z", b"X"):
         return None
@@ -892,8 +903,8 @@ class Ready:
             raise ValueError("dir must be a path")
         self.path = path
         self.pid = want_int(req, "pid", 1, (1 << 31) - 1)
-        self.deadline = (time.monotonic()
-                         + want_int(req, "timeout", 1, 1 << 31) / 1000.0)
+        self.timeout = want_int(req, "timeout", 1, 1 << 31)
+        self.deadline = time.monotonic() + self.timeout / 1000.0
         self.dir = self.pidfd = None
         self.wd = -1
         self.tick = None
@@ -942,20 +953,17 @@ class Ready:
                     os.close(fd)
         except Unreadable:
             word = b""              # not the runner's: wait on for it
+        st = proc_stat(self.pid)
+        alive = proc_start(self.pid, st) is not None
         if word:
-            try:
-                with open("/proc/%d/stat" % self.pid, "rb") as f:
-                    st = f.read()
-            except OSError:
-                st = b""
-            if st and proc_start(self.pid) is not None:
+            if alive:
                 return self.answer({"status": 0}, word + b"\n" + st)
             return self.answer({"status": 1}, word + b"\n")
-        if proc_start(self.pid) is None:
+        if not alive:
             return self.answer({"status": 1})
         if time.monotonic() >= self.deadline:
             self.answer({"status": -1, "error": "no ready after %d ms"
-                         % round(self.deadline - time.monotonic())})
+                         % self.timeout})
 
     def answer(self, status, out=b""):
         if self.open:
