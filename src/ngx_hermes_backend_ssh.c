@@ -1299,8 +1299,9 @@ failed:
 
 /*
  * The connection or the agent went: EXECs on their way fail (they may
- * have run), cells not shipped hear so, shipped ones resume on the next
- * agent, after a back-off.
+ * have run) with the host taken for away, so a spawn tries another host
+ * and a kill is retried; cells not shipped hear so, shipped ones resume
+ * on the next agent, after a back-off.
  */
 
 static void
@@ -1356,7 +1357,7 @@ ngx_http_hermes_ssh_break(ngx_http_hermes_ssh_link_t *l, ngx_msec_t now)
             if (s->sent || !ready) {
                 ngx_cpystrn(s->exec->conn->err, l->err,
                             sizeof(s->exec->conn->err));
-                s->exec->conn->unavailable = !ready;
+                s->exec->conn->unavailable = 1;
                 ngx_http_hermes_ssh_exec_done(l, s, ready ? NGX_ERROR
                                                           : NGX_DECLINED);
             }
