@@ -85,7 +85,12 @@ ok($took > 1.8 && $took < 5, sprintf('answered at the timeout and its grace (%.2
 ok($r->{result}{kernel}{ended}, 'the result says the kernel ended');
 ok((grep { ($_->{text} // '') eq "sleeping\n" } @{ $r->{events} }), 'output before the timeout streamed');
 ok(wait_until(sub { !pid_alive($pid) }, 5), 'runner killed');
-ok(wait_until(sub { !procs_matching(qr/^sleep 300/) }, 5), 'its child killed too (process group)');
+# this test's: started in a kernel dir under this test's root (the cwd
+# link of a process whose directory was removed ends in " (deleted)")
+my $kroot = $t->kroot;
+ok(wait_until(sub { !grep { (readlink("/proc/$_/cwd") // '') =~ m{^\Q$kroot\E/} }
+                          procs_matching(qr/^sleep 300/) }, 10),
+    'its child killed too (process group)');
 ok(wait_until(sub { !grep { /$kid$/ } $t->kroot_dirs }, 5), 'kernel directory removed');
 
 is($r->{result}{execution_count}, $r->{events}[0]{execution_count},
