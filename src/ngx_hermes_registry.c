@@ -52,6 +52,8 @@ static void ngx_http_hermes_registry_rbtree_insert(ngx_rbtree_node_t *temp,
 static ngx_int_t ngx_http_hermes_registry_turn(ngx_http_hermes_zone_t *zone,
     ngx_http_hermes_node_t *kn, ngx_http_hermes_kernel_ref_t *ref,
     ngx_str_t *root);
+static void ngx_http_hermes_registry_kernel_up(ngx_http_hermes_node_t *kn,
+    ngx_http_hermes_spawned_t *k);
 static void ngx_http_hermes_registry_new_kernel(ngx_http_hermes_node_t *kn,
     ngx_str_t *root);
 static void ngx_http_hermes_registry_snapshot(ngx_http_hermes_node_t *kn,
@@ -757,6 +759,27 @@ ngx_http_hermes_registry_renew(ngx_http_hermes_zone_t *zone,
 }
 
 
+/* under the lock: what a spawn learnt of its kernel, into its node */
+
+static void
+ngx_http_hermes_registry_kernel_up(ngx_http_hermes_node_t *kn,
+    ngx_http_hermes_spawned_t *k)
+{
+    /* the spawn may have picked another id: the path it asked for existed */
+
+    if (k->dir_len == kn->dir_len) {
+        ngx_memcpy(kn->kernel_id, k->kernel_id, NGX_HTTP_HERMES_ID_LEN);
+        ngx_memcpy(ngx_http_hermes_node_dir(kn), k->dir, k->dir_len);
+    }
+
+    kn->pid = k->pid;
+    kn->start = k->start;
+    kn->ino = k->ino;
+    kn->uid = k->uid;
+    kn->had_kernel = 1;
+}
+
+
 ngx_int_t
 ngx_http_hermes_registry_spawned(ngx_http_hermes_zone_t *zone,
     ngx_http_hermes_kernel_ref_t *ref, ngx_http_hermes_spawned_t *k)
@@ -772,19 +795,9 @@ ngx_http_hermes_registry_spawned(ngx_http_hermes_zone_t *zone,
         return NGX_DECLINED;
     }
 
-    /* the spawn may have picked another id: the path it asked for existed */
+    ngx_http_hermes_registry_kernel_up(kn, k);
 
-    if (k->dir_len == kn->dir_len) {
-        ngx_memcpy(kn->kernel_id, k->kernel_id, NGX_HTTP_HERMES_ID_LEN);
-        ngx_memcpy(ngx_http_hermes_node_dir(kn), k->dir, k->dir_len);
-    }
-
-    kn->pid = k->pid;
-    kn->start = k->start;
-    kn->ino = k->ino;
-    kn->uid = k->uid;
     kn->host = (uint8_t) ref->host;
-    kn->had_kernel = 1;
     kn->cell_seq = 1;
     ngx_http_hermes_registry_set_state(zone, kn,
                                        NGX_HTTP_HERMES_STATE_RUNNING);
@@ -2254,16 +2267,8 @@ ngx_http_hermes_registry_warm_spawned(ngx_http_hermes_zone_t *zone,
         return NGX_DECLINED;
     }
 
-    if (k->dir_len == kn->dir_len) {
-        ngx_memcpy(kn->kernel_id, k->kernel_id, NGX_HTTP_HERMES_ID_LEN);
-        ngx_memcpy(ngx_http_hermes_node_dir(kn), k->dir, k->dir_len);
-    }
+    ngx_http_hermes_registry_kernel_up(kn, k);
 
-    kn->pid = k->pid;
-    kn->start = k->start;
-    kn->ino = k->ino;
-    kn->uid = k->uid;
-    kn->had_kernel = 1;
     kn->cell_seq = 0;
     kn->execution_count = 0;
     ngx_http_hermes_registry_set_state(zone, kn, NGX_HTTP_HERMES_STATE_IDLE);
