@@ -68,6 +68,8 @@ static ngx_int_t ngx_http_hermes_ssh_stream_forward(
     ngx_http_hermes_ssh_stream_t *ss, u_char *p, size_t n);
 static void ngx_http_hermes_ssh_stream_keep(ngx_http_hermes_ssh_stream_t *ss,
     u_char *p, size_t n);
+static ngx_connection_t *ngx_http_hermes_ssh_stream_pair(
+    ngx_http_hermes_ssh_stream_t *ss, ngx_socket_t *fd);
 static ngx_int_t ngx_http_hermes_ssh_stream_rpc_open(
     ngx_http_hermes_ssh_stream_t *ss, ngx_socket_t *fd);
 static void ngx_http_hermes_ssh_stream_rpc_read(ngx_event_t *ev);
@@ -91,9 +93,8 @@ ngx_http_hermes_transport_t  ngx_http_hermes_transport_ssh = {
 static ngx_int_t
 ngx_http_hermes_ssh_stream_run(ngx_http_hermes_stream_t *st)
 {
-    int                            sv[2];
     ngx_int_t                      rc;
-    ngx_socket_t                   rfd;
+    ngx_socket_t                   fd, rfd;
     ngx_connection_t              *c;
     ngx_http_hermes_conn_t         conn;
     ngx_http_hermes_ssh_stream_t  *ss;
@@ -112,39 +113,23 @@ ngx_http_hermes_ssh_stream_run(ngx_http_hermes_stream_t *st)
         goto failed;
     }
 
-    if (socketpair(AF_UNIX, SOCK_STREAM|SOCK_CLOEXEC, 0, sv) == -1) {
-        ngx_log_error(NGX_LOG_ERR, st->log, ngx_errno,
-                      "hermes: socketpair() failed");
-        goto failed;
-    }
-
-    if (ngx_nonblocking(sv[0]) == -1) {
-        close(sv[0]);
-        close(sv[1]);
-        goto failed;
-    }
-
-    c = ngx_get_connection(sv[0], st->log);
+    c = ngx_http_hermes_ssh_stream_pair(ss, &fd);
     if (c == NULL) {
-        close(sv[0]);
-        close(sv[1]);
         goto failed;
     }
 
-    c->data = ss;
     c->read->handler = ngx_http_hermes_ssh_stream_relay_handler;
-    c->read->log = st->log;
     ss->relay = c;
 
     if (ngx_handle_read_event(c->read, 0) != NGX_OK) {
-        close(sv[1]);
+        close(fd);
         goto failed;
     }
 
     rfd = (ngx_socket_t) -1;
 
     if (st->rpc && ngx_http_hermes_ssh_stream_rpc_open(ss, &rfd) != NGX_OK) {
-        close(sv[1]);
+        close(fd);
         goto failed;
     }
 
@@ -157,10 +142,10 @@ ngx_http_hermes_ssh_stream_run(ngx_http_hermes_stream_t *st)
                                    st->request ? (size_t) (st->request->last
                                                  - st->request->pos) : 0,
                                    st->request ? -1 : st->offset,
-                                   sv[1], rfd, st->log);
+                                   fd, rfd, st->log);
     if (rc != NGX_OK) {
         ngx_http_hermes_backend_give(&conn);
-        close(sv[1]);
+        close(fd);
 
         if (rfd != (ngx_socket_t) -1) {
             close(rfd);
@@ -605,7 +590,7 @@ static ngx_int_t
 ngx_http_hermes_ssh_stream_rpc_open(ngx_http_hermes_ssh_stream_t *ss,
     ngx_socket_t *fd)
 {
-    int                        sv[2];
+    ngx_socket_t               far;
     ngx_connection_t          *c;
     ngx_http_hermes_stream_t  *st;
 
@@ -616,43 +601,70 @@ ngx_http_hermes_ssh_stream_rpc_open(ngx_http_hermes_ssh_stream_t *ss,
         return NGX_ERROR;
     }
 
-    if (socketpair(AF_UNIX, SOCK_STREAM|SOCK_CLOEXEC, 0, sv) == -1) {
-        ngx_log_error(NGX_LOG_ERR, st->log, ngx_errno,
-                      "hermes: socketpair() failed");
-        return NGX_ERROR;
-    }
-
-    if (ngx_nonblocking(sv[0]) == -1) {
-        close(sv[0]);
-        close(sv[1]);
-        return NGX_ERROR;
-    }
-
-    c = ngx_get_connection(sv[0], st->log);
+    c = ngx_http_hermes_ssh_stream_pair(ss, &far);
     if (c == NULL) {
-        close(sv[0]);
-        close(sv[1]);
         return NGX_ERROR;
     }
 
-    c->data = ss;
     c->read->handler = ngx_http_hermes_ssh_stream_rpc_read;
     c->write->handler = ngx_http_hermes_ssh_stream_rpc_write;
-    c->read->log = st->log;
-    c->write->log = st->log;
     ss->rpc = c;
 
     if (ngx_handle_read_event(c->read, 0) != NGX_OK) {
-        close(sv[1]);
+        close(far);
         ngx_http_hermes_ssh_stream_rpc_close(ss);
         return NGX_ERROR;
     }
 
     ngx_http_hermes_rpc_carry(st->rpc, ngx_http_hermes_ssh_stream_answer, ss);
 
-    *fd = sv[1];
+    *fd = far;
 
     return NGX_OK;
+}
+
+
+/*
+ * A socketpair to the carrier's I/O thread: our end nonblocking, an event
+ * loop connection whose data is "ss"; the thread's end in "fd".
+ */
+
+static ngx_connection_t *
+ngx_http_hermes_ssh_stream_pair(ngx_http_hermes_ssh_stream_t *ss,
+    ngx_socket_t *fd)
+{
+    int                sv[2];
+    ngx_log_t         *log;
+    ngx_connection_t  *c;
+
+    log = ss->st->log;
+
+    if (socketpair(AF_UNIX, SOCK_STREAM|SOCK_CLOEXEC, 0, sv) == -1) {
+        ngx_log_error(NGX_LOG_ERR, log, ngx_errno,
+                      "hermes: socketpair() failed");
+        return NULL;
+    }
+
+    if (ngx_nonblocking(sv[0]) == -1) {
+        close(sv[0]);
+        close(sv[1]);
+        return NULL;
+    }
+
+    c = ngx_get_connection(sv[0], log);
+    if (c == NULL) {
+        close(sv[0]);
+        close(sv[1]);
+        return NULL;
+    }
+
+    c->data = ss;
+    c->read->log = log;
+    c->write->log = log;
+
+    *fd = sv[1];
+
+    return c;
 }
 
 
