@@ -214,6 +214,8 @@ static void ngx_http_hermes_ssh_frame(ngx_http_hermes_ssh_link_t *l,
     ngx_http_hermes_frame_t *f);
 static void ngx_http_hermes_ssh_send(ngx_http_hermes_ssh_link_t *l,
     ngx_http_hermes_ssh_stream_t *s);
+static ngx_int_t ngx_http_hermes_ssh_room(u_char **buf, size_t *size,
+    size_t *pos, size_t *len, size_t need, size_t least, ngx_log_t *log);
 static ngx_int_t ngx_http_hermes_ssh_append(ngx_http_hermes_ssh_link_t *l,
     u_char *p, size_t n);
 static void ngx_http_hermes_ssh_flush(ngx_http_hermes_ssh_link_t *l);
@@ -1766,32 +1768,55 @@ static ngx_int_t
 ngx_http_hermes_ssh_append(ngx_http_hermes_ssh_link_t *l, u_char *p,
     size_t n)
 {
-    u_char  *b;
-    size_t   size;
-
-    if (l->out_size - l->out_len < n) {
-        size = ngx_max(2 * l->out_size, l->out_len - l->out_pos + n);
-        size = ngx_max(size, 65536);
-
-        b = ngx_alloc(size, l->log);
-        if (b == NULL) {
-            l->broken = "out of memory";
-            return NGX_ERROR;
-        }
-
-        if (l->out) {
-            ngx_memcpy(b, l->out + l->out_pos, l->out_len - l->out_pos);
-            ngx_free(l->out);
-        }
-
-        l->out = b;
-        l->out_size = size;
-        l->out_len -= l->out_pos;
-        l->out_pos = 0;
+    if (ngx_http_hermes_ssh_room(&l->out, &l->out_size, &l->out_pos,
+                                 &l->out_len, n, 65536, l->log)
+        != NGX_OK)
+    {
+        l->broken = "out of memory";
+        return NGX_ERROR;
     }
 
     ngx_memcpy(l->out + l->out_len, p, n);
     l->out_len += n;
+
+    return NGX_OK;
+}
+
+
+/*
+ * Room for "need" more bytes in a heap buffer read from "pos" and written
+ * to "len": what is unread moves to its start, and it grows to twice its
+ * size, or what it must hold, or "least", whichever is more.
+ */
+
+static ngx_int_t
+ngx_http_hermes_ssh_room(u_char **buf, size_t *size, size_t *pos,
+    size_t *len, size_t need, size_t least, ngx_log_t *log)
+{
+    u_char  *b;
+    size_t   n;
+
+    if (*size - *len >= need) {
+        return NGX_OK;
+    }
+
+    n = ngx_max(2 * *size, *len - *pos + need);
+    n = ngx_max(n, least);
+
+    b = ngx_alloc(n, log);
+    if (b == NULL) {
+        return NGX_ERROR;
+    }
+
+    if (*buf) {
+        ngx_memcpy(b, *buf + *pos, *len - *pos);
+        ngx_free(*buf);
+    }
+
+    *buf = b;
+    *size = n;
+    *len -= *pos;
+    *pos = 0;
 
     return NGX_OK;
 }
@@ -1944,7 +1969,7 @@ ngx_http_hermes_ssh_rpc_request(ngx_http_hermes_ssh_link_t *l,
     ngx_http_hermes_ssh_stream_t *s, ngx_http_hermes_frame_t *f)
 {
     u_char  *b;
-    size_t   size, need;
+    size_t   need;
 
     if (s->rfd == (ngx_socket_t) -1) {
         return;                 /* the cell takes no tool calls */
@@ -1959,23 +1984,11 @@ ngx_http_hermes_ssh_rpc_request(ngx_http_hermes_ssh_link_t *l,
         return;
     }
 
-    if (s->rq_size - s->rq_len < need) {
-        size = ngx_max(2 * s->rq_size, s->rq_len - s->rq_pos + need);
-
-        b = ngx_alloc(size, l->log);
-        if (b == NULL) {
-            return;
-        }
-
-        if (s->rq) {
-            ngx_memcpy(b, s->rq + s->rq_pos, s->rq_len - s->rq_pos);
-            ngx_free(s->rq);
-        }
-
-        s->rq = b;
-        s->rq_size = size;
-        s->rq_len -= s->rq_pos;
-        s->rq_pos = 0;
+    if (ngx_http_hermes_ssh_room(&s->rq, &s->rq_size, &s->rq_pos, &s->rq_len,
+                                 need, 0, l->log)
+        != NGX_OK)
+    {
+        return;
     }
 
     b = ngx_http_hermes_frames_put_u32(s->rq + s->rq_len, (uint32_t) f->len);
