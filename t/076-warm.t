@@ -314,16 +314,7 @@ SKIP: {
     my $p = $x->prefix;
     my $s1 = Hermes::Sshd->new(dir => "$p/ssh1", port => $x->port(5));
     my $s2 = Hermes::Sshd->new(dir => "$p/ssh2", port => $x->port(6));
-    $s2->authorize($s1->identity_pub);
-    {
-        open my $kh, '>', "$p/known_hosts_both" or die;
-        for my $f ($s1->known_hosts, $s2->known_hosts) {
-            open my $k, '<', $f or die;
-            print {$kh} <$k>;
-        }
-        close $kh;
-        chmod 0600, "$p/known_hosts_both";
-    }
+    $s1->share_with("$p/known_hosts_both", $s2);
     $s1->start;
     $s2->start;
     my ($P1, $P2, $ID) = ($s1->port, $s2->port, $s1->identity);

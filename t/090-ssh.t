@@ -34,16 +34,7 @@ my $DOWN = $t->port(7);     # nothing ever listens there
 my $STUCK = $t->port(8);    # accepts TCP, never speaks
 
 # one identity for both hosts, one known_hosts holding both host keys
-{
-    $s2->authorize($s1->identity_pub);
-    open my $kh, '>', "$p/known_hosts_both" or die;
-    for my $f ($s1->known_hosts, $s2->known_hosts) {
-        open my $k, '<', $f or die;
-        print {$kh} <$k>;
-    }
-    close $kh;
-    chmod 0600, "$p/known_hosts_both";
-}
+$s1->share_with("$p/known_hosts_both", $s2);
 
 my $stuck = IO::Socket::INET->new(LocalAddr => '127.0.0.1', LocalPort => $STUCK,
     Proto => 'tcp', Listen => 128, ReuseAddr => 1) or die "listen $STUCK: $!";

@@ -31,16 +31,7 @@ my $s2 = Hermes::Sshd->new(dir => "$p/ssh2", port => $t->port(6));
 my %sshd = ($s1->port => $s1, $s2->port => $s2);
 
 # one identity for both hosts, one known_hosts holding both host keys
-$s2->authorize($s1->identity_pub);
-{
-    open my $kh, '>', "$p/known_hosts_both" or die;
-    for my $f ($s1->known_hosts, $s2->known_hosts) {
-        open my $k, '<', $f or die;
-        print {$kh} <$k>;
-    }
-    close $kh;
-    chmod 0600, "$p/known_hosts_both";
-}
+$s1->share_with("$p/known_hosts_both", $s2);
 
 $s1->start;
 $s2->start;

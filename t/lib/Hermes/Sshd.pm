@@ -198,6 +198,20 @@ sub authorize {
     return $self;
 }
 
+# several hosts, one client: $self's identity is accepted by each of
+# @others, and FILE (0600) holds all their host keys; returns FILE
+sub share_with {
+    my ($self, $file, @others) = @_;
+    $_->authorize($self->identity_pub) for @others;
+    open my $kh, '>', $file or die "write $file: $!";
+    for my $s ($self, @others) {
+        print {$kh} _slurp($s->known_hosts) // die "read " . $s->known_hosts . ": $!";
+    }
+    close $kh or die "close $file: $!";
+    chmod 0600, $file;
+    return $file;
+}
+
 # how known_hosts names this host: "[127.0.0.1]:PORT", or plain for port 22
 sub host_pattern {
     my ($self) = @_;
