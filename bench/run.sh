@@ -444,13 +444,20 @@ $shm_location$ssh_locations$1
 }
 EOF
 }
+# whether nginx -t takes the configuration written last; if not, its
+# [emerg] line in $said
+conf_taken() {
+    local out
+    out=$(/usr/sbin/nginx -t -q -p "$prefix/nginx" -c "$prefix/nginx/nginx.conf" \
+              -e "$prefix/nginx/logs/warm-test.log" 2>&1) && return 0
+    said=$(printf '%s' "$out" | grep -m1 emerg | sed 's/.*\[emerg\] //')
+    return 1
+}
 if [ -n "$warm_location" ]; then
     write_conf "$warm_location"
-    if ! out=$(/usr/sbin/nginx -t -q -p "$prefix/nginx" -c "$prefix/nginx/nginx.conf" \
-                   -e "$prefix/nginx/logs/warm-test.log" 2>&1); then
+    if ! conf_taken; then
         warm_why="n/a: module has no warm="
-        echo "bench: warm pool $warm_why; nginx -t said:" \
-            "$(printf '%s' "$out" | grep -m1 emerg | sed 's/.*\[emerg\] //')" >&2
+        echo "bench: warm pool $warm_why; nginx -t said: $said" >&2
         warm_location=""
     fi
 fi
@@ -459,11 +466,9 @@ if [ -n "$ssh_warm_location" ] && [ -z "$warm_location" ]; then
     ssh_warm_location=""
 elif [ -n "$ssh_warm_location" ]; then
     write_conf "$warm_location$ssh_warm_location"
-    if ! out=$(/usr/sbin/nginx -t -q -p "$prefix/nginx" -c "$prefix/nginx/nginx.conf" \
-                   -e "$prefix/nginx/logs/warm-test.log" 2>&1); then
+    if ! conf_taken; then
         ssh_warm_why="n/a: module has no warm= on ssh backends"
-        echo "bench: ssh warm pool $ssh_warm_why; nginx -t said:" \
-            "$(printf '%s' "$out" | grep -m1 emerg | sed 's/.*\[emerg\] //')" >&2
+        echo "bench: ssh warm pool $ssh_warm_why; nginx -t said: $said" >&2
         ssh_warm_location=""
     fi
 fi
