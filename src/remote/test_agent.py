@@ -620,8 +620,12 @@ class AgentTest(unittest.TestCase):
             events = int(f.read())
         a = self.agent()
         k = self.kernel()
-        a.cell(1, k, 1, code="import time\nprint('a', flush=True)\n"
-                             "time.sleep(1)\nprint('b')")
+        go = k.path("go")
+        # the cell ends once told to: after the queue overflowed, so that
+        # its result's event is lost too, whatever the machine's speed
+        a.cell(1, k, 1, code="import os, time\nprint('a', flush=True)\n"
+                             "while not os.path.exists(%r):\n"
+                             "    time.sleep(0.01)\nprint('b')" % go)
         a.wait(lambda: out_bytes(a.of(1)))
         os.kill(a.pid, signal.SIGSTOP)     # its queue fills up meanwhile
         try:
@@ -632,7 +636,7 @@ class AgentTest(unittest.TestCase):
             with open(req + ".tmp", "wb") as f:
                 f.write(b"{}")
             os.rename(req + ".tmp", req)
-            # the cell ends after 1 s; a loaded machine may take longer
+            open(go, "w").close()
             self.assertTrue(_wait_for(lambda: os.path.exists(k.res_path(1)),
                                       timeout=15.0))
         finally:
