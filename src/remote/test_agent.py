@@ -627,6 +627,9 @@ class AgentTest(unittest.TestCase):
                              "while not os.path.exists(%r):\n"
                              "    time.sleep(0.01)\nprint('b')" % go)
         a.wait(lambda: out_bytes(a.of(1)))
+        # the ack of 'a' taken before the stop: taken after it, it would
+        # read the result without a single event, the queue unread
+        self.assertTrue(a.ping())
         os.kill(a.pid, signal.SIGSTOP)     # its queue fills up meanwhile
         try:
             for i in range(events + 10):
