@@ -188,6 +188,12 @@ SAMPLE_ERRORS = (BenchError, OSError, http.client.HTTPException, ValueError)
 # --- CPU accounting (diagnostics: who burnt the CPU during a phase) ---------
 
 TCK = os.sysconf("SC_CLK_TCK")
+# After a column's 64 sessions end, their sandboxes' teardown slows every
+# process on the machine for seconds after its CPU is quiet again (see
+# docs/benchmarks.md, "What each line measures"): the next column waits
+# this long after them first.
+REST_AFTER_PARALLEL = float(os.environ.get("BENCH_REST") or 10)
+_rest_until = 0.0
 NGINX_MASTER = None   # set from --hermes-pid
 
 
@@ -199,12 +205,21 @@ def cpu_total():
     return sum(v) - idle, sum(v)
 
 
+def rest(why):
+    """Sleep out what is left of the rest after the last parallel run."""
+    left = _rest_until - time.monotonic()
+    if left > 0:
+        log(f"  {left:.1f}s of rest before {why}: the last sessions' teardown")
+        time.sleep(left)
+
+
 def settle(why, quiet=0.10, most=30.0):
     """Wait until the machine is quiet (CPU busy under `quiet` in two
     windows of 0.25 s in a row), at most `most` seconds: what one system
     left running (a warm pool refilling, kernels being killed) must not
     weigh on the next one's measures.  The seconds waited."""
     t0 = time.perf_counter()
+    rest(why)
     calm = 0
     while calm < 2 and time.perf_counter() - t0 < most:
         b0, a0 = cpu_total()
@@ -782,12 +797,17 @@ def t_parallel_rounds(sysm, prof):
     """par_rounds rounds, each: one session's cells/s measured right before,
     then the parallel run. The round with the median ratio is the result;
     all rounds are kept."""
+    global _rest_until
     rounds = []
     for _ in range(prof["par_rounds"]):
+        rest("one session's cells/s")
         single = t_trivial_cpu(sysm, prof["par_single"], min(10, prof["trivial_warm"]),
                                prof["budget"])
-        p = t_parallel(sysm, prof["par_sessions"], prof["par_cells"], prof["par_warm"],
-                       single["cells_per_s"], prof["par_budget"])
+        try:
+            p = t_parallel(sysm, prof["par_sessions"], prof["par_cells"],
+                           prof["par_warm"], single["cells_per_s"], prof["par_budget"])
+        finally:
+            _rest_until = time.monotonic() + REST_AFTER_PARALLEL
         p["single_nginx_cpu_ms_per_cell"] = single.get("nginx_cpu_ms_per_cell")
         rounds.append(p)
     ok = [p for p in rounds if p.get("ratio") is not None]
