@@ -1258,21 +1258,27 @@ def _run(code):
 _fflush = None
 
 
+def _find_fflush():
+    # Before `ready`: importing ctypes takes about 2 ms, which a new
+    # session's first cell would pay (a warm pool's too).
+    global _fflush
+    try:
+        import ctypes
+        _fflush = ctypes.CDLL(None).fflush
+    except Exception:
+        _fflush = False
+
+
 def _flush_std():
     # What the cell left in buffers: Python's own on fds 1 and 2, and C
     # stdio's (a C extension's printf to a pipe is fully buffered).
-    global _fflush
     for f in (sys.__stdout__, sys.__stderr__):
         try:
             f.flush()
         except Exception:
             pass
     if _fflush is None:
-        try:
-            import ctypes
-            _fflush = ctypes.CDLL(None).fflush
-        except Exception:
-            _fflush = False
+        _find_fflush()
     if _fflush:
         try:
             _fflush(None)
@@ -1810,6 +1816,7 @@ def main():
     fifo = _open_fifo("wake")
     _start_interrupter()
     _keep_reserve()
+    _find_fflush()
     _write_atomic(os.path.join(D, "ready"), ('{"pid":%d}' % os.getpid()).encode())
 
     last = 0
