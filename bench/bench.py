@@ -188,12 +188,17 @@ SAMPLE_ERRORS = (BenchError, OSError, http.client.HTTPException, ValueError)
 # --- CPU accounting (diagnostics: who burnt the CPU during a phase) ---------
 
 TCK = os.sysconf("SC_CLK_TCK")
-# After a column's 64 sessions end, their sandboxes' teardown slows every
-# process on the machine for seconds after its CPU is quiet again (see
-# docs/benchmarks.md, "What each line measures"): the next column waits
-# this long after them first.
-REST_AFTER_PARALLEL = float(os.environ.get("BENCH_REST") or 10)
+# After sessions end, their sandboxes' teardown slows every process on
+# the machine for seconds after its CPU is quiet again (see
+# docs/benchmarks.md, "What each line measures"): the next column, and
+# the next round after a 64-session run, wait this long after them.
+REST = float(os.environ.get("BENCH_REST") or 10)
 _rest_until = 0.0
+
+
+def rest_from_now():
+    global _rest_until
+    _rest_until = time.monotonic() + REST
 NGINX_MASTER = None   # set from --hermes-pid
 
 
@@ -797,7 +802,6 @@ def t_parallel_rounds(sysm, prof):
     """par_rounds rounds, each: one session's cells/s measured right before,
     then the parallel run. The round with the median ratio is the result;
     all rounds are kept."""
-    global _rest_until
     rounds = []
     for _ in range(prof["par_rounds"]):
         rest("one session's cells/s")
@@ -807,7 +811,7 @@ def t_parallel_rounds(sysm, prof):
             p = t_parallel(sysm, prof["par_sessions"], prof["par_cells"],
                            prof["par_warm"], single["cells_per_s"], prof["par_budget"])
         finally:
-            _rest_until = time.monotonic() + REST_AFTER_PARALLEL
+            rest_from_now()
         p["single_nginx_cpu_ms_per_cell"] = single.get("nginx_cpu_ms_per_cell")
         rounds.append(p)
     ok = [p for p in rounds if p.get("ratio") is not None]
@@ -924,6 +928,7 @@ def run_system(sysm, par_sessions=None):
         log(f"{sysm.name}: {par_sessions} sessions in parallel, {p['par_rounds']} round(s)")
         guarded(r, "parallel", t_parallel_rounds, sysm, p)
     r["seconds"] = round(time.perf_counter() - t_sys, 1)
+    rest_from_now()
     return r
 
 
@@ -946,6 +951,7 @@ def run_warm(sysm, warm):
     r["settle_s"] = settle(sysm.name)
     log(f"{sysm.name}: new sessions from a pool of {warm}")
     guarded(r, "spawn", t_spawn, sysm, prof["spawn"], prof["budget"], prof["spawn_gap"])
+    rest_from_now()
     return r
 
 
