@@ -188,6 +188,7 @@ SAMPLE_ERRORS = (BenchError, OSError, http.client.HTTPException, ValueError)
 # --- CPU accounting (diagnostics: who burnt the CPU during a phase) ---------
 
 TCK = os.sysconf("SC_CLK_TCK")
+NGINX_MASTER = None   # set from --hermes-pid
 # After sessions end, their sandboxes' teardown slows every process on
 # the machine for seconds after its CPU is quiet again (see
 # docs/benchmarks.md, "What each line measures"): the next column, and
@@ -197,9 +198,9 @@ _rest_until = 0.0
 
 
 def rest_from_now():
+    """The next column (or round) rests REST seconds from now."""
     global _rest_until
     _rest_until = time.monotonic() + REST
-NGINX_MASTER = None   # set from --hermes-pid
 
 
 def cpu_total():
@@ -211,7 +212,7 @@ def cpu_total():
 
 
 def rest(why):
-    """Sleep out what is left of the rest after the last parallel run."""
+    """Sleep out what is left of the rest after the last sessions ended."""
     left = _rest_until - time.monotonic()
     if left > 0:
         log(f"  {left:.1f}s of rest before {why}: the last sessions' teardown")

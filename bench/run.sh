@@ -37,6 +37,8 @@
 #   BENCH_JUPYTER_PAR=N    also run the parallel test on jupyter with N
 #                          sessions (default 0: hermes only)
 #   BENCH_TIMEOUT=SECONDS  hard limit on bench.py (default 480)
+#   BENCH_REST=SECONDS     rest before each column after the sessions of
+#                          the one before ended (default 10)
 #   BENCH_PLOT=FILE        where the plot goes (default
 #                          docs/benchmarks-latency.png; empty: none)
 #   BENCH_KEEP=1           keep the temporary prefix (logs) after the run
