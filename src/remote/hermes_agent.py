@@ -896,7 +896,7 @@ class Ready:
 
     out_name, res_name, rpc_wd = "ready", None, None
 
-    def __init__(self, agent, sid, req):
+    def __init__(self, agent, sid, req, data=b""):   # data: none in a READY
         self.agent, self.sid = agent, sid
         path = req.get("dir")
         if not isinstance(path, str) or not path or "\0" in path:
@@ -978,6 +978,10 @@ class Ready:
         a.unwatch(self, self.wd)
         close(self.dir)
         self.dir = None
+
+
+# the streams answered by one x: their class, their name in errors
+ANSWERED = {ord("X"): (Exec, "EXEC"), ord("W"): (Ready, "READY")}
 
 
 class Agent:
@@ -1087,12 +1091,10 @@ class Agent:
         elif typ in (ord("X"), ord("C"), ord("W")):
             if sid == 0 or s is not None:
                 raise Quit("stream %d is in use" % sid)
-            if typ == ord("X"):
-                self.exec_(sid, payload)
-            elif typ == ord("C"):
+            if typ == ord("C"):
                 self.cell(sid, payload)
             else:
-                self.ready(sid, payload)
+                self.answered(sid, payload, *ANSWERED[typ])
         elif s is None:
             return                  # ended or cancelled: late, ignored
         elif typ == ord("A"):
@@ -1138,27 +1140,17 @@ class Agent:
 
     # -- streams -------------------------------------------------------------
 
-    def exec_(self, sid, payload):
+    def answered(self, sid, payload, kind, what):
+        """An EXEC or a READY stream: either ends with one x."""
         try:
             req, data = parse_jb(payload)
-            e = Exec(self, sid, req, data)
+            s = kind(self, sid, req, data)
         except ValueError as err:
             self.send(sid, b"x", jb({"status": -1,
-                                     "error": "bad EXEC: %s" % err}))
+                                     "error": "bad %s: %s" % (what, err)}))
             return
-        self.streams[sid] = e
-        e.start()
-
-    def ready(self, sid, payload):
-        try:
-            req, _ = parse_jb(payload)
-            w = Ready(self, sid, req)
-        except ValueError as err:
-            self.send(sid, b"x", jb({"status": -1,
-                                     "error": "bad READY: %s" % err}))
-            return
-        self.streams[sid] = w
-        w.start()
+        self.streams[sid] = s
+        s.start()
 
     def cell(self, sid, payload):
         try:
