@@ -1277,9 +1277,7 @@ def _flush_std():
             f.flush()
         except Exception:
             pass
-    if _fflush is None:
-        _find_fflush()
-    if _fflush:
+    if _fflush:                  # found by main() before `ready`
         try:
             _fflush(None)
         except Exception:
