@@ -26,6 +26,8 @@ SRCS       := config ngx_hermes_module.c $(wildcard src/*.c src/*.h)
 REMOTE_SHIP  := src/remote/kernel_runner.py src/remote/hermes_tools.py
 REMOTE_CARRY := src/remote/hermes_agent.py src/remote/hermes_files.py
 REMOTE_PY    := $(REMOTE_SHIP) $(REMOTE_CARRY)
+# run on kernel hosts as `sh -c SCRIPT hermes ARG...`
+REMOTE_SH    := src/remote/hermes_kernel.sh
 GEN        := build/gen/ngx_hermes_remote.c
 # the status page (?format=html) and its Content-Security-Policy
 STATUS_PAGE := src/status/hermes_status.html
@@ -67,9 +69,9 @@ test-deps: .test-deps-ok
 	$(call install_pkgs,$(TEST_PKGS))
 	@touch $@
 
-$(GEN): $(REMOTE_PY) src/remote/embed.sh
+$(GEN): $(REMOTE_PY) $(REMOTE_SH) src/remote/embed.sh
 	@mkdir -p $(@D)
-	src/remote/embed.sh $@ $(REMOTE_SHIP) -- $(REMOTE_CARRY)
+	src/remote/embed.sh $@ $(REMOTE_SHIP) -- $(REMOTE_CARRY) $(REMOTE_SH)
 
 $(GEN_STATUS): $(STATUS_PAGE) src/status/embed.pl
 	@mkdir -p $(@D)

@@ -675,9 +675,8 @@ ngx_http_hermes_tools(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
 {
     ngx_http_hermes_loc_conf_t *hlcf = conf;
 
-    u_char      c;
     ngx_str_t  *value, *name;
-    ngx_uint_t  i, j, k;
+    ngx_uint_t  i, k;
 
     if (hlcf->tools != NGX_CONF_UNSET_PTR) {
         return "is duplicate";
@@ -712,21 +711,8 @@ ngx_http_hermes_tools(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
 
     for (i = 1; i < cf->args->nelts; i++) {
 
-        /* names code can write as hermes_tools.NAME, and MCP's names */
-
-        if (value[i].len == 0 || value[i].len > 128) {
+        if (!ngx_http_hermes_tool_name_valid(value[i].data, value[i].len)) {
             goto invalid;
-        }
-
-        for (j = 0; j < value[i].len; j++) {
-            c = value[i].data[j];
-
-            if (!((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z')
-                  || (c >= '0' && c <= '9') || c == '_' || c == '-'
-                  || c == '.'))
-            {
-                goto invalid;
-            }
         }
 
         name = hlcf->tools->elts;
@@ -1332,7 +1318,16 @@ ngx_http_hermes_backend_create(ngx_conf_t *cf,
 
     bcf->ops = ops;
     bcf->nhosts = 1;
-    bcf->root = *root;
+
+    /* NUL-terminated: an argument of the host's scripts */
+
+    bcf->root.len = root->len;
+    bcf->root.data = ngx_pnalloc(cf->pool, root->len + 1);
+    if (bcf->root.data == NULL) {
+        return NULL;
+    }
+
+    *ngx_cpymem(bcf->root.data, root->data, root->len) = '\0';
 
     spec.data = ngx_pnalloc(cf->pool, root->len + sizeof("local "));
     if (spec.data == NULL) {

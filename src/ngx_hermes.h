@@ -25,6 +25,11 @@
 #define NGX_HTTP_HERMES_OWNER_MAX       128
 #define NGX_HTTP_HERMES_BACKEND_TAG_LEN 16      /* hex of an 8-byte hash */
 #define NGX_HTTP_HERMES_DIR_MAX         256
+/* a kernel's dir is ROOT "/hermes_rkernel_" ID */
+#define NGX_HTTP_HERMES_KDIR_PREFIX     (sizeof("/hermes_rkernel_") - 1)
+/* hermes_kernel.sh kill's arguments: the root, the id and three numbers */
+#define NGX_HTTP_HERMES_KILL_ARGS_LEN                                         \
+    (NGX_HTTP_HERMES_DIR_MAX + 3 * NGX_INT64_LEN + 8)
 #define NGX_HTTP_HERMES_HOST_MAX        64
 #define NGX_HTTP_HERMES_TAG_HEX         16      /* hex of 8 bytes */
 
@@ -39,6 +44,9 @@ typedef struct {
 } ngx_http_hermes_remote_file_t;
 
 extern ngx_http_hermes_remote_file_t  ngx_http_hermes_remote_files[];
+
+/* src/remote/hermes_kernel.sh: a kernel's dir, kill and crash recovery */
+extern const char  ngx_http_hermes_script_kernel[];
 
 /*
  * The status page, generated from src/status/hermes_status.html, and the
@@ -605,7 +613,8 @@ void ngx_http_hermes_registry_warm_drop(ngx_http_hermes_zone_t *zone,
 /* the local backend: commands, files and liveness on the nginx host */
 
 typedef struct {
-    const char                   *cmd;
+    const char                   *cmd;          /* shell text, fixed */
+    char                 *const  *args;         /* its $1..., NULL-ended */
     const u_char                 *in;           /* payload on stdin */
     size_t                        in_len;
     u_char                       *out;          /* captured stdout */
@@ -616,6 +625,9 @@ typedef struct {
     ngx_err_t                     err;
 } ngx_http_hermes_cmd_t;
 
+
+/* arguments of a command at most */
+#define NGX_HTTP_HERMES_CMD_ARGS      8
 
 ngx_int_t ngx_http_hermes_local_exec(ngx_http_hermes_cmd_t *cmd);
 ngx_int_t ngx_http_hermes_local_write_at(ngx_fd_t dir, const char *name,
@@ -693,6 +705,8 @@ void ngx_http_hermes_backend_take(ngx_http_hermes_conn_t *conn,
 void ngx_http_hermes_backend_give(ngx_http_hermes_conn_t *conn);
 ngx_int_t ngx_http_hermes_backend_exec(ngx_http_hermes_conn_t *conn,
     ngx_http_hermes_cmd_t *cmd);
+u_char *ngx_http_hermes_cmd_text(u_char *p, u_char *last,
+    ngx_http_hermes_cmd_t *cmd);
 void ngx_http_hermes_backend_place(ngx_http_hermes_zone_t *zone,
     ngx_http_hermes_kernel_ref_t *ref, ngx_http_hermes_backend_conf_t *bcf);
 ngx_str_t *ngx_http_hermes_backend_host_name(
@@ -749,8 +763,8 @@ ngx_int_t ngx_http_hermes_frames_magic(u_char *p, size_t n, size_t *skip);
 u_char *ngx_http_hermes_frames_cell(u_char *buf, uint32_t stream,
     ngx_http_hermes_frame_cell_t *c);
 u_char *ngx_http_hermes_frames_exec(u_char *buf, uint32_t stream,
-    u_char *cmd, size_t cmd_len, ngx_msec_t timeout, size_t out_max,
-    size_t in_len);
+    u_char *cmd, size_t cmd_len, char *const *args, ngx_msec_t timeout,
+    size_t out_max, size_t in_len);
 u_char *ngx_http_hermes_frames_ready(u_char *buf, uint32_t stream,
     u_char *dir, size_t dir_len, ngx_pid_t pid, ngx_msec_t timeout);
 
@@ -796,7 +810,6 @@ u_char *ngx_http_hermes_sandbox_user(u_char *p, u_char *last,
     ngx_http_hermes_sandbox_t *sb);
 u_char *ngx_http_hermes_sandbox_start(u_char *p, u_char *last,
     ngx_http_hermes_sandbox_t *sb, u_char *dir, u_char *kid, ngx_uint_t root);
-u_char *ngx_http_hermes_sandbox_kill(u_char *p, u_char *last, u_char *kid);
 
 
 /* JSON: requests in, results and errors out (yajl) */
@@ -1009,6 +1022,7 @@ ngx_int_t ngx_http_hermes_rpc_check(u_char *data, size_t len,
     uint64_t name_seq, u_char *token, size_t token_len, uint64_t *seen,
     ngx_uint_t nseen, ngx_http_hermes_rpc_req_t *req);
 uint64_t ngx_http_hermes_rpc_name_seq(u_char *name, size_t len);
+ngx_uint_t ngx_http_hermes_tool_name_valid(u_char *name, size_t len);
 ngx_http_hermes_rpc_t *ngx_http_hermes_rpc_create(ngx_pool_t *pool,
     ngx_http_request_t *r, ngx_http_hermes_loc_conf_t *hlcf,
     ngx_http_hermes_kernel_ref_t *ref, ngx_http_hermes_rpc_event_pt event,

@@ -47,6 +47,33 @@ ngx_http_hermes_backend_exec(ngx_http_hermes_conn_t *conn,
 
 
 /*
+ * A command as logs show it, escaped: a script with arguments as
+ * "sh -c SCRIPT hermes ARG..." (its text is in src/remote/), or the text.
+ */
+
+u_char *
+ngx_http_hermes_cmd_text(u_char *p, u_char *last, ngx_http_hermes_cmd_t *cmd)
+{
+    ngx_uint_t  i;
+
+    if (cmd->args == NULL) {
+        return ngx_http_hermes_log_escape(p, last, (u_char *) cmd->cmd,
+                                          ngx_strlen(cmd->cmd), 0);
+    }
+
+    p = ngx_slprintf(p, last, "sh -c SCRIPT hermes");
+
+    for (i = 0; cmd->args[i]; i++) {
+        p = ngx_slprintf(p, last, " ");
+        p = ngx_http_hermes_log_escape(p, last, (u_char *) cmd->args[i],
+                                       ngx_strlen(cmd->args[i]), 0);
+    }
+
+    return p;
+}
+
+
+/*
  * Event loop: the host of a new kernel, by the backend's choice among
  * counts of the kernels (spawning ones included) each host has now.
  */

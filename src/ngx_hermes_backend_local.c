@@ -208,7 +208,7 @@ ngx_int_t
 ngx_http_hermes_local_exec(ngx_http_hermes_cmd_t *cmd)
 {
     int                          in[2], out[2], status, n, i;
-    char                        *argv[4];
+    char                        *argv[5 + NGX_HTTP_HERMES_CMD_ARGS];
     pid_t                        pid;
     size_t                       sent;
     ssize_t                      k;
@@ -222,6 +222,24 @@ ngx_http_hermes_local_exec(ngx_http_hermes_cmd_t *cmd)
     cmd->status = -1;
     cmd->out_len = 0;
     cmd->err = 0;
+
+    /* sh -c SCRIPT hermes ARG...: values are never shell text */
+
+    argv[0] = "sh";
+    argv[1] = "-c";
+    argv[2] = (char *) cmd->cmd;
+    argv[3] = "hermes";
+
+    for (i = 0; cmd->args && cmd->args[i]; i++) {
+        if (i == NGX_HTTP_HERMES_CMD_ARGS) {
+            cmd->err = E2BIG;
+            return NGX_ERROR;
+        }
+
+        argv[4 + i] = cmd->args[i];
+    }
+
+    argv[4 + i] = NULL;
 
     /*
      * SIGCHLD is SIG_DFL in workers (see ngx_hermes_kernel.c), yet a signal
@@ -266,11 +284,6 @@ ngx_http_hermes_local_exec(ngx_http_hermes_cmd_t *cmd)
     posix_spawnattr_setsigdefault(&attr, &mask);
     posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETSIGMASK
                                     | POSIX_SPAWN_SETSIGDEF);
-
-    argv[0] = "sh";
-    argv[1] = "-c";
-    argv[2] = (char *) cmd->cmd;
-    argv[3] = NULL;
 
     n = posix_spawn(&pid, "/bin/sh", &fa, &attr, argv,
                     ngx_http_hermes_local_env);

@@ -517,6 +517,7 @@ ngx_http_hermes_ssh_exec(ngx_http_hermes_conn_t *conn,
 {
     u_char                        *p;
     size_t                         len, size;
+    ngx_uint_t                     i;
     ngx_http_hermes_ssh_stream_t  *s;
 #if (NGX_DEBUG)
     u_char                         text[NGX_MAX_ERROR_STR];
@@ -537,6 +538,10 @@ ngx_http_hermes_ssh_exec(ngx_http_hermes_conn_t *conn,
     len = sizeof(merge) - 1 + ngx_strlen(cmd->cmd);
     size = NGX_HTTP_HERMES_FRAME_EXEC_MAX + 6 * len + cmd->in_len;
 
+    for (i = 0; cmd->args && cmd->args[i]; i++) {
+        size += 6 * ngx_strlen(cmd->args[i]) + 3;
+    }
+
     s = ngx_calloc(sizeof(ngx_http_hermes_ssh_stream_t) + len + size,
                    ngx_cycle->log);
     if (s == NULL) {
@@ -550,6 +555,7 @@ ngx_http_hermes_ssh_exec(ngx_http_hermes_conn_t *conn,
 
     s->frame = p + len;
     s->frame_len = ngx_cpymem(ngx_http_hermes_frames_exec(s->frame, 0, p, len,
+                                                          cmd->args,
                                                           cmd->timeout,
                                                           cmd->out_size,
                                                           cmd->in_len),
@@ -569,9 +575,7 @@ ngx_http_hermes_ssh_exec(ngx_http_hermes_conn_t *conn,
     /* what runs on the host; payloads, the token too, go on stdin */
 
     if (ngx_cycle->log->log_level & NGX_LOG_DEBUG_HTTP) {
-        *ngx_http_hermes_log_escape(text, text + sizeof(text) - 1,
-                                    (u_char *) cmd->cmd,
-                                    ngx_strlen(cmd->cmd), 0) = '\0';
+        *ngx_http_hermes_cmd_text(text, text + sizeof(text) - 1, cmd) = '\0';
 
         ngx_log_debug2(NGX_LOG_DEBUG_HTTP, ngx_cycle->log, 0,
                        "hermes: ssh exec on %V: %s", &conn->link->h->name,

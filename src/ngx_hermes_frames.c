@@ -341,21 +341,38 @@ ngx_http_hermes_frames_cell(u_char *buf, uint32_t stream,
 
 
 /*
- * An EXEC frame's header and JSON, the stdin bytes to follow; "buf" holds
- * NGX_HTTP_HERMES_FRAME_EXEC_MAX + 6 times the command's length.
+ * An EXEC frame's header and JSON, the stdin bytes to follow: "cmd" runs
+ * as `sh -c CMD hermes ARGS...` ("args": NULL or NULL-ended).  "buf"
+ * holds NGX_HTTP_HERMES_FRAME_EXEC_MAX + 6 times the length of the command
+ * and of each argument plus 3.
  */
 
 u_char *
 ngx_http_hermes_frames_exec(u_char *buf, uint32_t stream, u_char *cmd,
-    size_t cmd_len, ngx_msec_t timeout, size_t out_max, size_t in_len)
+    size_t cmd_len, char *const *args, ngx_msec_t timeout, size_t out_max,
+    size_t in_len)
 {
-    u_char  *p;
+    u_char      *p;
+    ngx_uint_t   i;
 
     p = buf + NGX_HTTP_HERMES_FRAME_HEADER + 4;
 
     p = ngx_cpymem(p, "{\"cmd\":\"", sizeof("{\"cmd\":\"") - 1);
     p = (u_char *) ngx_escape_json(p, cmd, cmd_len);
-    p = ngx_sprintf(p, "\",\"timeout\":%M,\"out_max\":%uz}", timeout, out_max);
+    p = ngx_cpymem(p, "\",\"args\":[", sizeof("\",\"args\":[") - 1);
+
+    for (i = 0; args && args[i]; i++) {
+        if (i) {
+            *p++ = ',';
+        }
+
+        *p++ = '"';
+        p = (u_char *) ngx_escape_json(p, (u_char *) args[i],
+                                       ngx_strlen(args[i]));
+        *p++ = '"';
+    }
+
+    p = ngx_sprintf(p, "],\"timeout\":%M,\"out_max\":%uz}", timeout, out_max);
 
     return ngx_http_hermes_frames_jb(buf, stream, 'X', p, in_len);
 }

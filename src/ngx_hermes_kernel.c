@@ -36,8 +36,9 @@ struct ngx_http_hermes_spawn_s {
     ngx_str_t                      root_dir;
     ngx_http_hermes_sandbox_t     *sandbox;
     ngx_uint_t                     root;        /* we spawn as root */
-    /* "gateway instance": whose kernel it is, after a crash too */
-    u_char                         gateway[2 * NGX_HTTP_HERMES_TAG_HEX + 3];
+    /* whose kernel it is, in the host's journal: after a crash too */
+    u_char                         gateway[NGX_HTTP_HERMES_TAG_HEX + 1];
+    u_char                         instance[NGX_HTTP_HERMES_TAG_HEX + 1];
     u_char                         env[256];
     size_t                         env_len;
     ngx_int_t                      rc;
@@ -77,7 +78,9 @@ typedef struct {
     ngx_thread_task_t              task;
     ngx_http_hermes_conn_t         conn;
     ngx_str_t                      root;
-    u_char                         cmd[NGX_HTTP_HERMES_DIR_MAX + 1536];
+    char                          *args[5];
+    u_char                         gateway[NGX_HTTP_HERMES_TAG_HEX + 1];
+    u_char                         instance[NGX_HTTP_HERMES_TAG_HEX + 1];
     u_char                         out[4096];
     size_t                         out_len;
     unsigned                       failed:1;
@@ -122,7 +125,7 @@ static ngx_int_t ngx_http_hermes_spawn_check_dirs(ngx_http_hermes_spawn_t *s,
     u_char *out, size_t len);
 static void ngx_http_hermes_kernel_new_id(ngx_http_hermes_spawn_t *s);
 static ngx_int_t ngx_http_hermes_spawn_run(ngx_http_hermes_spawn_t *s,
-    u_char *cmd, const u_char *in, size_t in_len, u_char *out,
+    u_char *cmd, char **args, const u_char *in, size_t in_len, u_char *out,
     size_t out_size, const char *step);
 static void ngx_http_hermes_spawn_error(ngx_http_hermes_spawn_t *s, u_char *p,
     u_char *text, size_t len);
@@ -134,8 +137,8 @@ static ngx_http_hermes_backend_conf_t *ngx_http_hermes_kernel_backend(
 static void ngx_http_hermes_intr_thread(void *data, ngx_log_t *log);
 static void ngx_http_hermes_intr_event(ngx_event_t *ev);
 static void ngx_http_hermes_kill_repost(void);
-static u_char *ngx_http_hermes_kill_command(u_char *p, u_char *last,
-    ngx_http_hermes_victim_t *v);
+static ngx_int_t ngx_http_hermes_kill_args(ngx_http_hermes_victim_t *v,
+    char **args, u_char *buf);
 static void ngx_http_hermes_kill_thread(void *data, ngx_log_t *log);
 static void ngx_http_hermes_kill_event(ngx_event_t *ev);
 static void ngx_http_hermes_kill_retry(ngx_event_t *ev);
@@ -181,9 +184,9 @@ ngx_http_hermes_kernel_spawn(ngx_http_hermes_loc_conf_t *hlcf,
     s->root_dir = hlcf->backend->root;
     s->sandbox = hlcf->sandbox;
     s->root = hlcf->backend->ops->root(hlcf->backend);
-    ngx_sprintf(s->gateway, "%*s %*s\n%Z",
-                (size_t) NGX_HTTP_HERMES_TAG_HEX, zone->gateway,
-                (size_t) NGX_HTTP_HERMES_TAG_HEX, zone->sh->instance);
+    *ngx_cpymem(s->gateway, zone->gateway, NGX_HTTP_HERMES_TAG_HEX) = '\0';
+    *ngx_cpymem(s->instance, zone->sh->instance, NGX_HTTP_HERMES_TAG_HEX)
+        = '\0';
     s->done = done;
     s->data = data;
 
@@ -232,37 +235,38 @@ ngx_http_hermes_spawn_thread(void *data, ngx_log_t *log)
     ngx_int_t                       pid, uid, rc;
     ngx_pid_t                       expect;
     ngx_uint_t                      tries;
+    char                           *args[7];
+    ngx_http_hermes_victim_t        v;
+    u_char                          kid[NGX_HTTP_HERMES_ID_LEN + 1];
+    u_char                          numbers[NGX_HTTP_HERMES_KILL_ARGS_LEN];
     u_char                          cmd[NGX_HTTP_HERMES_CMD_MAX];
     u_char                          out[512];
 
     d = s->k.dir;
+    kid[NGX_HTTP_HERMES_ID_LEN] = '\0';
     s->rc = NGX_ERROR;
     last = cmd + sizeof(cmd) - 1;
     elast = s->err + sizeof(s->err) - 1;
 
     /*
-     * 1. A directory of our own, never one found there: a co-tenant who
-     * read the name first may have made it.  mkdir without -p fails on
-     * any existing path; then a new id.  The root must keep others from
-     * renaming our directory away (not writable by them, or sticky).
+     * 1. A directory of our own, never one found there, and its entry in
+     * this gateway's journal (hermes_kernel.sh "dir"); on EEXIST a new id.
      */
+
+    args[0] = "dir";
+    args[1] = (char *) s->root_dir.data;
+    args[2] = (char *) kid;
+    args[3] = (char *) s->gateway;
+    args[4] = (char *) s->instance;
+    args[5] = NULL;
 
     for (tries = 0; /* void */; tries++) {
 
-        *ngx_slprintf(cmd, last,
-            "umask 077; r='%V';"
-            " if [ -n \"$(find \"$r/\" -maxdepth 0 -perm /022 ! -perm -1000)\" ];"
-            " then echo \"the kernels root $r is writable by others without"
-            " the sticky bit\"; exit 3; fi;"
-            " if ! mkdir -m 700 -- '%s' 2>/dev/null; then"
-            " if [ -e '%s' ] || [ -L '%s' ]; then echo EEXIST; exit 4; fi;"
-            " mkdir -m 700 -- '%s'; exit 5; fi; echo made;"
-            " mkdir -m 700 -- '%s/cells' '%s/rpc'"
-            " && stat -c '%%F:%%u:%%a:%%i' -- '%s' '%s/cells' '%s/rpc'"
-            " && id -u",
-            &s->root_dir, d, d, d, d, d, d, d, d, d) = '\0';
+        ngx_memcpy(kid, s->k.kernel_id, NGX_HTTP_HERMES_ID_LEN);
 
-        rc = ngx_http_hermes_spawn_run(s, cmd, NULL, 0, out, sizeof(out),
+        rc = ngx_http_hermes_spawn_run(s,
+                                       (u_char *) ngx_http_hermes_script_kernel,
+                                       args, NULL, 0, out, sizeof(out),
                                        "directory setup");
 
         /* only a directory this step made is ours to remove */
@@ -335,7 +339,7 @@ ngx_http_hermes_spawn_thread(void *data, ngx_log_t *log)
 
     *p = '\0';
 
-    if (ngx_http_hermes_spawn_run(s, cmd, NULL, 0, out, sizeof(out),
+    if (ngx_http_hermes_spawn_run(s, cmd, NULL, NULL, 0, out, sizeof(out),
                                   "start")
         != NGX_OK)
     {
@@ -401,20 +405,18 @@ failed:
         return;
     }
 
-    if (s->k.pid) {
-        p = ngx_slprintf(cmd, last, "kill -9 -%P 2>/dev/null; rm -rf -- '%s'",
-                         s->k.pid, d);
+    /* its group (no start time: not ready), cgroups, dir, journal entry */
 
-    } else {
-        p = ngx_slprintf(cmd, last, "rm -rf -- '%s'", d);
+    v.dir_len = ngx_cpymem(v.dir, d, s->k.dir_len) - v.dir;
+    v.pid = s->k.pid;
+    v.start = 0;
+    v.ino = s->k.ino;
+
+    if (ngx_http_hermes_kill_args(&v, args, numbers) == NGX_OK) {
+        (void) ngx_http_hermes_spawn_run(s,
+                                         (u_char *) ngx_http_hermes_script_kernel,
+                                         args, NULL, 0, out, sizeof(out), NULL);
     }
-
-    /* a start that joined its cgroups and failed: they go too */
-    p = ngx_slprintf(p, last, ";");
-    *ngx_http_hermes_sandbox_kill(p, last, s->k.kernel_id) = '\0';
-
-    (void) ngx_http_hermes_spawn_run(s, cmd, NULL, 0, out, sizeof(out),
-                                     NULL);
 
     s->rc = NGX_ERROR;
 }
@@ -440,21 +442,16 @@ ngx_http_hermes_spawn_ship(ngx_http_hermes_spawn_t *s, ngx_log_t *log)
     ngx_http_hermes_remote_file_t  *rf, *lists[2];
     u_char                          out[512];
     u_char                          cmd[NGX_HTTP_HERMES_CMD_MAX];
-    ngx_http_hermes_remote_file_t   own[3];
+    ngx_http_hermes_remote_file_t   own[2];
 
-    /* this spawn's own: the marker and kernel.env, the token in it */
+    /* this spawn's own: kernel.env, the token in it */
 
     ngx_memzero(own, sizeof(own));
 
-    ngx_str_set(&own[0].name, "gateway");
-    own[0].data = s->gateway;
-    own[0].len = ngx_strlen(s->gateway);
+    ngx_str_set(&own[0].name, "kernel.env");
+    own[0].data = s->env;
+    own[0].len = s->env_len;
     own[0].ship = 1;
-
-    ngx_str_set(&own[1].name, "kernel.env");
-    own[1].data = s->env;
-    own[1].len = s->env_len;
-    own[1].ship = 1;
 
     lists[0] = ngx_http_hermes_remote_files;
     lists[1] = own;
@@ -499,7 +496,7 @@ ngx_http_hermes_spawn_ship(ngx_http_hermes_spawn_t *s, ngx_log_t *log)
         }
     }
 
-    rc = ngx_http_hermes_spawn_run(s, cmd, in, len, out, sizeof(out),
+    rc = ngx_http_hermes_spawn_run(s, cmd, NULL, in, len, out, sizeof(out),
                                    "ship");
     ngx_free(in);
 
@@ -614,7 +611,7 @@ ngx_http_hermes_kernel_new_id(ngx_http_hermes_spawn_t *s)
 
 static ngx_int_t
 ngx_http_hermes_spawn_run(ngx_http_hermes_spawn_t *s, u_char *cmd,
-    const u_char *in, size_t in_len, u_char *out, size_t out_size,
+    char **args, const u_char *in, size_t in_len, u_char *out, size_t out_size,
     const char *step)
 {
     u_char                 *p, *last;
@@ -624,13 +621,22 @@ ngx_http_hermes_spawn_run(ngx_http_hermes_spawn_t *s, u_char *cmd,
     u_char                  text[NGX_MAX_ERROR_STR];
 #endif
 
+    ngx_memzero(&c, sizeof(ngx_http_hermes_cmd_t));
+
+    c.cmd = (char *) cmd;
+    c.args = args;
+    c.in = in;
+    c.in_len = in_len;
+    c.out = out;
+    c.out_size = out_size - 1;
+    c.timeout = NGX_HTTP_HERMES_CMD_TIMEOUT;
+
 #if (NGX_DEBUG)
 
     /* no secret in a command: payloads, the token too, go on stdin */
 
     if (ngx_cycle->log->log_level & NGX_LOG_DEBUG_HTTP) {
-        *ngx_http_hermes_log_escape(text, text + sizeof(text) - 1, cmd,
-                                    ngx_strlen(cmd), 0) = '\0';
+        *ngx_http_hermes_cmd_text(text, text + sizeof(text) - 1, &c) = '\0';
 
         ngx_log_debug2(NGX_LOG_DEBUG_HTTP, ngx_cycle->log, 0,
                        "hermes: spawn step \"%s\": %s",
@@ -638,15 +644,6 @@ ngx_http_hermes_spawn_run(ngx_http_hermes_spawn_t *s, u_char *cmd,
     }
 
 #endif
-
-    ngx_memzero(&c, sizeof(ngx_http_hermes_cmd_t));
-
-    c.cmd = (char *) cmd;
-    c.in = in;
-    c.in_len = in_len;
-    c.out = out;
-    c.out_size = out_size - 1;
-    c.timeout = NGX_HTTP_HERMES_CMD_TIMEOUT;
 
     rc = ngx_http_hermes_backend_exec(&s->conn, &c);
 
@@ -904,28 +901,48 @@ ngx_http_hermes_kill_repost(void)
  * the one made at spawn (its inode).
  */
 
-static u_char *
-ngx_http_hermes_kill_command(u_char *p, u_char *last,
-    ngx_http_hermes_victim_t *v)
+/*
+ * hermes_kernel.sh "kill ROOT ID PID START INODE" for a victim; "buf"
+ * holds NGX_HTTP_HERMES_KILL_ARGS_LEN bytes, "args" 7 pointers into it.
+ */
+
+static ngx_int_t
+ngx_http_hermes_kill_args(ngx_http_hermes_victim_t *v, char **args,
+    u_char *buf)
 {
-    if (v->pid > 1) {
-        p = ngx_slprintf(p, last,
-                         "if s=$(cat /proc/%P/stat 2>/dev/null); then"
-                         " s=${s##*) }; set -- $s;"
-                         " [ \"${20}\" = '%uL' ] && kill -9 -%P;"
-                         " else kill -9 -%P; fi 2>/dev/null; ",
-                         v->pid, v->start, v->pid, v->pid);
+    u_char  *p;
+    size_t   root_len;
+
+    if (v->dir_len <= NGX_HTTP_HERMES_KDIR_PREFIX + NGX_HTTP_HERMES_ID_LEN) {
+        return NGX_ERROR;
     }
 
-    if (v->dir_len > NGX_HTTP_HERMES_ID_LEN) {
-        p = ngx_http_hermes_sandbox_kill(p, last, v->dir + v->dir_len
-                                                  - NGX_HTTP_HERMES_ID_LEN);
-    }
+    root_len = v->dir_len - NGX_HTTP_HERMES_KDIR_PREFIX
+               - NGX_HTTP_HERMES_ID_LEN;
 
-    return ngx_slprintf(p, last,
-                     " [ '%uL' = 0 ] || [ \"$(stat -c %%i -- '%s' 2>/dev/null)\""
-                     " = '%uL' ] && rm -rf -- '%s'; exit 0",
-                     v->ino, v->dir, v->ino, v->dir);
+    args[0] = "kill";
+
+    args[1] = (char *) buf;
+    p = ngx_cpymem(buf, v->dir, root_len);
+    *p++ = '\0';
+
+    args[2] = (char *) p;
+    p = ngx_cpymem(p, v->dir + v->dir_len - NGX_HTTP_HERMES_ID_LEN,
+                   NGX_HTTP_HERMES_ID_LEN);
+    *p++ = '\0';
+
+    args[3] = (char *) p;
+    p = ngx_sprintf(p, "%P%Z", v->pid > 1 ? v->pid : 0);
+
+    args[4] = (char *) p;
+    p = ngx_sprintf(p, "%uL%Z", v->start);
+
+    args[5] = (char *) p;
+    (void) ngx_sprintf(p, "%uL%Z", v->ino);
+
+    args[6] = NULL;
+
+    return NGX_OK;
 }
 
 
@@ -943,14 +960,19 @@ ngx_http_hermes_kill_thread(void *data, ngx_log_t *log)
 {
     ngx_http_hermes_kill_t *k = data;
 
+    char                   *args[7];
     u_char                  out[256];
-    u_char                  cmd[4 * NGX_HTTP_HERMES_DIR_MAX + 1024];
+    u_char                  buf[NGX_HTTP_HERMES_KILL_ARGS_LEN];
     ngx_http_hermes_cmd_t   c;
 
-    *ngx_http_hermes_kill_command(cmd, cmd + sizeof(cmd) - 1, &k->v) = '\0';
+    if (ngx_http_hermes_kill_args(&k->v, args, buf) != NGX_OK) {
+        k->failed = 1;
+        return;
+    }
 
     ngx_memzero(&c, sizeof(ngx_http_hermes_cmd_t));
-    c.cmd = (char *) cmd;
+    c.cmd = ngx_http_hermes_script_kernel;
+    c.args = args;
     c.out = out;
     c.out_size = sizeof(out);
     c.timeout = NGX_HTTP_HERMES_CMD_TIMEOUT;
@@ -1255,14 +1277,14 @@ ngx_http_hermes_kernel_init_process(ngx_cycle_t *cycle,
  * A zone made anew (nginx started, after a crash maybe, or the zone's
  * size changed) knows no kernel: those of an earlier run of this gateway
  * are leftovers, on every host of every backend.  They are told by the
- * "gateway" file spawn writes into each kernel dir: this gateway's id
- * and the zone instance; another gateway's are never touched.
+ * journal spawn keeps beside the kernel dirs (hermes_kernel.sh): this
+ * gateway's id and another zone instance.  Nothing a kernel or another
+ * user can write is trusted: not a kernel dir, its name or its files.
  */
 
 static void
 ngx_http_hermes_kernel_recover(ngx_http_hermes_zone_t *zone, ngx_log_t *log)
 {
-    u_char                           *p, *last;
     ngx_uint_t                        i, j, h;
     ngx_http_hermes_recover_t        *rc;
     ngx_http_hermes_backend_conf_t  **bcfs;
@@ -1293,33 +1315,16 @@ ngx_http_hermes_kernel_recover(ngx_http_hermes_zone_t *zone, ngx_log_t *log)
 
             rc->root = bcfs[i]->root;
 
-            p = rc->cmd;
-            last = rc->cmd + sizeof(rc->cmd) - 1;
+            *ngx_cpymem(rc->gateway, zone->gateway, NGX_HTTP_HERMES_TAG_HEX)
+                = '\0';
+            *ngx_cpymem(rc->instance, zone->sh->instance,
+                        NGX_HTTP_HERMES_TAG_HEX) = '\0';
 
-            p = ngx_slprintf(p, last,
-                "g='%*s'; i='%*s';"
-                " for d in '%V'/hermes_rkernel_*; do"
-                " [ -d \"$d\" ] && [ ! -L \"$d\" ] && [ -f \"$d/gateway\" ]"
-                " && [ ! -L \"$d/gateway\" ] || continue;"
-                " m=$(head -c 64 -- \"$d/gateway\" 2>/dev/null);"
-                " case \"$m\" in \"$g \"*) ;; *) continue;; esac;"
-                " [ \"$m\" = \"$g $i\" ] && continue;"
-                " k=${d##*_};"
-                " for q in /proc/[0-9]*; do"
-                " [ \"$(readlink \"$q/cwd\" 2>/dev/null)\" = \"$d\" ]"
-                " && s=$(cat \"$q/stat\" 2>/dev/null)"
-                " && s=${s##*) } && set -- $s && [ \"$3\" -gt 1 ]"
-                " && kill -9 -\"$3\" 2>/dev/null; done;"
-                " for c in /sys/fs/cgroup/hermes/$k /sys/fs/cgroup/*/hermes/$k;"
-                " do [ -d \"$c\" ] || continue;"
-                " n=0; while [ $n -lt 100 ] && ! rmdir \"$c\" 2>/dev/null;"
-                " do kill -9 $(cat \"$c/cgroup.procs\") 2>/dev/null;"
-                " sleep 0.02; n=$((n+1)); done; done;"
-                " rm -rf -- \"$d\" && echo \"$k\"; done; exit 0",
-                (size_t) NGX_HTTP_HERMES_TAG_HEX, zone->gateway,
-                (size_t) NGX_HTTP_HERMES_TAG_HEX, zone->sh->instance,
-                &bcfs[i]->root);
-            *p = '\0';
+            rc->args[0] = "recover";
+            rc->args[1] = (char *) rc->root.data;
+            rc->args[2] = (char *) rc->gateway;
+            rc->args[3] = (char *) rc->instance;
+            rc->args[4] = NULL;
 
             ngx_http_hermes_backend_take(&rc->conn, bcfs[i], h);
 
@@ -1347,7 +1352,8 @@ ngx_http_hermes_recover_thread(void *data, ngx_log_t *log)
     ngx_http_hermes_cmd_t  c;
 
     ngx_memzero(&c, sizeof(ngx_http_hermes_cmd_t));
-    c.cmd = (char *) rc->cmd;
+    c.cmd = ngx_http_hermes_script_kernel;
+    c.args = rc->args;
     c.out = rc->out;
     c.out_size = sizeof(rc->out) - 1;
     c.timeout = 3 * NGX_HTTP_HERMES_CMD_TIMEOUT;
@@ -1367,32 +1373,38 @@ ngx_http_hermes_recover_event(ngx_event_t *ev)
 {
     ngx_http_hermes_recover_t *rc = ev->data;
 
-    u_char      *p, *last;
+    u_char      *p, *last, *e;
     ngx_str_t   *host;
     ngx_uint_t   n;
+    u_char       text[1024];
 
     host = ngx_http_hermes_backend_host_name(rc->conn.bcf, rc->conn.host);
 
-    if (rc->failed) {
-        ngx_log_error(NGX_LOG_WARN, ev->log, 0,
-                      "hermes: could not look for leftover kernels in "
-                      "\"%V\" on %V", &rc->root, host);
+    /* what the host printed is escaped: it is not ours to trust */
 
-    } else if (rc->out_len) {
-        n = 0;
-        last = rc->out + rc->out_len;
+    n = 0;
+    last = rc->out + rc->out_len;
 
-        for (p = rc->out; p < last; p++) {
-            if (*p == '\n') {
-                n++;
-                *p = ' ';
-            }
+    for (p = rc->out; p < last; p++) {
+        if (*p == '\n') {
+            n++;
+            *p = ' ';
         }
+    }
 
+    e = ngx_http_hermes_log_escape(text, text + sizeof(text), rc->out,
+                                   rc->out_len, 0);
+
+    if (rc->failed) {
+        ngx_log_error(NGX_LOG_ERR, ev->log, 0,
+                      "hermes: could not look for leftover kernels in "
+                      "\"%V\" on %V: %*s", &rc->root, host, e - text, text);
+
+    } else if (n) {
         ngx_log_error(NGX_LOG_NOTICE, ev->log, 0,
                       "hermes: removed %ui kernel(s) left by an earlier run of "
                       "this gateway in \"%V\" on %V: %*s", n, &rc->root, host,
-                      ngx_min(rc->out_len, 1024), rc->out);
+                      e - text, text);
     }
 
     /* a chore at start: a host down now is no reason to avoid it later */
@@ -1464,8 +1476,9 @@ ngx_http_hermes_kernel_exit_process(ngx_cycle_t *cycle)
 void
 ngx_http_hermes_kernel_exit_master(ngx_cycle_t *cycle)
 {
+    char                            *args[7];
     u_char                           out[256];
-    u_char                           cmd[4 * NGX_HTTP_HERMES_DIR_MAX + 1024];
+    u_char                           buf[NGX_HTTP_HERMES_KILL_ARGS_LEN];
     ngx_uint_t                       i, j, killed, failed, left, level;
     ngx_msec_t                       deadline, now;
     ngx_shm_zone_t                 **z;
@@ -1526,11 +1539,16 @@ ngx_http_hermes_kernel_exit_master(ngx_cycle_t *cycle)
                     continue;
                 }
 
-                *ngx_http_hermes_kill_command(cmd, cmd + sizeof(cmd) - 1,
-                                              &victims.v[j]) = '\0';
+                if (ngx_http_hermes_kill_args(&victims.v[j], args, buf)
+                    != NGX_OK)
+                {
+                    failed++;
+                    continue;
+                }
 
                 ngx_memzero(&c, sizeof(ngx_http_hermes_cmd_t));
-                c.cmd = (char *) cmd;
+                c.cmd = ngx_http_hermes_script_kernel;
+                c.args = args;
                 c.out = out;
                 c.out_size = sizeof(out);
                 c.timeout = ngx_min(NGX_HTTP_HERMES_CMD_TIMEOUT,

@@ -38,6 +38,11 @@
 
 #define NGX_HTTP_HERMES_RPC_PEERS      16     /* MCP servers a worker knows */
 
+/* rejections a kernel logs a minute (per worker); the rest are counted */
+#define NGX_HTTP_HERMES_RPC_LOG_BURST  5
+#define NGX_HTTP_HERMES_RPC_LOG_WINDOW 60000
+#define NGX_HTTP_HERMES_RPC_LOG_SLOTS  64
+
 #define NGX_HTTP_HERMES_MCP_VERSION    "2025-06-18"
 
 /* a call's MCP steps; 0: the hermes protocol, one POST */
@@ -50,6 +55,16 @@
 #define NGX_HTTP_HERMES_RPC_KEY_ARGS   0x02
 #define NGX_HTTP_HERMES_RPC_KEY_SEQ    0x04
 #define NGX_HTTP_HERMES_RPC_KEY_TOKEN  0x08
+
+
+/* a kernel's rejection lines in this minute: a flood costs a few lines */
+
+typedef struct {
+    u_char                          kernel_id[NGX_HTTP_HERMES_ID_LEN];
+    ngx_msec_t                      since;
+    ngx_uint_t                      logged;
+    ngx_uint_t                      more;       /* not logged, to summarise */
+} ngx_http_hermes_rpc_log_t;
 
 
 struct ngx_http_hermes_rpc_s {
@@ -160,6 +175,8 @@ static ngx_int_t ngx_http_hermes_rpc_seq_value(u_char *s, size_t len,
 static void ngx_http_hermes_rpc_close(ngx_http_hermes_rpc_t *rpc);
 static ngx_int_t ngx_http_hermes_rpc_file(ngx_http_hermes_rpc_t *rpc,
     u_char *name);
+static ngx_uint_t ngx_http_hermes_rpc_log_slot(ngx_http_hermes_rpc_t *rpc,
+    ngx_uint_t take);
 static void ngx_http_hermes_rpc_take(ngx_http_hermes_rpc_t *rpc,
     ngx_http_hermes_rpc_req_t *req);
 static ngx_int_t ngx_http_hermes_rpc_dispatch(ngx_http_hermes_rpc_t *rpc,
@@ -925,8 +942,10 @@ ngx_int_t
 ngx_http_hermes_rpc_request(ngx_http_hermes_rpc_t *rpc, u_char *name,
     size_t len, u_char *data, size_t n)
 {
+    u_char                     *p;
     ngx_int_t                   rc;
     ngx_http_hermes_rpc_req_t   req;
+    u_char                      text[32 * 4];
 
     if (rpc->rpc_fd == NGX_INVALID_FILE && !rpc->remote) {
         return NGX_DONE;        /* the cell's authority ended */
@@ -957,14 +976,109 @@ reject:
 
     ngx_http_hermes_count(rpc->zone, rpc_rejected_total[req.reject]);
 
-    ngx_log_error(NGX_LOG_WARN, rpc->log, 0,
-                  "hermes: kernel %*s: tool call request \"%*s\" rejected "
-                  "(%V): removed, not answered",
-                  (size_t) NGX_HTTP_HERMES_ID_LEN, rpc->ref->kernel_id,
-                  ngx_min(len, 32), name,
-                  &ngx_http_hermes_rpc_reject_names[req.reject]);
+    if (ngx_http_hermes_rpc_log_slot(rpc, 1)) {
+        /* the name is the cell's: escaped */
+        p = ngx_http_hermes_log_escape(text, text + sizeof(text), name,
+                                       ngx_min(len, 32), 1);
+
+        ngx_log_error(NGX_LOG_WARN, rpc->log, 0,
+                      "hermes: kernel %*s: tool call request \"%*s\" "
+                      "rejected (%V): removed, not answered",
+                      (size_t) NGX_HTTP_HERMES_ID_LEN, rpc->ref->kernel_id,
+                      p - text, text,
+                      &ngx_http_hermes_rpc_reject_names[req.reject]);
+    }
 
     return NGX_OK;
+}
+
+
+/*
+ * The kernel's log budget for rejections (per worker, in slots by id: a
+ * collision only shares a budget).  "take": one line wanted; 1 when it
+ * may be logged.  The lines held back are summed up in one line when the
+ * window rolls over or the cell ends.
+ */
+
+static ngx_uint_t
+ngx_http_hermes_rpc_log_slot(ngx_http_hermes_rpc_t *rpc, ngx_uint_t take)
+{
+    ngx_http_hermes_rpc_log_t  *l;
+
+    static ngx_http_hermes_rpc_log_t  slots[NGX_HTTP_HERMES_RPC_LOG_SLOTS];
+
+    l = &slots[ngx_crc32_short(rpc->ref->kernel_id, NGX_HTTP_HERMES_ID_LEN)
+               % NGX_HTTP_HERMES_RPC_LOG_SLOTS];
+
+    if (ngx_memcmp(l->kernel_id, rpc->ref->kernel_id, NGX_HTTP_HERMES_ID_LEN)
+        != 0)
+    {
+        if (!take) {
+            return 0;
+        }
+
+        /* taken over: the last kernel's summary first */
+
+    } else if (take
+               && ngx_current_msec - l->since < NGX_HTTP_HERMES_RPC_LOG_WINDOW)
+    {
+        if (l->logged < NGX_HTTP_HERMES_RPC_LOG_BURST) {
+            l->logged++;
+            return 1;
+        }
+
+        l->more++;
+        return 0;
+    }
+
+    if (l->more) {
+        ngx_log_error(NGX_LOG_WARN, rpc->log, 0,
+                      "hermes: kernel %*s: %ui more tool call request(s) "
+                      "rejected, not logged (rpc_rejected_total counts "
+                      "them all)", (size_t) NGX_HTTP_HERMES_ID_LEN,
+                      l->kernel_id, l->more);
+        l->more = 0;
+    }
+
+    if (!take) {
+        return 0;
+    }
+
+    /* a new window */
+
+    ngx_memcpy(l->kernel_id, rpc->ref->kernel_id, NGX_HTTP_HERMES_ID_LEN);
+    l->since = ngx_current_msec;
+    l->logged = 1;
+
+    return 1;
+}
+
+
+/*
+ * A tool name: 1-128 of A-Z a-z 0-9 _ - . (MCP's names; nothing that could
+ * end a header or a log line).  hermes_tools and every call are held to it.
+ */
+
+ngx_uint_t
+ngx_http_hermes_tool_name_valid(u_char *name, size_t len)
+{
+    u_char  c, *last;
+
+    if (len == 0 || len > NGX_HTTP_HERMES_RPC_TOOL_MAX) {
+        return 0;
+    }
+
+    for (last = name + len; name < last; name++) {
+        c = *name;
+
+        if (!((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z')
+              || (c >= '0' && c <= '9') || c == '_' || c == '-' || c == '.'))
+        {
+            return 0;
+        }
+    }
+
+    return 1;
 }
 
 
@@ -987,12 +1101,14 @@ ngx_http_hermes_rpc_take(ngx_http_hermes_rpc_t *rpc,
 
     rpc->seen[rpc->nseen++] = req->seq;
 
-    if (req->tool_type != NGX_HTTP_HERMES_RPC_STRING || req->tool.len == 0
-        || req->tool.len > NGX_HTTP_HERMES_RPC_TOOL_MAX)
+    /* before any use (a header, a log line, MCP's first steps): the name */
+
+    if (req->tool_type != NGX_HTTP_HERMES_RPC_STRING
+        || !ngx_http_hermes_tool_name_valid(req->tool.data, req->tool.len))
     {
         ngx_http_hermes_rpc_answer_error(rpc, req->seq,
-                     (u_char *) "a tool call needs \"tool\": a name of at "
-                     "most %d bytes", NGX_HTTP_HERMES_RPC_TOOL_MAX);
+                     (u_char *) "a tool call needs \"tool\": a name of "
+                     "1-%d of A-Z a-z 0-9 _ - .", NGX_HTTP_HERMES_RPC_TOOL_MAX);
         return;
     }
 
@@ -1943,6 +2059,7 @@ ngx_http_hermes_rpc_answer_error(ngx_http_hermes_rpc_t *rpc, uint64_t seq,
     va_list         args;
     yajl_gen        g;
     u_char          msg[NGX_HTTP_HERMES_RPC_ERROR_MAX + 512];
+    u_char          text[NGX_HTTP_HERMES_RPC_ERROR_MAX + 512];
 
     va_start(args, fmt);
     last = ngx_vslprintf(msg, msg + sizeof(msg), (char *) fmt, args);
@@ -1972,10 +2089,15 @@ ngx_http_hermes_rpc_answer_error(ngx_http_hermes_rpc_t *rpc, uint64_t seq,
 
     yajl_gen_free(g);
 
+    /* the message may quote what a tool or its server said */
+
+    p = ngx_http_hermes_log_escape(text, text + sizeof(text), msg,
+                                   last - msg, 0);
+
     ngx_log_error(NGX_LOG_INFO, rpc->log, 0,
                   "hermes: kernel %*s: tool call %uL: %*s",
                   (size_t) NGX_HTTP_HERMES_ID_LEN, rpc->ref->kernel_id, seq,
-                  last - msg, msg);
+                  p - text, text);
 }
 
 
@@ -2075,6 +2197,9 @@ ngx_http_hermes_rpc_end(ngx_http_hermes_rpc_t *rpc)
     }
 
     rpc->event = NULL;
+
+    /* what the cell's rejections held back: said now */
+    (void) ngx_http_hermes_rpc_log_slot(rpc, 0);
 
     ngx_http_hermes_rpc_close(rpc);
 }

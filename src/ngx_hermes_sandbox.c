@@ -433,23 +433,3 @@ ngx_http_hermes_sandbox_user(u_char *p, u_char *last,
                         " u=" NGX_HTTP_HERMES_SANDBOX_USER ";"
                         " id -u \"$u\" >/dev/null 2>&1 || u=nobody;");
 }
-
-
-/*
- * Appended to the kill command (as root): every process left in the
- * kernel's cgroups, whatever pid namespace or session it is in, then the
- * cgroups themselves once empty.
- */
-
-u_char *
-ngx_http_hermes_sandbox_kill(u_char *p, u_char *last, u_char *kid)
-{
-    return ngx_slprintf(p, last,
-        " for d in /sys/fs/cgroup/hermes/%*s /sys/fs/cgroup/*/hermes/%*s;"
-        " do [ -d \"$d\" ] || continue;"
-        " i=0; while [ $i -lt 100 ] && ! rmdir \"$d\" 2>/dev/null;"
-        " do kill -9 $(cat \"$d/cgroup.procs\") 2>/dev/null;"
-        " sleep 0.02; i=$((i+1)); done; done;",
-        (size_t) NGX_HTTP_HERMES_ID_LEN, kid,
-        (size_t) NGX_HTTP_HERMES_ID_LEN, kid);
-}

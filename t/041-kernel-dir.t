@@ -53,8 +53,8 @@ print $fh <<"HOOK";
 #!/usr/bin/perl
 use strict;
 my \$c = \$ENV{SSH_ORIGINAL_COMMAND} // '';
-exit 0 unless \$c =~ m{mkdir .*?'([^']*/hermes_rkernel_[0-9a-f]{32})[/']};
-my \$d = \$1;
+exit 0 unless \$c =~ m{^sh -c SCRIPT hermes dir (\\S+) ([0-9a-f]{32}) };
+my \$d = "\$1/hermes_rkernel_\$2";
 open my \$m, '<', '$mode' or exit 0;
 my \$how = <\$m> // ''; chomp \$how;
 exit 0 if \$how eq '' || -e \$d || -l \$d;

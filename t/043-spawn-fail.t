@@ -58,6 +58,8 @@ write_file("$bin/mkdir", <<"SH", 0755);
 #!/bin/bash
 how=\$(cat '$sw/mkdir' 2>/dev/null)
 [ -z "\$how" ] && exec /usr/bin/mkdir "\$@"
+# kernel dirs only (not the journal beside them)
+case "\$*" in *hermes_rkernel_*) ;; *) exec /usr/bin/mkdir "\$@" ;; esac
 paths=()
 while [ \$# -gt 0 ]; do
     case "\$1" in
@@ -182,11 +184,11 @@ for my $case (@cases) {
     is(($r->{json} // {})->{error}{code}, 'spawn_failed', "$how: spawn_failed");
 
     my @sent = ($s->commands)[$n0 .. (() = $s->commands) - 1];
-    my ($dir) = map { m{mkdir -m 700 -- '([^']*/hermes_rkernel_[0-9a-f]{32})'} ? $1 : () } @sent;
+    my ($dir, $kid) = map { m{^sh -c SCRIPT hermes dir (\S+) ([0-9a-f]{32}) } ? ("$1/hermes_rkernel_$2", $2) : () } @sent;
     ok($dir, "$how: the directory step ran") or diag explain \@sent;
     is(join("\n", grep { /cat >|kernel_runner\.py|kernel\.env|setsid/ } @sent), '',
         "$how: nothing shipped, nothing started");
-    ok(scalar(grep { /^rm -rf -- '\Q$dir\E';/m } @sent), "$how: the path made is removed")
+    ok(scalar(grep { /^sh -c SCRIPT hermes kill \S+ \Q$kid\E / } @sent), "$how: the path made is removed")
         if $dir;
     ok(!-e $dir && !-l $dir, "$how: ... and gone") if $dir;
     is(join(' ', new_dirs()), '', "$how: no kernel dir left under the root");

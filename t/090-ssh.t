@@ -318,8 +318,8 @@ is(($r->{result} // {})->{output}, "None\nFalse\n", 'token not in the environmen
     # the spawn steps of docs/protocol.md, in order, for a kernel (each
     # after the line that sends its stderr where its stdout goes)
     my $dir = dir_of($kA);
-    my @mine = grep { index($_, $dir) >= 0 } @sent;
-    my ($i_dirs) = grep { $mine[$_] =~ /^umask 077; r=.* mkdir -m 700 -- '?\Q$dir\E'?;/m } 0 .. $#mine;
+    my @mine = grep { index($_, $dir) >= 0 || index($_, " $kA ") >= 0 } @sent;
+    my ($i_dirs) = grep { $mine[$_] =~ /^sh -c SCRIPT hermes dir \S+ \Q$kA\E [0-9a-f]{16} [0-9a-f]{16}$/ } 0 .. $#mine;
     my ($i_ship) = grep { $mine[$_] =~ /^set -C; umask 077 && head -c \d+ >'?\Q$dir\E\/kernel_runner\.py'? && .* && head -c \d+ >'?\Q$dir\E\/kernel\.env'?$/m } 0 .. $#mine;
     my ($i_start) = grep { $mine[$_] =~ /^umask 077; cd '?\Q$dir\E'? \|\| exit 1;.* \{ \( exec 3<\.\/kernel\.env && rm -f \.\/kernel\.env.* r sh -c '"\$@"; exit \$\?' hermes-kernel bwrap .* python3 -I kernel_runner\.py \) >runner\.log/m } 0 .. $#mine;
     ok(defined $i_dirs && defined $i_ship && defined $i_start
@@ -419,7 +419,7 @@ for my $case (['unknown', '/v1/unknown', $s1->empty_known_hosts],
     ok(!-e '/proc/hermes-nope', 'failed directory setup: nothing created');
     my @sent = ($s1->commands)[$ncmd .. (() = $s1->commands) - 1];
     my @nope = grep { m{/proc/hermes-nope} } @sent;
-    ok(scalar(grep { /mkdir/ } @nope), 'the directory step was sent') or diag explain \@sent;
+    ok(scalar(grep { /^sh -c SCRIPT hermes dir / } @nope), 'the directory step was sent') or diag explain \@sent;
     is(join("\n", grep { /cat >|kernel_runner\.py|kernel\.env/ && !/^rm -rf/ } @nope), '',
         'nothing shipped or started after the failed directory step');
     like(log_since($off), qr/spawning a kernel for session "ssh-nodir" failed: directory setup/,

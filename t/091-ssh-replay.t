@@ -3,8 +3,10 @@
 # to the kernel host's shell (over ssh: the login shell's `-c`), replayed
 # through real shells under a temp root, payloads on stdin.
 #
-# The directory, ship and kill commands are read out of the C source
-# (ngx_slprintf format strings; the ship step is one piece a file).  The start command is composed at run
+# The directory and kill steps are src/remote/hermes_kernel.sh, run with
+# argv ("dir ROOT ID GATEWAY INSTANCE", "kill ROOT ID PID START INODE";
+# its hostile-argument cases are t/033's).  The ship step is read out of
+# the C source (ngx_slprintf format strings, one piece a file).  The start command is composed at run
 # time (hermes_sandbox, root or not), so it is recorded from a real nginx
 # (its debug log shows every step's command), once with "hermes_sandbox
 # off" and once with the default bwrap sandbox, and replayed with this
@@ -30,7 +32,8 @@ $SIG{$_} = sub { exit 1 } for qw(INT TERM HUP);
 
 my $ROOT = Hermes::Test::repo_root();
 my $C_KERNEL = "$ROOT/src/ngx_hermes_kernel.c";
-my $C_SANDBOX = "$ROOT/src/ngx_hermes_sandbox.c";
+my $SCRIPT = slurp("$ROOT/src/remote/hermes_kernel.sh") // die "no hermes_kernel.sh";
+my ($GW, $INST) = ('0123456789abcdef', 'fedcba9876543210');
 my $DOCS = "$ROOT/docs/protocol.md";
 my $PY = -x '/usr/bin/python3' ? '/usr/bin/python3' : undef;
 plan skip_all => '/usr/bin/python3 not found' unless $PY;
@@ -44,9 +47,9 @@ diag 'bwrap not installed (Debian package bubblewrap): sandbox off only'
 # the commands as documented (copied from docs/protocol.md, section Spawn)
 
 my %DOC = (
-    dirs  => 'umask 077; r=ROOT; if [ -n "$(find "$r/" -maxdepth 0 -perm /022 ! -perm -1000)" ]; then echo "the kernels root $r is writable by others without the sticky bit"; exit 3; fi; if ! mkdir -m 700 -- DIR 2>/dev/null; then if [ -e DIR ] || [ -L DIR ]; then echo EEXIST; exit 4; fi; mkdir -m 700 -- DIR; exit 5; fi; echo made; mkdir -m 700 -- DIR/cells DIR/rpc && stat -c %F:%u:%a:%i -- DIR DIR/cells DIR/rpc && id -u',
+    dirs  => 'sh -c SCRIPT hermes dir ROOT ID GATEWAY INSTANCE',
     ship  => 'set -C; umask 077 && head -c LEN >DIR/NAME',
-    kill  => 'if s=$(cat /proc/PID/stat 2>/dev/null); then s=${s##*) }; set -- $s; [ "${20}" = START ] && kill -9 -PID; else kill -9 -PID; fi 2>/dev/null; for d in /sys/fs/cgroup/hermes/KID /sys/fs/cgroup/*/hermes/KID; do [ -d "$d" ] || continue; i=0; while [ $i -lt 100 ] && ! rmdir "$d" 2>/dev/null; do kill -9 $(cat "$d/cgroup.procs") 2>/dev/null; sleep 0.02; i=$((i+1)); done; done; [ INO = 0 ] || [ "$(stat -c %i -- DIR 2>/dev/null)" = INO ] && rm -rf -- DIR; exit 0',
+    kill  => 'sh -c SCRIPT hermes kill ROOT ID PID START INODE',
 );
 
 # the start step: DIR single-quoted; the pieces and where they go
@@ -138,24 +141,11 @@ ok(scalar @kernel_c, "read the string literals of $C_KERNEL") or BAIL_OUT("no $C
 my %C;
 for my $r (@kernel_c) {
     my $s = $r->[0];
-    if ($s =~ /^umask 077; r=/)                            { push @{ $C{dirs} }, $s }
-    elsif ($s eq 'set -C; umask 077')                      { push @{ $C{ship} }, $s }
+    if ($s eq 'set -C; umask 077')                      { push @{ $C{ship} }, $s }
     elsif ($s =~ /^ && head -c %uz >'%s\/%V'$/)            { push @{ $C{shipfile} }, $s }
     elsif ($s =~ /^HERMES_RPC_TOKEN=/)                     { push @{ $C{envfmt} }, $s }
-    elsif ($s =~ /^kill -9 -%P\b.*rm -rf/)                 { push @{ $C{kill} }, $s }
-    elsif ($s =~ /^if s=\$\(cat \/proc\/%P\/stat/)           { push @{ $C{killpid} }, $s }
-    elsif ($s =~ /^ ?\[ '%uL' = 0 \]/)                     { push @{ $C{killdir} }, $s }
 }
-for my $r (c_strings($C_SANDBOX)) {
-    push @{ $C{killcg} }, $r->[0] if $r->[0] =~ /^ ?for d in \/sys\/fs\/cgroup\//;
-}
-# the kill command (kernel kill and failed-spawn cleanup) may be built in
-# more than one place, but always the same way
-{
-    my %k = map { $_ => 1 } @{ $C{kill} || [] };
-    $C{kill} = [ keys %k ];
-}
-for my $k (qw(dirs ship shipfile envfmt kill killpid killdir killcg)) {
+for my $k (qw(ship shipfile envfmt)) {
     is(scalar @{ $C{$k} || [] }, 1, "exactly one $k format string in the C source")
         or diag explain $C{$k};
     $C{$k} = $C{$k}[0] // '';
@@ -202,25 +192,8 @@ sub ship_cmd {
     return ($s, join '', map { $_->[1] } @files);
 }
 
-is(c_to_doc($C{dirs}, 'ROOT'), $DOC{dirs}, 'C directory step = docs');
-{
-    (my $k = $C{killpid} . $C{killcg} . $C{killdir}) =~ s/%P/PID/g;
-    my $n = 0;
-    $k =~ s/%uL/$n++ ? 'INO' : 'START'/ge;
-    is(c_to_doc($k), $DOC{kill}, 'C kill command (pid, cgroups, directory) = docs');
-}
-# ... and the kill command is built of these three, in this order
-{
-    my $src = slurp($C_KERNEL) // '';
-    my ($body) = $src =~ /^ngx_http_hermes_kill_command\(.*?\n\{\n(.*?)\n\}\n/ms;
-    $body //= '';
-    my @at = map { index($body, $_) } '"if s=$(cat /proc/%P/stat', 'ngx_http_hermes_sandbox_kill(', q{" [ '%uL' = 0 ]};
-    ok($at[0] >= 0 && $at[0] < $at[1] && $at[1] < $at[2],
-        'ngx_http_hermes_kill_command: the pid part, the cgroups (ngx_http_hermes_sandbox_kill), the directory')
-        or diag "positions @at";
-}
 is(c_to_doc($C{ship} . $C{shipfile}), $DOC{ship}, 'C ship step (one file) = docs');
-for my $k (qw(dirs ship shipfile)) {
+for my $k (qw(ship shipfile)) {
     my @conv = $C{$k} =~ /(%uz|%.)/gs;
     ok(!grep({ !/^%(?:[%sV]|uz)$/ } @conv), "C $k step: only %s/%V/%uz conversions")
         or diag "@conv";
@@ -294,23 +267,26 @@ CONF
     for my $mode (@MODES) {
         my $kid = $kid{$mode};
         my $dir = $t->kroot . "/hermes_rkernel_$kid";
-        my @mine = grep { index($_->[1], "/hermes_rkernel_$kid") >= 0 } @steps;
+        my @mine = grep { index($_->[1], "/hermes_rkernel_$kid") >= 0 || index($_->[1], " $kid ") >= 0 } @steps;
         my %by;
         push @{ $by{$_->[0]} }, $_->[1] for @mine;
         is_deeply([ sort keys %by ], [ 'directory setup', 'ship', 'start' ],
             "$mode: the steps of its spawn logged");
 
         # what the C format strings give is what was sent
-        is_deeply($by{'directory setup'}, [ c_cmd($C{dirs}, $dir) ], "$mode: the directory step sent = C");
+        my $groot = $t->kroot;
+        like(($by{'directory setup'} || [])->[0] // '',
+            qr/^sh -c SCRIPT hermes dir \Q$groot\E \Q$kid\E [0-9a-f]{16} [0-9a-f]{16}$/,
+            "$mode: the directory step: the script, its values as arguments");
         # one ship step: the runner's files as they are in src/remote/,
-        # the marker and kernel.env last (the start step reads it)
+        # kernel.env last (the start step reads it)
         my @ship = @{ $by{ship} || [] };
         is(scalar @ship, 1, "$mode: one ship step");
         my @files = ($ship[0] // '') =~ / && head -c (\d+) >'\Q$dir\E\/([\w.]+)'/g;
         my %len;
         my @names;
         while (@files) { my ($l, $n) = splice @files, 0, 2; $len{$n} = $l; push @names, $n }
-        is("@names[-2, -1]", 'gateway kernel.env', "$mode: the marker and kernel.env shipped last")
+        is($names[-1], 'kernel.env', "$mode: kernel.env shipped last")
             or diag $ship[0];
         for my $py (qw(kernel_runner.py hermes_tools.py)) {
             is($len{$py}, -s "$ROOT/src/remote/$py", "$mode: $py shipped, its length as in src/remote/");
@@ -409,7 +385,7 @@ sub sh_start {
         umask 022;
         %ENV = (PATH => $CLEAN_PATH, LANG => 'C', HOME => '/root');
         chdir '/';
-        exec { $shell } $shell, '-c', $cmd;
+        exec { $shell } $shell, '-c', $cmd, @{ $o{args} || [] };
         POSIX::_exit(127);
     }
     close $wr;
@@ -542,16 +518,24 @@ sub start_cmd {
     return $s;
 }
 
-# the kernel kill command for a pid, its start time, the dir's inode
-sub kill_cmd {
-    my ($pid, $start, $ino, $dir, $kid) = @_;
-    # without a pid, only the cgroups and the directory (as the C code)
-    my $k = ($pid > 1 ? $C{killpid} : '') . $C{killcg} . $C{killdir};
-    my $n = $pid > 1 ? 0 : 1;
-    $k =~ s/%uL/$n++ ? $ino : $start/ge;
-    $k =~ s/%P/$pid/g;
-    $k =~ s/%\*s/$kid/g;
-    return c_cmd($k, $dir);
+# hermes_kernel.sh VERB ARG... as the module runs it
+sub run_script {
+    my ($shell, @args) = @_;
+    return run_sh($shell, $SCRIPT, args => ['hermes', @args]);
+}
+
+# the directory step for a kernel dir ROOT/hermes_rkernel_KID
+sub run_dirs {
+    my ($shell, $dir) = @_;
+    my ($root, $kid) = $dir =~ m{^(.*)/hermes_rkernel_([^/]*)$} or die "not a kernel dir: $dir\n";
+    return run_script($shell, 'dir', $root, $kid, $GW, $INST);
+}
+
+# the kill step for a pid, its start time, the dir's inode
+sub run_kill {
+    my ($shell, $pid, $start, $ino, $dir, $kid) = @_;
+    my ($root) = $dir =~ m{^(.*)/hermes_rkernel_[^/]*$} or die "not a kernel dir: $dir\n";
+    return run_script($shell, 'kill', $root, $kid, $pid, $start, $ino);
 }
 
 sub proc_start {
@@ -634,7 +618,7 @@ sub environs_with {
 # directories, the runner (or a stand-in) and kernel.env, each step checked
 sub prepare {
     my ($sh, $shell, $dir, %o) = @_;
-    my $r = run_sh($shell, c_cmd($C{dirs}, $dir));
+    my $r = run_dirs($shell, $dir);
     is($r->{out}, dirs_out($dir), "$sh: $o{what}: directories made") or diag $r->{err};
     my ($cmd, $in) = ship_cmd($dir, (map { [$_, $o{files}{$_}] } sort keys %{ $o{files} }),
         ['kernel.env', env_payload($o{token}, $o{kid}, $o{idle} // 0)]);
@@ -666,7 +650,7 @@ for my $shell ('/bin/sh', '/bin/bash') {
     my $dir = "$root/hermes_rkernel_$kid";
 
     # 1. directories
-    my $r = run_sh($shell, c_cmd($C{dirs}, $dir));
+    my $r = run_dirs($shell, $dir);
     is($r->{rc}, 0, "$sh: directory step exits 0") or diag $r->{err};
     is($r->{out}, dirs_out($dir), "$sh: directory step: made, three owner-only directories and the uid");
     is(mode($dir), '700', "$sh: DIR 0700 under an outer umask 022");
@@ -710,7 +694,7 @@ for my $shell ('/bin/sh', '/bin/bash') {
         mkdir $open or die;
         chmod $m, $open;
         my $d = "$open/hermes_rkernel_" . new_kid();
-        $r = run_sh($shell, c_cmd($C{dirs}, $d));
+        $r = run_dirs($shell, $d);
         if ($m == 01777) {
             is($r->{rc}, 0, "$sh: a sticky world-writable root (as /tmp) is fine");
         } else {
@@ -726,7 +710,7 @@ for my $shell ('/bin/sh', '/bin/bash') {
         if ($plant eq 'dir') { mkdir $d, 0755 or die }
         elsif ($plant eq 'file') { open my $f, '>', $d or die; close $f }
         else { mkdir "$d.target", 0755 or die; symlink "$d.target", $d or die }
-        $r = run_sh($shell, c_cmd($C{dirs}, $d));
+        $r = run_dirs($shell, $d);
         is($r->{rc}, 4, "$sh: an existing $plant: exit 4");
         is($r->{out}, "EEXIST\n", "$sh: an existing $plant: EEXIST, nothing else");
         if ($plant eq 'symlink') {
@@ -740,7 +724,7 @@ for my $shell ('/bin/sh', '/bin/bash') {
 
     # fail-closed steps: a non-zero status, nothing made, nothing started
     my $nope = "/proc/hermes-nope-$$/hermes_rkernel_$kid";
-    $r = run_sh($shell, c_cmd($C{dirs}, $nope));
+    $r = run_dirs($shell, $nope);
     isnt($r->{rc}, 0, "$sh: directory step under an unusable root fails");
     unlike($r->{out}, qr/^made/, "$sh: and does not say it made it");
     ok(!-e "/proc/hermes-nope-$$", "$sh: nothing created");
@@ -870,7 +854,7 @@ for my $shell ('/bin/sh', '/bin/bash') {
         my $start = proc_start($pid);
         my $ino = (lstat $mdir)[1];
         unless (@cg) {
-            $r = run_sh($shell, kill_cmd($pid, $start + 1, $ino + 1, $mdir, $mkid));
+            $r = run_kill($shell, $pid, $start + 1, $ino + 1, $mdir, $mkid);
             is($r->{rc}, 0, "$m: the kill command exits 0") or diag $r->{err};
             sleep 0.2;
             ok(pid_alive($pid), "$m: kill: a pid started at another time is not signalled");
@@ -878,7 +862,7 @@ for my $shell ('/bin/sh', '/bin/bash') {
             ok(-d $mdir, "$m: kill: a directory with another inode is not removed");
         }
 
-        $r = run_sh($shell, kill_cmd($pid, $start, $ino, $mdir, $mkid));
+        $r = run_kill($shell, $pid, $start, $ino, $mdir, $mkid);
         is($r->{rc}, 0, "$m: the kill command exits 0") or diag $r->{err};
         ok(wait_until(sub { !pid_alive($pid) }, 5), "$m: kill: the runner is gone");
         ok(wait_until(sub { !grep { pid_alive($_) } @tree }, 5), "$m: kill: every process of the start is gone");
@@ -916,7 +900,7 @@ for my $shell ('/bin/sh', '/bin/bash') {
         like($r->{out}, qr/--- env\n.*PATH=.*--- set\n/s, "$m: waited: (env and set did print)");
         is((read_json("$wdir/standin.json") // {})->{token}, $wtoken, "$m: waited: while the runner had it");
         # the runner is gone: its cgroups and directory
-        $r = run_sh($shell, kill_cmd(0, 0, (lstat $wdir)[1] // 0, $wdir, $wkid));
+        $r = run_kill($shell, 0, 0, (lstat $wdir)[1] // 0, $wdir, $wkid);
         ok(!-e $wdir && !cgroup_dirs($wkid), "$m: waited: the kill command without a pid: directory and cgroups removed");
     }
 }
@@ -948,7 +932,7 @@ for my $mode (@MODES) {
     is(join(',', environs_with($token)), '', "$m: the token is in no process's environment");
     is(join(',', cmdlines_with($token)), '', "$m: the token is in no process's argv");
     my @tree = proc_tree($pid);
-    my $r = run_sh($shell, kill_cmd($pid, proc_start($pid), (lstat $dir)[1], $dir, $kid));
+    my $r = run_kill($shell, $pid, proc_start($pid), (lstat $dir)[1], $dir, $kid);
     is($r->{rc}, 0, "$m: the kill command exits 0");
     ok(wait_until(sub { !grep { pid_alive($_) } @tree }, 5), "$m: killed, all of it");
     ok(!-e $dir, "$m: its directory removed");

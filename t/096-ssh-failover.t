@@ -106,7 +106,7 @@ ok($sv, "the next new session goes to $victim (fewer kernels)") or BAIL_OUT('no 
 my $off = length $t->error_log;
 $sv->freeze;
 my $bg = $t->execute_async('/two', { session => 'd', code => "print('d')" }, timeout => 40);
-ok(wait_until(sub { substr($t->error_log, $off) =~ /ssh exec on 127\.0\.0\.1: .*mkdir -m 700/ }, 10),
+ok(wait_until(sub { substr($t->error_log, $off) =~ /ssh exec on 127\.0\.0\.1: sh -c SCRIPT hermes dir / }, 10),
     'the spawn sent its directory step to the frozen host');
 sleep 0.5;                                  # written to the connection
 kill 'KILL', $sv->descendants($sv->pid);    # its sessions: the link breaks

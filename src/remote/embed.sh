@@ -1,9 +1,11 @@
 #!/bin/sh
 # Turns the kernel host's Python files into one C file, so the .so carries
 # them and they stay real, testable .py files in the tree.
-# usage: embed.sh OUT.c shipped.py... [-- other.py...]
+# usage: embed.sh OUT.c shipped.py... [-- other.py...] [-- script.sh...]
 # The files before "--" are shipped into each kernel's directory at spawn;
 # those after it are only carried (the ssh agent, sent once a connection).
+# Scripts (hermes_NAME.sh) become NUL-terminated ngx_http_hermes_script_NAME
+# texts, run as `sh -c TEXT hermes ARG...` on kernel hosts.
 set -eu
 out=$1; shift
 tmp=$out.tmp
@@ -14,6 +16,15 @@ tmp=$out.tmp
     echo '#include "ngx_hermes.h"'
     echo
     for f in "$@"; do
+        case $f in
+        *.sh)
+            name=$(basename "$f" .sh)
+            echo "const char ngx_http_hermes_script_${name#hermes_}[] = {"
+            od -An -v -tx1 "$f" | sed 's/ *\([0-9a-f][0-9a-f]\)/0x\1, /g; s/, $/,/'
+            echo "0x00 };"
+            echo
+            continue ;;
+        esac
         [ "$f" = -- ] && continue
         name=$(basename "$f" .py)
         echo "static const u_char ngx_http_hermes_remote_${name}_data[] = {"
@@ -25,6 +36,7 @@ tmp=$out.tmp
     ship=1
     for f in "$@"; do
         if [ "$f" = -- ]; then ship=0; continue; fi
+        case $f in *.sh) continue ;; esac
         name=$(basename "$f" .py)
         echo "    { ngx_string(\"$(basename "$f")\"),"
         echo "      ngx_http_hermes_remote_${name}_data,"

@@ -18,7 +18,7 @@ the truth, and a new agent resumes every cell from the offset reached).
 A frame is u32 BE length (at most 1 MiB + 64), u32 BE stream, one type
 letter, the payload (docs/protocol.md, "The kernel-host agent"):
 
-    P PING -> p PONG                    X EXEC {"cmd","timeout","out_max"}
+    P PING -> p PONG                    X EXEC {"cmd","args","timeout","out_max"}
     W READY {"dir","pid","timeout"}  (answered by x, as an EXEC)
     C CELL {"dir","cell","pid","start","ino","uid","offset","out_limit",
             "res_limit","window"} (+ the request when offset is -1)
@@ -758,7 +758,8 @@ class Cell:
 
 
 class Exec:
-    """One EXEC stream: /bin/sh -c in its own process group."""
+    """One EXEC stream: /bin/sh -c CMD hermes ARGS... in its own process
+    group (values come as arguments, never as shell text)."""
 
     def __init__(self, agent, sid, req, data):
         self.agent, self.sid = agent, sid
@@ -772,17 +773,24 @@ class Exec:
             raise ValueError("cmd must be a string")
         if "\0" in cmd:
             raise ValueError("cmd holds a NUL")
+        args = req.get("args", [])
+        if (not isinstance(args, list)
+                or not all(isinstance(a, str) and "\0" not in a
+                           for a in args)):
+            raise ValueError("args must be a list of strings without NULs")
         self.timeout = want_int(req, "timeout", 1, 1 << 31) / 1000.0
         self.out_max = min(want_int(req, "out_max", 0, default=EXEC_OUT_MAX),
                            EXEC_OUT_MAX)
         self.data = memoryview(data)
         self.cmd = cmd
+        self.args = args
 
     def start(self):
         a = self.agent
         try:
             self.proc = subprocess.Popen(
-                ["/bin/sh", "-c", self.cmd], stdin=subprocess.PIPE,
+                ["/bin/sh", "-c", self.cmd, "hermes"] + self.args,
+                stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE, start_new_session=True)
         except (OSError, ValueError, subprocess.SubprocessError) as e:
             return self.answer({"status": -1, "error": "spawn: %s" % e})

@@ -280,11 +280,12 @@ test_exec(void **state)
     int64_t                   v;
     ngx_str_t                 json, bytes;
     ngx_http_hermes_frame_t   f;
-    u_char                    buf[NGX_HTTP_HERMES_FRAME_EXEC_MAX + 6 * 32];
+    u_char                    buf[NGX_HTTP_HERMES_FRAME_EXEC_MAX + 6 * 64];
 
     static u_char  cmd[] = "exec 2>&1\nprintf '%s' \"$x\"";
+    static char   *args[] = { "kill", "a\"b\n", NULL };
 
-    p = ngx_http_hermes_frames_exec(buf, 5, cmd, sizeof(cmd) - 1, 10000,
+    p = ngx_http_hermes_frames_exec(buf, 5, cmd, sizeof(cmd) - 1, args, 10000,
                                     255, 3);
     p = ngx_cpymem(p, "in\n", 3);
 
@@ -301,6 +302,12 @@ test_exec(void **state)
     assert_non_null(ngx_strlcasestrn(json.data, json.data + json.len,
                                      (u_char *) "\"cmd\":\"exec 2>&1\\n"
                                      "printf '%s' \\\"$x\\\"\"", 37 - 1));
+
+    /* the arguments: each one JSON string, the quote and newline escaped */
+
+    assert_non_null(ngx_strlcasestrn(json.data, json.data + json.len,
+                                     (u_char *) "\"args\":[\"kill\","
+                                     "\"a\\\"b\\n\"]", 24 - 1));
 
     assert_int_equal(ngx_http_hermes_frames_json_int(&json, "timeout", &v),
                      NGX_OK);
