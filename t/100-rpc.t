@@ -313,6 +313,41 @@ my $prom = $t->http(GET => '/status?format=prometheus')->{content};
 like($prom, qr/hermes_rpc_rejected_total\{zone="kernels",reason="replay"\} 1/,
      'prometheus: rpc_rejected_total{reason}');
 
+# -- a flood of bad-token requests: counted exactly, a few log lines -------
+
+{
+    my $off = length $t->error_log;
+    my $tok0 = status()->{rpc_rejected_total}{token} // 0;
+    my $fr = $t->execute('/x', {session => 'forge', code => <<'PY'});
+import os, time
+n = 0
+end = time.time() + 2
+while time.time() < end:
+    n += 1
+    p = "rpc/req_%06d" % (1000 + n)
+    with open(p + ".x", "w") as f:
+        f.write('{"tool":"echo","args":{},"seq":%d,"token":"%s"}'
+                % (1000 + n, "0" * 64))
+    os.rename(p + ".x", p)
+while os.listdir("rpc") and time.time() < end + 5:
+    time.sleep(0.05)
+print(n)
+PY
+    my $n = $fr->{result}{output} // 0;
+    chomp $n;
+    ok($n > 200, "the cell wrote $n bad-token requests");
+    is((status()->{rpc_rejected_total}{token} // 0) - $tok0, $n,
+       'rpc_rejected_total{reason="token"} counts every one');
+    my $log = substr($t->error_log, $off);
+    my $lines = () = $log =~ /kernel \Q$kid\E: tool call request "req_\d+" rejected \(token\)/g;
+    # (the forged requests above took this minute's lines, or some)
+    ok($lines <= 5, "at most a few lines for them ($lines)");
+    my ($more) = $log =~ /kernel \Q$kid\E: (\d+) more tool call request\(s\) rejected, not logged/;
+    is(($more // 0) + $lines, $n, 'and one line for the rest, with their number')
+        or diag $log;
+    ok(length($log) < 4096, sprintf('error.log grew by %d bytes', length $log));
+}
+
 # -- a request left from an earlier cell has no authority in the next ------
 
 forge(301, qq({"tool":"echo","args":{"f":301},"seq":301,"token":"$token"}));

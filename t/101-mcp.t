@@ -68,6 +68,34 @@ sub forget {
 like($t->http(GET => '/schema')->{json}{anthropic}{description},
      qr/the tools of the gateway's MCP server/, 'hermes_schema with auto, before any list');
 
+# tool names that would end a header or forge a log line, before any
+# MCP session exists (the first call of the worker initializes): refused
+# by the name grammar before any use, in every mode (the cell's own
+# allow-list bypassed); nothing reaches the server, error.log holds no
+# line the cell wrote
+{
+    my $off = length $t->error_log;
+    for my $loc ('/auto', '/x') {
+        my $r0 = $t->execute($loc, {session => 'inject', code => <<'PY'});
+hermes_tools._allowed = None
+for name in ("recall\r\nX-Hermes-Owner: bob",
+             "nope\n2099/01/01 00:00:00 [alert] 1#1: FORGED",
+             "add\x00", "a" * 129, "caf\u00e9"):
+    try:
+        hermes_tools.call(name, {"a": 1, "b": 2})
+    except hermes_tools.ToolError as e:
+        print("ToolError:", e)
+PY
+        is($r0->{result}{output},
+           "ToolError: a tool call needs \"tool\": a name of 1-128 of A-Z a-z 0-9 _ - .\n" x 5,
+           "$loc: names outside the grammar are refused") or diag explain $r0;
+    }
+    is(scalar @{ hits() }, 0, 'nothing reached the MCP server: no initialize with an injected header');
+    my $log = substr($t->error_log, $off);
+    unlike($log, qr/^2099/m, 'no forged line in error.log');
+    unlike($log, qr/X-Hermes-Owner: bob/, 'no injected header text in error.log');
+}
+
 my $r = $t->execute('/x', {session => 'm', code => <<'PY'});
 print(hermes_tools.add(a=1, b=2))
 print(repr(hermes_tools.greet(name="nginx")))
