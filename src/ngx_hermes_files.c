@@ -53,7 +53,6 @@ static ngx_str_t  ngx_http_hermes_files_reserved[] = {
     ngx_string("wake"),
     ngx_string("intr"),
     ngx_string("ready"),
-    ngx_string("gateway"),
     ngx_string("kernel.env"),
     ngx_string("runner.log"),
     ngx_string("kernel_runner.py"),

@@ -258,7 +258,12 @@ forge($_, $forged{$_}) for sort keys %forged;
 # not a request at all: a FIFO and a link, planted by whoever can write rpc/
 POSIX::mkfifo("$rpc/x120", 0600) or die "mkfifo: $!";
 rename "$rpc/x120", "$rpc/req_000120" or die;
-symlink "/etc/passwd", "$rpc/x121" or die;
+# (to this test's canary, never a file of the host)
+my $canary = $t->prefix . '/canary';
+open my $cfh, '>', $canary or die;
+print $cfh "canary\n";
+close $cfh;
+symlink $canary, "$rpc/x121" or die;
 rename "$rpc/x121", "$rpc/req_000121" or die;
 
 # one good request with the token, then the same seq again: a replay
