@@ -248,7 +248,8 @@ ngx_http_hermes_execute_body(ngx_http_request_t *r)
 static ngx_int_t
 ngx_http_hermes_owner(ngx_http_request_t *r, ngx_str_t *owner, ngx_int_t *rc)
 {
-    ngx_uint_t                   i;
+    u_char                      *p, *last;
+    uint32_t                     u;
     ngx_http_hermes_ctx_t       *ctx;
     ngx_http_hermes_loc_conf_t  *hlcf;
 
@@ -278,14 +279,34 @@ ngx_http_hermes_owner(ngx_http_request_t *r, ngx_str_t *owner, ngx_int_t *rc)
         return NGX_DECLINED;
     }
 
-    for (i = 0; i < owner->len; i++) {
-        if (owner->data[i] < 0x20 || owner->data[i] == 0x7f) {
+    /* it goes into JSON (status, headers of tool calls): strict UTF-8 */
+
+    p = owner->data;
+    last = p + owner->len;
+
+    while (p < last) {
+        if (*p >= 0x80) {
+            u = ngx_utf8_decode(&p, last - p);
+
+            if (u <= 0x10ffff && (u < 0xd800 || u > 0xdfff)) {
+                continue;
+            }
+
+            *rc = ngx_http_hermes_response_send_error(r, NGX_HTTP_BAD_REQUEST,
+                                             "invalid_owner",
+                                             "the owner is not valid UTF-8");
+            return NGX_DECLINED;
+        }
+
+        if (*p < 0x20 || *p == 0x7f) {
             *rc = ngx_http_hermes_response_send_error(r, NGX_HTTP_BAD_REQUEST,
                                              "invalid_owner",
                                              "the owner has a control "
                                              "character");
             return NGX_DECLINED;
         }
+
+        p++;
     }
 
     /* $hermes_owner */

@@ -650,6 +650,12 @@ ngx_http_hermes_json_prefixed(ngx_http_hermes_json_field_t *fields,
 }
 
 
+/*
+ * 1-128 of [A-Za-z0-9._:-], and not "." or "..": a URL of the kernels
+ * location (DELETE, interrupt, files, resume) must be able to name it,
+ * and nginx normalises those two away.
+ */
+
 ngx_int_t
 ngx_http_hermes_json_session_valid(ngx_str_t *s)
 {
@@ -657,6 +663,12 @@ ngx_http_hermes_json_session_valid(ngx_str_t *s)
     ngx_uint_t  i;
 
     if (s->len == 0 || s->len > NGX_HTTP_HERMES_SESSION_MAX) {
+        return 0;
+    }
+
+    if ((s->len == 1 && s->data[0] == '.')
+        || (s->len == 2 && s->data[0] == '.' && s->data[1] == '.'))
+    {
         return 0;
     }
 

@@ -56,6 +56,9 @@ error_is($t->execute('/v1/execute', { session => 'a b', code => '1' }), 400, 'in
 error_is($t->execute('/v1/execute', { session => '', code => '1' }), 400, 'invalid_session', 'empty session');
 error_is($t->execute('/v1/execute', { session => 'x' x 129, code => '1' }), 400, 'invalid_session', 'session of 129 chars');
 error_is($t->execute('/v1/execute', { session => '../etc', code => '1' }), 400, 'invalid_session', 'session with a slash');
+# names a kernels URL cannot address (nginx normalises them away)
+error_is($t->execute('/v1/execute', { session => '.', code => '1' }), 400, 'invalid_session', 'session "."');
+error_is($t->execute('/v1/execute', { session => '..', code => '1' }), 400, 'invalid_session', 'session ".."');
 error_is($t->execute('/v1/execute', { session => 'a', code => '1', timeout => 0 }), 400, 'invalid_request', 'timeout 0');
 error_is($t->execute('/v1/execute', { session => 'a', code => '1', timeout => 31 }), 400, 'invalid_request', 'timeout over the cap');
 error_is($t->execute('/v1/execute', { session => 'a', code => '1', timeout => 'soon' }), 400, 'invalid_request', 'timeout not a number');

@@ -269,6 +269,21 @@ error_is($t->execute('/o/execute', { session => 'a', code => '1' }, headers => {
 error_is($t->raw_request('GET', '/o/kernels', headers => { 'X-Owner' => "anon\tymous" }),
     400, 'invalid_owner', 'owner with a tab');
 
+# owners that are not UTF-8 are refused (they go into JSON: the status,
+# tool call headers); a UTF-8 owner works and the status stays UTF-8
+for my $c (["\xff\xfe", 'bytes that are no UTF-8'], ["\xc0\xaf", 'an overlong form'],
+           ["a\xed\xa0\x80", 'a surrogate'], ["ab\xe2\x82", 'a cut sequence']) {
+    error_is($t->execute('/o/execute', { session => 'a', code => '1' }, headers => { 'X-Owner' => $c->[0] }),
+        400, 'invalid_owner', "owner with $c->[1]");
+}
+$r = $t->execute('/o/execute', { session => 'u8', code => 'print(1)' }, headers => { 'X-Owner' => "zo\xc3\xab" });
+is($r->{result}{status}, 'success', 'a UTF-8 owner runs cells');
+{
+    my $st = $t->raw_request('GET', '/v1/status');
+    my $json = eval { JSON::PP->new->utf8->decode($st->{raw}) };
+    ok($json, 'the status is valid UTF-8 JSON') or diag $@;
+}
+
 ############################################################################
 # nginx's own errors on our locations are JSON
 
