@@ -69,6 +69,27 @@ $r = $t->execute('/v1/execute', { session => 'slow', timeout => 1,
 is($r->{json}{status}, 'timeout', 'JSON answer: timeout');
 like($r->{json}{output}, qr/^in json\n/, 'JSON answer: with what it printed');
 
+# a cell waiting on a child (system() ignores SIGINT in the caller, as
+# Jupyter's kernels know): the interrupt reaches the child too, so the
+# cell stops within the grace and keeps its kernel and state
+for my $c (["import os\nw = 'sys'\nos.system('sleep 301')\nw = 'after'", 'os.system'],
+           ["import subprocess\nw = 'sub'\nsubprocess.run(['sleep', '301'])\nw = 'after'", 'subprocess.run']) {
+    my ($code, $how) = @$c;
+    $t0 = time;
+    $r = $t->execute('/v1/execute', { session => 'slow', timeout => 1, code => $code });
+    $took = time - $t0;
+    is($r->{result}{status}, 'timeout', "$how: status timeout");
+    like($r->{result}{error}, qr/was interrupted; the kernel and its state are kept/,
+        "$how: the cell stopped when interrupted") or diag explain $r->{result};
+    ok($took < 2.5, sprintf("$how: within the grace (%.2fs)", $took));
+    ok(!$r->{result}{kernel}{ended}, "$how: the kernel did not end");
+    ok(wait_until(sub { !grep { (readlink("/proc/$_/cwd") // '') =~ m{^\Q@{[$t->kroot]}\E/} }
+                              procs_matching(qr/^sleep 301/) }, 3), "$how: its child is gone");
+    $r = $t->execute('/v1/execute', { session => 'slow', code => "print(v, w)" });
+    is($r->{result}{kernel}{kernel_id}, $kid, "$how: the same kernel");
+    like($r->{result}{output}, qr/^changed (?:sys|sub|after)\n$/, "$how: its state kept");
+}
+
 # a cell that does not stop when interrupted: its kernel's whole process
 # group is killed after the grace
 $t0 = time;

@@ -254,6 +254,7 @@ class _Sink:
     text is ever left in parts unscheduled or unwritten."""
 
     n = 0                 # the cell's id, for interrupts
+    children_hit = False  # an interrupt reached processes the cell started
 
     def __init__(self, fd, max_output, max_stream):
         self.fd, self.max_stream = fd, max_stream
@@ -700,10 +701,72 @@ def _start_flusher():
     threading.Thread(target=_flusher, name="hermes-flusher", daemon=True).start()
 
 
+class _Group:
+    """The processes a cell started in the kernel's process group, as
+    Jupyter's SIGINT to that group reaches them: a cell blocked in
+    os.system() (which ignores SIGINT in the caller) or waiting on a child
+    stops when the child does."""
+
+    WAIT = 1.0          # for the children to go, before the second kick
+    POLL = 0.02
+
+    def __init__(self):
+        self.me = os.getpid()
+
+    def members(self):
+        """Pids of our process group but ours and a sandbox's init."""
+        grp = os.getpgrp()
+        found = []
+        try:
+            names = os.listdir("/proc")
+        except OSError:
+            return found
+        for name in names:
+            if not name.isdigit():
+                continue
+            pid = int(name)
+            if pid in (self.me, 1):
+                continue
+            fields = self._stat(pid)
+            if fields and fields[0] != b"Z" and int(fields[2]) == grp:
+                found.append(pid)
+        return found
+
+    @staticmethod
+    def _stat(pid):
+        """Fields of /proc/PID/stat after the command name, or None."""
+        try:
+            with open("/proc/%d/stat" % pid, "rb") as f:
+                st = f.read()
+            return st[st.rindex(b")") + 2:].split()
+        except (OSError, ValueError):
+            return None
+
+    def interrupt(self):
+        """SIGINT to every member; True when there was one."""
+        hit = False
+        for pid in self.members():
+            try:
+                os.kill(pid, signal.SIGINT)
+                hit = True
+            except OSError:
+                pass
+        return hit
+
+    def wait_gone(self):
+        """Until no member is left (or WAIT): the cell's wait returns."""
+        end = time.monotonic() + self.WAIT
+        while time.monotonic() < end and self.members():
+            time.sleep(self.POLL)
+
+
 def _interrupter(fd):
     # D/intr: the module writes "N\n" to interrupt cell N (its timeout, or
     # an agent's interrupt).  An id that is not the running cell's came
-    # late, for a cell that is over: ignored.
+    # late, for a cell that is over: ignored.  The cell's children get
+    # SIGINT too; once they are gone the cell is kicked again, for a
+    # SIGINT its own wait ignored.
+    group = _Group()
     pending = b""
     while True:
         try:
@@ -717,8 +780,17 @@ def _interrupter(fd):
         *ids, pending = pending.split(b"\n")
         with _cond:
             s = _current
-            if s is not None and any(i.strip() == str(s.n).encode() for i in ids):
-                _log("cell %d: interrupted" % s.n)
+            if s is None or not any(i.strip() == str(s.n).encode() for i in ids):
+                continue
+            _log("cell %d: interrupted" % s.n)
+            _kick()
+        if not group.interrupt():
+            continue
+        with _cond:
+            s.children_hit = True
+        group.wait_gone()
+        with _cond:
+            if _current is s:
                 _kick()
 
 
@@ -1420,6 +1492,10 @@ def _process(n, path, names=None):
         sys.stdout, sys.stderr = STDOUT, STDERR
         try:
             status, error, ended = _run(req["code"])
+            if status == "success" and not ended and sink.children_hit:
+                # its wait ignored the SIGINT its children died of (as
+                # system() does): it was interrupted all the same
+                status, error = "interrupted", "KeyboardInterrupt"
             _mpl_flush(sink)
         finally:
             _restore_fds()
