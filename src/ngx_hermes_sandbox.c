@@ -395,9 +395,10 @@ start:
                      " --ro-bind /usr /usr --symlink usr/lib /lib"
                      " --symlink usr/lib64 /lib64 --symlink usr/bin /bin"
                      " --symlink usr/sbin /sbin --ro-bind /etc /etc"
-                     " --proc /proc --dev /dev --size %O --tmpfs /tmp"
-                     " --dir /var/tmp",
-                     sb->net ? " --share-net" : "", sb->tmp);
+                     " --proc /proc --dev /dev --size %O --tmpfs /dev/shm"
+                     " --remount-ro /dev --size %O --tmpfs /tmp"
+                     " --symlink ../tmp /var/tmp",
+                     sb->net ? " --share-net" : "", sb->tmp, sb->tmp);
 
     if (sb->ro) {
         ro = sb->ro->elts;
@@ -408,8 +409,14 @@ start:
         }
     }
 
+    /*
+     * bwrap's own / and /dev are tmpfs without a size, which RLIMIT_AS
+     * does not count: read-only once everything is mounted.  What stays
+     * writable is sized: /tmp (and /var/tmp, a link to it), /dev/shm.
+     */
+
     return ngx_slprintf(p, last,
-                        " --bind '%s' '%s' --chdir '%s'"
+                        " --bind '%s' '%s' --chdir '%s' --remount-ro /"
                         " --setenv PATH /usr/local/bin:/usr/bin:/bin"
                         " python3 -I kernel_runner.py",
                         dir, dir, dir);

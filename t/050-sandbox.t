@@ -45,6 +45,11 @@ $t->write_conf(<<'CONF');
             hermes_execute;
             hermes_sandbox off;
         }
+
+        location = /small {
+            hermes_execute;
+            hermes_sandbox bwrap tmp=16m;
+        }
     }
 CONF
 $t->run;
@@ -181,6 +186,39 @@ PY
     like($r->{result}{output} // '', qr/refused/, 'net=off: no connection to the gateway');
     $r = run_as('alice', 'a', "import socket\ns = socket.create_connection(('127.0.0.1', ${\ $t->port(0) }), timeout=2)\ns.close()\nprint('connected')");
     like($r->{result}{output} // '', qr/connected/, 'net=on (the default): it connects');
+}
+
+# every writable place but the kernel's own dir is bounded, root or not
+# (tmpfs is not counted by RLIMIT_AS): /tmp and /var/tmp share tmp=,
+# /dev/shm has tmp= of its own, the sandbox's / and /dev are read-only
+{
+    $r = $t->execute('/small', {session => 'fill', code => <<'PY'});
+import os
+def fill(d):
+    try:
+        f = open(os.path.join(d, "fill" + d.replace("/", "_")), "wb")
+    except OSError as e:
+        return "ro"
+    n = 0
+    try:
+        while n < 40 << 20:
+            n += f.write(b"x" * (1 << 20))
+            f.flush()
+    except OSError:
+        pass
+    try:
+        f.close()
+    except OSError:
+        pass
+    return n >> 20
+for d in ("/tmp", "/var/tmp", "/dev/shm", "/", "/var", "/dev", "/run", "/home"):
+    print(d, fill(d))
+PY
+    my %got = ($r->{result}{output} // '') =~ /^(\S+) (\S+)$/mg;
+    is($got{'/tmp'}, 16, 'tmp=16m: /tmp takes 16 MB, no more') or diag $r->{result}{output};
+    is($got{'/var/tmp'}, 0, '/var/tmp shares it (it is full)');
+    ok(defined $got{'/dev/shm'} && $got{'/dev/shm'} ne 'ro' && $got{'/dev/shm'} <= 16, "/dev/shm takes at most 16 MB ($got{'/dev/shm'})");
+    is($got{$_}, 'ro', "$_ is not writable") for qw(/ /var /dev /run /home);
 }
 
 # off: no namespaces, still not root

@@ -61,7 +61,7 @@ my %START = (
     cgroup   => q{k=hermes/KID; c=/sys/fs/cgroup; if [ -f $c/cgroup.controllers ]; then mkdir -p $c/hermes && echo '+memory +pids +cpu' > $c/hermes/cgroup.subtree_control 2>/dev/null; mkdir $c/$k && echo MEMORY > $c/$k/memory.max && echo PIDS > $c/$k/pids.max && echo 0 > $c/$k/cgroup.procs || exit 1; elif [ -w $c/memory ]; then mkdir -p $c/memory/$k $c/pids/$k $c/cpu/$k && echo MEMORY > $c/memory/$k/memory.limit_in_bytes && echo PIDS > $c/pids/$k/pids.max && for d in memory pids cpu; do echo 0 > $c/$d/$k/cgroup.procs; done || exit 1; else ulimit -v MEMORY_KB; fi;},
     ulimit   => q{ulimit -v MEMORY_KB;},
     fallback => q{command -v bwrap >/dev/null || { echo 'hermes: bwrap is not installed, the kernel runs without a sandbox' >&2; r python3 -I kernel_runner.py; };},
-    bwrap    => q{r sh -c '"$@"; exit $?' hermes-kernel bwrap --unshare-all --share-net --die-with-parent --new-session --ro-bind /usr /usr --symlink usr/lib /lib --symlink usr/lib64 /lib64 --symlink usr/bin /bin --symlink usr/sbin /sbin --ro-bind /etc /etc --proc /proc --dev /dev --size TMP --tmpfs /tmp --dir /var/tmp --bind DIR DIR --chdir DIR --setenv PATH /usr/local/bin:/usr/bin:/bin python3 -I kernel_runner.py},
+    bwrap    => q{r sh -c '"$@"; exit $?' hermes-kernel bwrap --unshare-all --share-net --die-with-parent --new-session --ro-bind /usr /usr --symlink usr/lib /lib --symlink usr/lib64 /lib64 --symlink usr/bin /bin --symlink usr/sbin /sbin --ro-bind /etc /etc --proc /proc --dev /dev --size TMP --tmpfs /dev/shm --remount-ro /dev --size TMP --tmpfs /tmp --symlink ../tmp /var/tmp --bind DIR DIR --chdir DIR --remount-ro / --setenv PATH /usr/local/bin:/usr/bin:/bin python3 -I kernel_runner.py},
 );
 
 my $docs = slurp($DOCS) // '';
