@@ -31,6 +31,9 @@
 #define NGX_HTTP_HERMES_KILL_ARGS_LEN                                         \
     (NGX_HTTP_HERMES_DIR_MAX + 3 * NGX_INT64_LEN + 8)
 #define NGX_HTTP_HERMES_HOST_MAX        64
+/* an MCP server's Mcp-Session-Id and protocol version, kept per kernel */
+#define NGX_HTTP_HERMES_MCP_SESSION_MAX 128
+#define NGX_HTTP_HERMES_MCP_VERSION_MAX 16
 #define NGX_HTTP_HERMES_TAG_HEX         16      /* hex of 8 bytes */
 
 
@@ -473,6 +476,18 @@ typedef struct {
 
     uint32_t                      gen;          /* tells a reused key */
 
+    /*
+     * The kernel's own MCP session with its tools server: the server (a
+     * crc32 of the hermes_tools_pass URI; 0: none yet), Mcp-Session-Id
+     * (may be empty) and the protocol version the server chose.  Never
+     * another kernel's, so never another owner's.
+     */
+    uint32_t                      mcp_peer;
+    u_char                        mcp_session[NGX_HTTP_HERMES_MCP_SESSION_MAX];
+    u_char                        mcp_version[NGX_HTTP_HERMES_MCP_VERSION_MAX];
+    uint8_t                       mcp_session_len;
+    uint8_t                       mcp_version_len;
+
     uint8_t                       state;
     uint8_t                       host;         /* index in the backend */
     uint8_t                       lost_reason;  /* a tombstone's */
@@ -564,6 +579,21 @@ ngx_int_t ngx_http_hermes_registry_running(ngx_http_hermes_zone_t *zone,
 ngx_int_t ngx_http_hermes_registry_kernel(ngx_http_hermes_zone_t *zone,
     ngx_str_t *owner, ngx_str_t *session, ngx_http_hermes_victim_t *v,
     ngx_http_hermes_kernel_ref_t *ref);
+
+/* a running cell's kernel's MCP session with one server */
+
+typedef struct {
+    uint32_t                      peer;         /* crc32 of the server's URI */
+    size_t                        session_len;
+    size_t                        version_len;
+    u_char                        session[NGX_HTTP_HERMES_MCP_SESSION_MAX];
+    u_char                        version[NGX_HTTP_HERMES_MCP_VERSION_MAX];
+} ngx_http_hermes_mcp_session_t;
+
+ngx_int_t ngx_http_hermes_registry_mcp_session(ngx_http_hermes_zone_t *zone,
+    ngx_http_hermes_kernel_ref_t *ref, ngx_http_hermes_mcp_session_t *ms);
+void ngx_http_hermes_registry_set_mcp_session(ngx_http_hermes_zone_t *zone,
+    ngx_http_hermes_kernel_ref_t *ref, ngx_http_hermes_mcp_session_t *ms);
 ngx_int_t ngx_http_hermes_registry_shutdown(ngx_http_hermes_zone_t *zone,
     ngx_str_t *owner, ngx_str_t *session, ngx_uint_t force,
     ngx_http_hermes_victims_t *victims);

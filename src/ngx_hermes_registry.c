@@ -641,6 +641,7 @@ ngx_http_hermes_registry_new_kernel(ngx_http_hermes_node_t *kn,
     kn->uid = 0;
     kn->cell_seq = 0;
     kn->execution_count = 0;
+    kn->mcp_peer = 0;
 }
 
 
@@ -719,6 +720,65 @@ ngx_http_hermes_registry_mine(ngx_http_hermes_zone_t *zone,
     }
 
     return kn;
+}
+
+
+/*
+ * The MCP session of the kernel whose cell this worker runs, with the
+ * server "ms->peer": NGX_OK with it in "ms" (the id may be empty: the
+ * server keeps none), NGX_DECLINED when it has none with that server.
+ */
+
+ngx_int_t
+ngx_http_hermes_registry_mcp_session(ngx_http_hermes_zone_t *zone,
+    ngx_http_hermes_kernel_ref_t *ref, ngx_http_hermes_mcp_session_t *ms)
+{
+    ngx_int_t                rc;
+    ngx_http_hermes_node_t  *kn;
+
+    rc = NGX_DECLINED;
+
+    ngx_shmtx_lock(&zone->shpool->mutex);
+
+    kn = ngx_http_hermes_registry_mine(zone, ref);
+
+    if (kn && kn->mcp_peer && kn->mcp_peer == ms->peer) {
+        ms->session_len = kn->mcp_session_len;
+        ngx_memcpy(ms->session, kn->mcp_session, kn->mcp_session_len);
+        ms->version_len = kn->mcp_version_len;
+        ngx_memcpy(ms->version, kn->mcp_version, kn->mcp_version_len);
+        rc = NGX_OK;
+    }
+
+    ngx_shmtx_unlock(&zone->shpool->mutex);
+
+    return rc;
+}
+
+
+/* a new one for that kernel (ms->peer 0: none, the server forgot it) */
+
+void
+ngx_http_hermes_registry_set_mcp_session(ngx_http_hermes_zone_t *zone,
+    ngx_http_hermes_kernel_ref_t *ref, ngx_http_hermes_mcp_session_t *ms)
+{
+    ngx_http_hermes_node_t  *kn;
+
+    ngx_shmtx_lock(&zone->shpool->mutex);
+
+    kn = ngx_http_hermes_registry_mine(zone, ref);
+
+    if (kn) {
+        kn->mcp_peer = ms->peer;
+        kn->mcp_session_len = (uint8_t) ngx_min(ms->session_len,
+                                                NGX_HTTP_HERMES_MCP_SESSION_MAX);
+        ngx_memcpy(kn->mcp_session, ms->session, kn->mcp_session_len);
+        kn->mcp_version_len = (uint8_t) ngx_min(ms->version_len,
+                                                NGX_HTTP_HERMES_MCP_VERSION_MAX);
+        ngx_memcpy(kn->mcp_version, ms->version, kn->mcp_version_len);
+    }
+
+    ngx_shmtx_unlock(&zone->shpool->mutex);
 }
 
 
@@ -2368,6 +2428,7 @@ ngx_http_hermes_registry_warm_take(ngx_http_hermes_zone_t *zone,
     kn->had_kernel = 1;
     kn->cell_seq = 1;
     kn->execution_count = 0;
+    kn->mcp_peer = 0;
     ngx_http_hermes_registry_set_state(zone, kn,
                                        NGX_HTTP_HERMES_STATE_RUNNING);
 

@@ -101,19 +101,14 @@ struct ngx_http_hermes_rpc_s {
 
 /*
  * An MCP server as this worker knows it (by its hermes_tools_pass URI):
- * its session, its protocol version, and its tools for "hermes_tools auto"
- * (until the worker exits: a reload refreshes them).
+ * its tools for "hermes_tools auto" (until the worker exits: a reload
+ * refreshes them).  Sessions are each kernel's own, in the zone.
  */
 
 typedef struct {
     ngx_str_t                       uri;
-    u_char                          session[256];
-    size_t                          session_len;
-    u_char                          version[32];
-    size_t                          version_len;
     u_char                         *tools;      /* names, NUL-separated */
     size_t                          tools_len;
-    unsigned                        ready:1;
     unsigned                        listed:1;
 } ngx_http_hermes_rpc_peer_t;
 
@@ -134,6 +129,7 @@ typedef struct {
     size_t                          size;
     size_t                          cap;
     ngx_http_hermes_rpc_peer_t     *peer;       /* MCP */
+    ngx_http_hermes_mcp_session_t   ms;         /* the kernel's session */
     ngx_uint_t                      step;
     ngx_str_t                       session;    /* Mcp-Session-Id got */
     ngx_str_t                       err;        /* an MCP step's word */
@@ -1223,7 +1219,18 @@ ngx_http_hermes_rpc_dispatch(ngx_http_hermes_rpc_t *rpc,
             return NGX_ERROR;
         }
 
-        if (!call->peer->ready) {
+        /* the kernel's own session with this server, or a new one */
+
+        call->ms.peer = ngx_crc32_short(rpc->hlcf->tools_pass.data,
+                                        rpc->hlcf->tools_pass.len);
+        if (call->ms.peer == 0) {
+            call->ms.peer = 1;
+        }
+
+        if (ngx_http_hermes_registry_mcp_session(rpc->zone, rpc->ref,
+                                                 &call->ms)
+            != NGX_OK)
+        {
             call->step = NGX_HTTP_HERMES_MCP_INIT;
 
         } else if (rpc->hlcf->tools_auto && !call->peer->listed) {
@@ -1269,7 +1276,6 @@ ngx_http_hermes_rpc_subrequest(ngx_http_hermes_rpc_t *rpc,
     ngx_http_request_t           *r, *sr;
     ngx_http_request_body_t      *rb;
     ngx_http_post_subrequest_t   *ps;
-    ngx_http_hermes_rpc_peer_t   *peer;
 
     r = rpc->r;
 
@@ -1368,37 +1374,27 @@ ngx_http_hermes_rpc_subrequest(ngx_http_hermes_rpc_t *rpc,
         return NGX_ERROR;
     }
 
-    peer = call->peer;
+    if (call->peer && call->step != NGX_HTTP_HERMES_MCP_INIT) {
 
-    if (peer && peer->session_len) {
-        /* the peer's is this worker's, the header must live with sr */
-        p = ngx_pnalloc(r->pool, peer->session_len);
-        if (p == NULL) {
-            return NGX_ERROR;
+        /* the kernel's session: the call's copy lives with sr */
+
+        if (call->ms.session_len) {
+            call->used_session = 1;
+
+            if (ngx_http_hermes_rpc_header(sr, "Mcp-Session-Id",
+                                           call->ms.session,
+                                           call->ms.session_len)
+                != NGX_OK)
+            {
+                return NGX_ERROR;
+            }
         }
 
-        ngx_memcpy(p, peer->session, peer->session_len);
-        call->used_session = 1;
-
-        if (ngx_http_hermes_rpc_header(sr, "Mcp-Session-Id", p,
-                                       peer->session_len)
-            != NGX_OK)
-        {
-            return NGX_ERROR;
-        }
-    }
-
-    if (peer && peer->version_len && call->step != NGX_HTTP_HERMES_MCP_INIT) {
-        p = ngx_pnalloc(r->pool, peer->version_len);
-        if (p == NULL) {
-            return NGX_ERROR;
-        }
-
-        ngx_memcpy(p, peer->version, peer->version_len);
-
-        if (ngx_http_hermes_rpc_header(sr, "MCP-Protocol-Version", p,
-                                       peer->version_len)
-            != NGX_OK)
+        if (call->ms.version_len
+            && ngx_http_hermes_rpc_header(sr, "MCP-Protocol-Version",
+                                          call->ms.version,
+                                          call->ms.version_len)
+               != NGX_OK)
         {
             return NGX_ERROR;
         }
@@ -2726,8 +2722,8 @@ ngx_http_hermes_rpc_mcp_next(ngx_http_hermes_rpc_t *rpc,
             && !call->retried)
         {
             /* the server forgot the session: a new one, once */
-            peer->ready = 0;
-            peer->session_len = 0;
+            call->ms.session_len = 0;
+            call->ms.version_len = 0;
             call->retried = 1;
             call->used_session = 0;
             call->step = NGX_HTTP_HERMES_MCP_INIT;
@@ -2764,27 +2760,34 @@ ngx_http_hermes_rpc_mcp_next(ngx_http_hermes_rpc_t *rpc,
         v = yajl_tree_get(root, pversion, yajl_t_string);
 
         if (v && (len = ngx_strlen(v->u.string)) > 0
-            && len <= sizeof(peer->version))
+            && len <= sizeof(call->ms.version))
         {
-            ngx_memcpy(peer->version, v->u.string, len);
-            peer->version_len = len;
+            ngx_memcpy(call->ms.version, v->u.string, len);
+            call->ms.version_len = len;
 
         } else {
-            ngx_memcpy(peer->version, NGX_HTTP_HERMES_MCP_VERSION,
+            ngx_memcpy(call->ms.version, NGX_HTTP_HERMES_MCP_VERSION,
                        sizeof(NGX_HTTP_HERMES_MCP_VERSION) - 1);
-            peer->version_len = sizeof(NGX_HTTP_HERMES_MCP_VERSION) - 1;
+            call->ms.version_len = sizeof(NGX_HTTP_HERMES_MCP_VERSION) - 1;
         }
 
         yajl_tree_free(root);
 
-        peer->session_len = 0;
-
-        if (call->session.len && call->session.len <= sizeof(peer->session)) {
-            ngx_memcpy(peer->session, call->session.data, call->session.len);
-            peer->session_len = call->session.len;
+        if (call->session.len > sizeof(call->ms.session)) {
+            ngx_http_hermes_rpc_call_error(call, "the MCP server's session "
+                                           "id is over %uz bytes",
+                                           sizeof(call->ms.session));
+            return NGX_DONE;
         }
 
-        peer->ready = 1;
+        /* this kernel's, for its next calls (any worker's) */
+
+        ngx_memcpy(call->ms.session, call->session.data, call->session.len);
+        call->ms.session_len = call->session.len;
+
+        ngx_http_hermes_registry_set_mcp_session(rpc->zone, rpc->ref,
+                                                 &call->ms);
+
         call->step = NGX_HTTP_HERMES_MCP_NOTIFY;
         break;
 

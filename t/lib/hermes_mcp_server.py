@@ -9,7 +9,9 @@ drops every session.  Each hit is logged to HITLOG as a JSON line.
 
 Tools: add {a,b} (structuredContent {"sum"} and a text), greet {name}
 (text), two (two texts), oops (isError), stream (answered as an SSE
-stream, a progress notification first), anything else: JSON-RPC error.
+stream, a progress notification first), remember {x} and recall (state
+kept per session, as a memory or browser server keeps it), anything
+else: JSON-RPC error.
 """
 
 import json
@@ -18,8 +20,8 @@ import uuid
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 PORT, LOG = int(sys.argv[1]), sys.argv[2]
-SESSIONS = set()
-TOOLS = ["add", "greet", "two", "oops", "stream"]
+SESSIONS = {}           # id -> the session's state (remember/recall)
+TOOLS = ["add", "greet", "two", "oops", "stream", "remember", "recall"]
 
 
 class Handler(BaseHTTPRequestHandler):
@@ -64,7 +66,7 @@ class Handler(BaseHTTPRequestHandler):
         rid = msg.get("id")
         if method == "initialize":
             sid = uuid.uuid4().hex
-            SESSIONS.add(sid)
+            SESSIONS[sid] = {}
             return self.send(200, {"jsonrpc": "2.0", "id": rid, "result": {
                 "protocolVersion": "2025-06-18", "capabilities": {"tools": {}},
                 "serverInfo": {"name": "test-mcp", "version": "1"}}},
@@ -92,6 +94,12 @@ class Handler(BaseHTTPRequestHandler):
         elif name == "two":
             res = {"content": [{"type": "text", "text": "one"},
                                {"type": "text", "text": "two"}]}
+        elif name == "remember":
+            SESSIONS[sid]["x"] = args.get("x")
+            res = {"content": [{"type": "text", "text": "ok"}]}
+        elif name == "recall":
+            res = {"content": [{"type": "text",
+                                "text": str(SESSIONS[sid].get("x"))}]}
         elif name == "oops":
             res = {"content": [{"type": "text", "text": "it broke"}], "isError": True}
         elif name == "stream":
