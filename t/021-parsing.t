@@ -94,9 +94,13 @@ for my $ct ('text/plain; x=application/json', 'application/jsonx',
     error_is(post('{}', type => $ct), 415, 'unsupported_media_type', "Content-Type: $ct");
 }
 
-error_is($t->raw_request('POST', '/v1/execute', body => '{}',
-    headers => { 'Content-Type' => [ 'application/json', 'text/plain' ] }),
-    415, 'unsupported_media_type', 'two Content-Type headers');
+# two Content-Type headers, in either order, even the same one twice
+for my $two ([ 'application/json', 'text/plain' ], [ 'text/plain', 'application/json' ],
+             [ 'application/json', 'application/json' ]) {
+    error_is($t->raw_request('POST', '/v1/execute', body => '{}',
+        headers => { 'Content-Type' => $two }),
+        415, 'unsupported_media_type', "two Content-Type headers: @$two");
+}
 
 # accepted types get as far as the body check ("session" missing)
 for my $ct ('application/json', 'Application/JSON', 'application/json;charset=utf-8',

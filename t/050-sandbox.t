@@ -50,6 +50,11 @@ $t->write_conf(<<'CONF');
             hermes_execute;
             hermes_sandbox bwrap tmp=16m;
         }
+
+        location = /cpu {
+            hermes_execute;
+            hermes_sandbox bwrap cpu=20;
+        }
     }
 CONF
 $t->run;
@@ -219,6 +224,18 @@ PY
     is($got{'/var/tmp'}, 0, '/var/tmp shares it (it is full)');
     ok(defined $got{'/dev/shm'} && $got{'/dev/shm'} ne 'ro' && $got{'/dev/shm'} <= 16, "/dev/shm takes at most 16 MB ($got{'/dev/shm'})");
     is($got{$_}, 'ro', "$_ is not writable") for qw(/ /var /dev /run /home);
+}
+
+# cpu=20: the kernel's cgroup holds a fifth of one CPU (as root, where
+# the kernel has cgroups)
+SKIP: {
+    skip 'cgroups need root', 1 if $> != 0;
+    $r = $t->execute('/cpu', {session => 'cpu', code => 'print(1)'});
+    my $k = $r->{events}[0]{kernel_id} // '';
+    my @q = grep { -e } ("/sys/fs/cgroup/hermes/$k/cpu.max", "/sys/fs/cgroup/cpu/hermes/$k/cpu.cfs_quota_us");
+    skip 'no writable cgroup hierarchy here', 1 unless @q;
+    my $q = do { local $/; open my $f, '<', $q[0] or die; <$f> };
+    like($q, qr/^(?:20000 100000|20000)$/, "cpu=20: the kernel's CPU quota is 20% of one CPU ($q[0])");
 }
 
 # off: no namespaces, still not root

@@ -112,16 +112,21 @@ try:
 except hermes_tools.ToolError as e:
     print(e)
 hermes_tools._allowed = None      # past the client's own check: the module's
-try:
-    hermes_tools.call("rm_rf", {"path": "/"}, timeout=10)
-except hermes_tools.ToolError as e:
-    print(e)
+for name in ("rm_rf", "ech", "echoo", "ECHO", "notjso"):
+    try:
+        hermes_tools.call(name, {"path": "/"}, timeout=10)
+    except hermes_tools.ToolError as e:
+        print(e)
 PY
 ok(time - $t0 < 5, 'a disallowed tool raises at once');
 is($r->{result}{output},
    "tool 'rm_rf' is not enabled here; enabled tools: echo, fail, slow, notjson, big\n"
-   . "tool \"rm_rf\" is not enabled here\n",
-   'the client names the enabled tools; the module refuses what it is not told to');
+   . "tool \"rm_rf\" is not enabled here\n"
+   . "tool \"ech\" is not enabled here\n"
+   . "tool \"echoo\" is not enabled here\n"
+   . "tool \"ECHO\" is not enabled here\n"
+   . "tool \"notjso\" is not enabled here\n",
+   'the client names the enabled tools; the module refuses what it is not told to, a prefix or a longer name too');
 is(scalar @{ hits() }, $before, 'no hit for a disallowed tool');
 is($r->{result}{tool_calls_made}, 0, 'a refused call is not made');
 
