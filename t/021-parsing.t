@@ -267,6 +267,29 @@ ok((grep { $_ eq 'shared' } @{ kernels_of('/v1/kernels') }), 'the unauthenticate
 $r = $t->execute('/v1/execute', { session => 'shared', code => 'print(secret)' });
 is($r->{result}{output}, "42\n", 'and its state is intact');
 
+# owners whose crc32 collide (the registry's hash): never one's kernel
+# for the other, to list, run on, interrupt or shut down
+{
+    my ($o1, $o2) = ('enITETvAOe', 'jkWbGbF2U1');     # crc32 0x469ec568 both
+    my %h1 = (headers => { 'X-Owner' => $o1 });
+    my %h2 = (headers => { 'X-Owner' => $o2 });
+    my $r1 = $t->execute('/o/execute', { session => 'crc', code => "mine = 'o1'" }, %h1);
+    my $k1 = $r1->{result}{kernel}{kernel_id};
+    my $p1 = runner_pid($k1);
+    ok($p1, 'the first owner has a kernel');
+    ok(!(grep { $_ eq 'crc' } @{ kernels_of('/o/kernels', %h2) }), 'a colliding owner does not list it');
+    error_is($t->raw_request('GET', '/o/kernels/crc', %h2), 404, 'not_found', 'nor GET it');
+    error_is($t->raw_request('POST', '/o/kernels/crc/interrupt', %h2), 404, 'not_found', 'nor interrupt it');
+    error_is($t->raw_request('DELETE', '/o/kernels/crc?force=1', %h2), 404, 'not_found', 'nor DELETE it');
+    my $r2 = $t->execute('/o/execute', { session => 'crc', code => "print(globals().get('mine'))" }, %h2);
+    is($r2->{result}{output}, "None\n", 'nor run on it');
+    isnt($r2->{result}{kernel}{kernel_id}, $k1, 'a kernel of its own');
+    like($t->raw_request('DELETE', '/o/kernels/crc?force=1', %h2)->{status}, qr/^20[04]$/, 'it deletes its own');
+    ok(pid_alive($p1), "the first owner's runner lives on");
+    $r1 = $t->execute('/o/execute', { session => 'crc', code => 'print(mine)' }, %h1);
+    is($r1->{result}{output}, "o1\n", 'with its state');
+}
+
 # owners with control bytes are refused
 error_is($t->execute('/o/execute', { session => 'a', code => '1' }, headers => { 'X-Owner' => "a\x01b" }),
     400, 'invalid_owner', 'owner with a control byte');
