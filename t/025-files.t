@@ -185,7 +185,7 @@ for my $b (@backends) {
     }
     is(do { local $/; open my $f, '<', "$canary/hostname"; <$f> }, "canary\n",
         "$name: the canary behind the links untouched");
-    is(join(' ', do { opendir my $d, $canary; sort grep { !/^\.\.?$/ } readdir $d }), 'hostname',
+    is(join(' ', do { opendir(my $d, $canary); sort grep { !/^\.\.?$/ } readdir $d }), 'hostname',
         "$name: no file made through the link");
 
     # the kernel lives on, with its state

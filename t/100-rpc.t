@@ -46,6 +46,7 @@ $t->write_conf(<<'CONF');
 
         location = /x { hermes_execute; }
         location = /small { hermes_execute; hermes_max_output 2k; }
+        location = /tiny { hermes_execute; hermes_max_code 4k; }
         location = /down { hermes_execute; hermes_tools_pass /tools-down; }
         location = /none { hermes_execute; hermes_tools off; }
 
@@ -351,6 +352,25 @@ PY
     is(($more // 0) + $lines, $n, 'and one line for the rest, with their number')
         or diag $log;
     ok(length($log) < 4096, sprintf('error.log grew by %d bytes', length $log));
+}
+
+# -- a tool call request over hermes_max_code: refused unread, counted ----
+
+{
+    my $m0 = status()->{rpc_rejected_total}{malformed} // 0;
+    my $n0 = scalar @{ hits() };
+    my $tr = $t->execute('/tiny', {session => 'tiny', code => <<'PY'});
+try:
+    hermes_tools.call("echo", {"pad": "x" * 5000}, timeout=2)
+except hermes_tools.ToolError as e:
+    print("ToolError:", e)
+print("small" in str(hermes_tools.echo(f="small")))
+PY
+    like($tr->{result}{output} // '', qr/^ToolError: .*\nTrue\n$/s,
+         'a request over hermes_max_code is never answered; a small one is') or diag explain $tr->{result};
+    is((status()->{rpc_rejected_total}{malformed} // 0) - $m0, 1, 'it is counted as malformed');
+    my @big = grep { ref $_->{args} eq 'HASH' && defined $_->{args}{pad} } @{ hits() }[$n0 .. $#{ hits() }];
+    is(scalar @big, 0, 'and never reaches the endpoint');
 }
 
 # -- a request left from an earlier cell has no authority in the next ------
