@@ -698,6 +698,8 @@ char *ngx_http_hermes_ssh_check_files(ngx_str_t *identity,
 struct ngx_http_hermes_backend_ops_s {
     ngx_str_t                     name;         /* "local", "ssh" */
     ngx_http_hermes_transport_t  *transport;
+    /* bytes one command may take on stdin or give on stdout */
+    size_t                        exec_max;
 
     /* thread pool tasks */
     void                        (*take)(ngx_http_hermes_conn_t *conn);

@@ -55,6 +55,7 @@ static ngx_uint_t ngx_http_hermes_local_alive(ngx_http_hermes_victim_t *v);
 ngx_http_hermes_backend_ops_t  ngx_http_hermes_backend_local_ops = {
     ngx_string("local"),
     &ngx_http_hermes_transport_local,
+    NGX_MAX_SIZE_T_VALUE,                   /* a pipe: no bound */
     ngx_http_hermes_local_take,
     ngx_http_hermes_local_take,             /* give: nothing was taken */
     ngx_http_hermes_local_conn_exec,

@@ -50,6 +50,12 @@
 /* tool call requests a cell has not taken yet, at most */
 #define NGX_HTTP_HERMES_SSH_RPC_BACKLOG (16 * 1024 * 1024)
 
+/*
+ * bytes of a file one EXEC moves (hermes_files.py's pieces): its stdin and
+ * its output each within one frame of the agent's, with room to spare
+ */
+#define NGX_HTTP_HERMES_SSH_EXEC_PIECE  (512 * 1024)
+
 /* an EXEC's EXIT is waited for this long beyond its own timeout */
 #define NGX_HTTP_HERMES_SSH_EXEC_SLACK  2000
 
@@ -238,6 +244,7 @@ static ngx_msec_t ngx_http_hermes_ssh_now(void);
 ngx_http_hermes_backend_ops_t  ngx_http_hermes_backend_ssh_ops = {
     ngx_string("ssh"),
     &ngx_http_hermes_transport_ssh,
+    NGX_HTTP_HERMES_SSH_EXEC_PIECE,
     ngx_http_hermes_ssh_take,
     ngx_http_hermes_ssh_give,
     ngx_http_hermes_ssh_exec,

@@ -11,6 +11,8 @@
 
 #include "ngx_hermes.h"
 
+#include <sodium.h>
+
 
 #define NGX_HTTP_HERMES_FILES_PATH_MAX  1024
 
@@ -19,20 +21,32 @@
     "exec(compile(i.read(int(i.readline())),\"hermes_files.py\",\"exec\"))"
 
 
+/* hermes_files.py's first line: the file's size, inode and mtime */
+#define NGX_HTTP_HERMES_FILES_HEAD      (3 * NGX_INT64_LEN + 3)
+
+
 typedef struct {
     ngx_thread_task_t              task;
     ngx_http_hermes_conn_t         conn;
     ngx_http_request_t            *r;
-    u_char                        *cmd;
     u_char                        *in;          /* length, script, bytes */
     size_t                         in_len;
+    size_t                         script_len;  /* of in: length and script */
     u_char                        *out;         /* what a GET read */
     size_t                         out_size;
     size_t                         out_len;
+    size_t                         piece;       /* bytes one command moves */
+    size_t                         max_file;
     ngx_int_t                      rc;
     int                            status;
     ngx_str_t                      path;
+    u_char                         dir[NGX_HTTP_HERMES_DIR_MAX];
+    u_char                         spath[NGX_HTTP_HERMES_FILES_PATH_MAX + 1];
+    u_char                         uid[NGX_INT64_LEN + 1];
+    u_char                         max[NGX_INT64_LEN + 1];
+    u_char                         nonce[17];
     unsigned                       get:1;
+    unsigned                       changed:1;   /* between a GET's pieces */
 } ngx_http_hermes_files_t;
 
 
@@ -41,6 +55,10 @@ static void ngx_http_hermes_files_body(ngx_http_request_t *r);
 static ngx_int_t ngx_http_hermes_files_post(ngx_http_request_t *r,
     ngx_http_hermes_files_t *f);
 static void ngx_http_hermes_files_thread(void *data, ngx_log_t *log);
+static void ngx_http_hermes_files_get(ngx_http_hermes_files_t *f,
+    ngx_http_hermes_cmd_t *c);
+static void ngx_http_hermes_files_put(ngx_http_hermes_files_t *f,
+    ngx_http_hermes_cmd_t *c);
 static void ngx_http_hermes_files_done(ngx_event_t *ev);
 static void ngx_http_hermes_files_free(void *data);
 
@@ -66,10 +84,11 @@ ngx_http_hermes_files_handler(ngx_http_request_t *r,
     ngx_http_hermes_zone_t *zone, ngx_str_t *owner, ngx_str_t *session,
     ngx_str_t *path)
 {
-    u_char                          *p, *last;
+    u_char                          *p;
     ngx_int_t                        rc;
     ngx_pool_cleanup_t              *cln;
     ngx_http_hermes_files_t         *f;
+    u_char                           nonce[8];
     ngx_http_hermes_victim_t         v;
     ngx_http_hermes_loc_conf_t      *hlcf;
     ngx_http_hermes_kernel_ref_t     ref;
@@ -158,22 +177,23 @@ ngx_http_hermes_files_handler(ngx_http_request_t *r,
     cln->handler = ngx_http_hermes_files_free;
     cln->data = f;
 
-    f->cmd = ngx_pnalloc(r->pool, NGX_HTTP_HERMES_DIR_MAX
-                                  + NGX_HTTP_HERMES_FILES_PATH_MAX + 256);
-    if (f->cmd == NULL) {
+    /* hermes_files.py's arguments: values, never shell text */
+
+    if (v.dir_len >= sizeof(f->dir) || path->len >= sizeof(f->spath)) {
         return NGX_HTTP_INTERNAL_SERVER_ERROR;
     }
 
-    last = f->cmd + NGX_HTTP_HERMES_DIR_MAX + NGX_HTTP_HERMES_FILES_PATH_MAX
-           + 255;
+    *ngx_cpymem(f->dir, v.dir, v.dir_len) = '\0';
+    *ngx_cpymem(f->spath, path->data, path->len) = '\0';
+    ngx_sprintf(f->uid, "%i%Z",
+                bcf->ops->root(bcf) ? (ngx_int_t) ref.uid : (ngx_int_t) -1);
+    ngx_sprintf(f->max, "%uz%Z", hlcf->max_file);
 
-    p = ngx_slprintf(f->cmd, last,
-                     "exec python3 -I -c '" NGX_HTTP_HERMES_FILES_LOADER "'"
-                     " %s '%s' '%V' %i %uz",
-                     f->get ? "get" : "put", v.dir, path,
-                     bcf->ops->root(bcf) ? (ngx_int_t) ref.uid : -1,
-                     hlcf->max_file);
-    *p = '\0';
+    randombytes_buf(nonce, sizeof(nonce));
+    *ngx_hex_dump(f->nonce, nonce, sizeof(nonce)) = '\0';
+
+    f->max_file = hlcf->max_file;
+    f->piece = ngx_min(bcf->ops->exec_max, hlcf->max_file + 1);
 
     /* stdin: the script's length, the script, then a PUT's bytes */
 
@@ -185,11 +205,13 @@ ngx_http_hermes_files_handler(ngx_http_request_t *r,
     p = ngx_sprintf(f->in, "%uz\n", rf->len);
     p = ngx_cpymem(p, rf->data, rf->len);
     f->in_len = p - f->in;
+    f->script_len = f->in_len;
 
     ngx_http_hermes_backend_take(&f->conn, bcf, v.host);
 
     if (f->get) {
-        f->out_size = hlcf->max_file + 1;
+        /* the file, and room for the line before each piece */
+        f->out_size = hlcf->max_file + NGX_HTTP_HERMES_FILES_HEAD + 1;
 
         f->out = ngx_alloc(f->out_size, r->connection->log);
         if (f->out == NULL) {
@@ -383,26 +405,218 @@ ngx_http_hermes_files_post(ngx_http_request_t *r, ngx_http_hermes_files_t *f)
 }
 
 
+/*
+ * Thread pool: the file moved in pieces of at most f->piece bytes, one
+ * hermes_files.py command each (one in all locally; over ssh the agent's
+ * frames bound a command's input and output).
+ */
+
 static void
 ngx_http_hermes_files_thread(void *data, ngx_log_t *log)
 {
     ngx_http_hermes_files_t *f = data;
 
-    u_char                 err[64];
     ngx_http_hermes_cmd_t  c;
+
+    static char  loader[] = "exec python3 -I -c '"
+                            NGX_HTTP_HERMES_FILES_LOADER "' \"$@\"";
 
     ngx_memzero(&c, sizeof(ngx_http_hermes_cmd_t));
 
-    c.cmd = (char *) f->cmd;
-    c.in = f->in;
-    c.in_len = f->in_len;
-    c.out = f->get ? f->out : err;
-    c.out_size = f->get ? f->out_size : sizeof(err);
+    c.cmd = loader;
     c.timeout = 60000;
 
-    f->rc = ngx_http_hermes_backend_exec(&f->conn, &c);
-    f->status = c.status;
-    f->out_len = c.out_len;
+    if (f->get) {
+        ngx_http_hermes_files_get(f, &c);
+
+    } else {
+        ngx_http_hermes_files_put(f, &c);
+    }
+}
+
+
+/*
+ * Piece after piece into f->out: each after its line "SIZE:INODE:MTIME",
+ * which must stay the first piece's, and exactly as long as the file
+ * says; else the file changed while read (f->changed).
+ */
+
+static void
+ngx_http_hermes_files_get(ngx_http_hermes_files_t *f, ngx_http_hermes_cmd_t *c)
+{
+    u_char   *p, *nl, *colon;
+    size_t    head_len, want;
+    off_t     size;
+    char     *args[8];
+    u_char    offset[NGX_INT64_LEN + 1], count[NGX_INT64_LEN + 1];
+    u_char    head[NGX_HTTP_HERMES_FILES_HEAD];
+
+    args[0] = "get";
+    args[1] = (char *) f->dir;
+    args[2] = (char *) f->spath;
+    args[3] = (char *) f->uid;
+    args[4] = (char *) f->max;
+    args[5] = (char *) offset;
+    args[6] = (char *) count;
+    args[7] = NULL;
+
+    c->args = args;
+    c->in = f->in;
+    c->in_len = f->in_len;
+
+    f->out_len = 0;
+    size = -1;
+    head_len = 0;
+
+    do {
+        ngx_sprintf(offset, "%uz%Z", f->out_len);
+        ngx_sprintf(count, "%uz%Z", f->piece);
+
+        c->out = f->out + f->out_len;
+        c->out_size = f->out_size - f->out_len;
+
+        f->rc = ngx_http_hermes_backend_exec(&f->conn, c);
+        f->status = c->status;
+
+        if (f->rc != NGX_OK || c->status != 0) {
+            return;
+        }
+
+        p = c->out;
+        nl = ngx_strlchr(p, p + ngx_min(c->out_len, sizeof(head)), '\n');
+
+        if (nl == NULL) {
+            f->status = 5;
+            return;
+        }
+
+        if (size == -1) {
+            colon = ngx_strlchr(p, nl, ':');
+            head_len = nl + 1 - p;
+            ngx_memcpy(head, p, head_len);
+            size = colon ? ngx_atoof(p, colon - p) : NGX_ERROR;
+
+            if (size < 0 || (size_t) size > f->max_file) {
+                f->status = (size < 0) ? 5 : 3;
+                return;
+            }
+
+        } else if ((size_t) (nl + 1 - p) != head_len
+                   || ngx_memcmp(p, head, head_len) != 0)
+        {
+            f->changed = 1;
+            return;
+        }
+
+        want = ngx_min(f->piece, (size_t) size - f->out_len);
+
+        if (c->out_len - head_len != want) {
+            f->changed = 1;
+            return;
+        }
+
+        ngx_memmove(p, p + head_len, want);
+        f->out_len += want;
+
+    } while (f->out_len < (size_t) size);
+}
+
+
+/*
+ * Piece after piece of f->in's bytes, after the script on each command's
+ * stdin; a failure half way removes the temporary file.
+ */
+
+static void
+ngx_http_hermes_files_put(ngx_http_hermes_files_t *f, ngx_http_hermes_cmd_t *c)
+{
+    u_char   *in;
+    size_t    total, done, n;
+    char     *args[9];
+    u_char    err[64], offset[NGX_INT64_LEN + 1], all[NGX_INT64_LEN + 1];
+
+    total = f->in_len - f->script_len;
+
+    if (total > f->max_file) {
+        /* a chunked body, known only now: nothing is sent */
+        f->rc = NGX_OK;
+        f->status = 3;
+        return;
+    }
+
+    args[0] = "put";
+    args[1] = (char *) f->dir;
+    args[2] = (char *) f->spath;
+    args[3] = (char *) f->uid;
+    args[4] = (char *) f->max;
+    args[5] = (char *) offset;
+    args[6] = (char *) all;
+    args[7] = (char *) f->nonce;
+    args[8] = NULL;
+
+    ngx_sprintf(all, "%uz%Z", total);
+
+    c->args = args;
+    c->out = err;
+    c->out_size = sizeof(err);
+
+    in = NULL;
+    done = 0;
+
+    do {
+        n = ngx_min(f->piece, total - done);
+        ngx_sprintf(offset, "%uz%Z", done);
+
+        if (n == total) {
+            c->in = f->in;
+            c->in_len = f->in_len;
+
+        } else {
+            if (in == NULL) {
+                in = ngx_alloc(f->script_len + f->piece, ngx_cycle->log);
+                if (in == NULL) {
+                    f->rc = NGX_ERROR;
+                    break;
+                }
+
+                ngx_memcpy(in, f->in, f->script_len);
+            }
+
+            ngx_memcpy(in + f->script_len, f->in + f->script_len + done, n);
+            c->in = in;
+            c->in_len = f->script_len + n;
+        }
+
+        f->rc = ngx_http_hermes_backend_exec(&f->conn, c);
+        f->status = c->status;
+
+        if (f->rc != NGX_OK || c->status != 0) {
+            break;
+        }
+
+        done += n;
+
+    } while (done < total);
+
+    if (in) {
+        ngx_free(in);
+    }
+
+    if (done == total && f->rc == NGX_OK && f->status == 0) {
+        return;
+    }
+
+    if (done && f->rc != NGX_DECLINED) {
+        /* what the pieces before left: removed, whatever this says */
+        args[0] = "abort";
+        args[5] = (char *) f->nonce;
+        args[6] = NULL;
+
+        c->in = f->in;
+        c->in_len = f->script_len;
+
+        (void) ngx_http_hermes_backend_exec(&f->conn, c);
+    }
 }
 
 
@@ -473,12 +687,11 @@ ngx_http_hermes_files_done(ngx_event_t *ev)
         goto done;
     }
 
-    if (f->out_len == f->out_size) {
-        /* one byte past the bound: it grew while read */
-        rc = ngx_http_hermes_response_send_error(r,
-                                          NGX_HTTP_REQUEST_ENTITY_TOO_LARGE,
-                                          "file_too_large",
-                                          "the file is over hermes_max_file");
+    if (f->changed) {
+        rc = ngx_http_hermes_response_send_error(r, NGX_HTTP_CONFLICT,
+                                                 "file_changed",
+                                                 "the file changed while it "
+                                                 "was read; try again");
         goto done;
     }
 

@@ -37,6 +37,12 @@ my $ssh_loc = $s ? <<"LOC" : '';
             hermes_owner \$http_x_owner;
             hermes_max_file 1m;
         }
+
+        location /ssh/big {
+            hermes_kernels;
+            hermes_owner \$http_x_owner;
+            hermes_max_file 5m;
+        }
 LOC
 
 mkdir "$p/kroot/ssh", 0711;
@@ -58,6 +64,12 @@ $t->write_conf(<<"CONF");
             hermes_kernels;
             hermes_owner \$http_x_owner;
             hermes_max_file 1m;
+        }
+
+        location /v1/big {
+            hermes_kernels;
+            hermes_owner \$http_x_owner;
+            hermes_max_file 5m;
         }
 $ssh_loc
     }
@@ -191,6 +203,40 @@ for my $b (@backends) {
     # the kernel lives on, with its state
     $r = run_cell($exec, $sess, "print(len(d))");
     is($r->{result}{output}, length($bytes) . "\n", "$name: the kernel kept its state");
+}
+
+# files of any size up to hermes_max_file, on both backends (over ssh in
+# pieces: an agent's frame holds 1 MiB): whole, or an error, never a 200
+# with a part; a chunked PUT past the bound is 413 and leaves nothing
+for my $b (@backends) {
+    my ($name, $exec, undef, $root) = @$b;
+    (my $big = $exec) =~ s{/execute$}{/big};
+    my $sess = "big-$name";
+    my $r = run_cell($exec, $sess, "open('made.bin', 'wb').write(bytes(range(256)) * (3 * 4096) + b'z')");
+    my $kid = $r->{result}{kernel}{kernel_id};
+    my $dir = "$root/hermes_rkernel_$kid";
+    $r = get($big, $sess, 'made.bin');
+    is($r->{status}, 200, "$name: GET of 3 MiB + 1: 200");
+    is(length($r->{content} // ''), 3 * 1024 * 1024 + 1, "$name: all of it");
+    ok(($r->{content} // '') eq (pack('C*', 0 .. 255) x (3 * 4096)) . 'z', "$name: byte for byte");
+
+    my $bytes = join '', map { chr(int rand 256) } 1 .. 2 * 1024 * 1024 + 7;
+    $r = put($big, $sess, 'in/two.bin', $bytes);
+    is($r->{status}, 204, "$name: PUT of 2 MiB + 7: 204") or diag $r->{content};
+    $r = run_cell($exec, $sess, "import hashlib\nprint(hashlib.sha256(open('in/two.bin', 'rb').read()).hexdigest())");
+    require Digest::SHA;
+    is($r->{result}{output}, Digest::SHA::sha256_hex($bytes) . "\n", "$name: the kernel sees it whole");
+    is(get($big, $sess, 'in/two.bin')->{content}, $bytes, "$name: and GET gives it back");
+
+    # chunked, past hermes_max_file (5m): 413, nothing left behind
+    my $over = 'y' x (5 * 1024 * 1024 + 1);
+    my $body = join('', map { sprintf("%x\r\n%s\r\n", length $_, $_) } unpack('(a1048576)*', $over)) . "0\r\n\r\n";
+    $r = $t->raw_request('PUT', "$big/$sess/files/over.bin", body => $body,
+        content_type => 'application/octet-stream',
+        headers => { 'X-Owner' => 'alice', 'Transfer-Encoding' => 'chunked' });
+    is($r->{status}, 413, "$name: a chunked PUT past hermes_max_file: 413");
+    opendir my $dh, $dir or die "$dir: $!";
+    is(join(' ', grep { /over/ } readdir $dh), '', "$name: nothing of it left in the kernel dir");
 }
 
 $t->stop;
