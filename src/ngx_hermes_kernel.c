@@ -66,7 +66,9 @@ typedef struct {
 typedef struct {
     ngx_thread_task_t              task;
     ngx_http_hermes_conn_t         conn;
+    ngx_queue_t                    queue;       /* in flight */
     u_char                         dir[NGX_HTTP_HERMES_DIR_MAX];
+    u_char                         cell_text[NGX_INT32_LEN + 1];
     uint32_t                       cell;
     unsigned                       failed:1;
 } ngx_http_hermes_intr_t;
@@ -115,6 +117,10 @@ static ngx_http_hermes_main_conf_t  *ngx_http_hermes_main_conf;
 
 /* per worker: kills the thread pool had no room for; the sweep reposts */
 static ngx_queue_t                   ngx_http_hermes_kills_waiting;
+
+/* per worker: interrupts on their way; one more for the same cell waits
+ * for none of them, it is the same interrupt */
+static ngx_queue_t                   ngx_http_hermes_intrs;
 
 
 static void ngx_http_hermes_spawn_thread(void *data, ngx_log_t *log);
@@ -1059,6 +1065,7 @@ ngx_int_t
 ngx_http_hermes_kernel_interrupt(ngx_thread_pool_t *tp,
     ngx_http_hermes_victim_t *v, uint32_t cell, ngx_log_t *log)
 {
+    ngx_queue_t                     *q;
     ngx_http_hermes_intr_t          *in;
     ngx_http_hermes_backend_conf_t  *bcf;
 
@@ -1072,6 +1079,21 @@ ngx_http_hermes_kernel_interrupt(ngx_thread_pool_t *tp,
         return bcf->ops->interrupt(v, cell, log);
     }
 
+    for (q = ngx_queue_head(&ngx_http_hermes_intrs);
+         q != ngx_queue_sentinel(&ngx_http_hermes_intrs);
+         q = ngx_queue_next(q))
+    {
+        in = ngx_queue_data(q, ngx_http_hermes_intr_t, queue);
+
+        if (in->cell == cell
+            && ngx_strncmp(in->dir, v->dir, v->dir_len) == 0
+            && in->dir[v->dir_len] == '\0')
+        {
+            /* on its way already: a command and a pool slot fewer */
+            return NGX_OK;
+        }
+    }
+
     in = ngx_calloc(sizeof(ngx_http_hermes_intr_t), log);
     if (in == NULL) {
         return NGX_ERROR;
@@ -1079,6 +1101,7 @@ ngx_http_hermes_kernel_interrupt(ngx_thread_pool_t *tp,
 
     ngx_memcpy(in->dir, v->dir, v->dir_len);
     in->cell = cell;
+    ngx_sprintf(in->cell_text, "%uD%Z", cell);
 
     ngx_http_hermes_backend_take(&in->conn, bcf, v->host);
 
@@ -1093,6 +1116,8 @@ ngx_http_hermes_kernel_interrupt(ngx_thread_pool_t *tp,
         return NGX_BUSY;
     }
 
+    ngx_queue_insert_tail(&ngx_http_hermes_intrs, &in->queue);
+
     return NGX_OK;
 }
 
@@ -1102,20 +1127,24 @@ ngx_http_hermes_intr_thread(void *data, ngx_log_t *log)
 {
     ngx_http_hermes_intr_t *in = data;
 
+    char                  *args[3];
     u_char                 out[64];
-    u_char                 cmd[NGX_HTTP_HERMES_DIR_MAX + 256];
     ngx_http_hermes_cmd_t  c;
 
     /* the FIFO non-blocking, never through a link: as the login user */
 
-    *ngx_slprintf(cmd, cmd + sizeof(cmd) - 1,
-                  "exec python3 -I -c \"import os, sys; fd = os.open("
-                  "sys.argv[1], os.O_WRONLY | os.O_NONBLOCK | os.O_NOFOLLOW);"
-                  " os.write(fd, sys.argv[2].encode() + b'\\n')\""
-                  " '%s/intr' %uD", in->dir, in->cell) = '\0';
+    static char  cmd[] = "exec python3 -I -c \"import os, sys; fd = os.open("
+                         "sys.argv[1] + '/intr', os.O_WRONLY | os.O_NONBLOCK"
+                         " | os.O_NOFOLLOW); os.write(fd, sys.argv[2].encode()"
+                         " + b'\\n')\" \"$1\" \"$2\"";
+
+    args[0] = (char *) in->dir;
+    args[1] = (char *) in->cell_text;
+    args[2] = NULL;
 
     ngx_memzero(&c, sizeof(ngx_http_hermes_cmd_t));
-    c.cmd = (char *) cmd;
+    c.cmd = cmd;
+    c.args = args;
     c.out = out;
     c.out_size = sizeof(out);
     c.timeout = NGX_HTTP_HERMES_CMD_TIMEOUT;
@@ -1139,6 +1168,7 @@ ngx_http_hermes_intr_event(ngx_event_t *ev)
                       in->cell, in->dir);
     }
 
+    ngx_queue_remove(&in->queue);
     ngx_http_hermes_backend_give(&in->conn);
     ngx_free(in);
 }
@@ -1210,6 +1240,7 @@ ngx_http_hermes_kernel_init_process(ngx_cycle_t *cycle,
 
     ngx_http_hermes_main_conf = hmcf;
     ngx_queue_init(&ngx_http_hermes_kills_waiting);
+    ngx_queue_init(&ngx_http_hermes_intrs);
 
     /*
      * Workers have no children of their own, and nginx's SIGCHLD handler

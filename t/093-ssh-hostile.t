@@ -217,6 +217,27 @@ PY
     is($x->{status}, 202, 'ssh: POST SESSION/interrupt: 202');
     $r = $a->wait(15);
     is(($r->{result} // {})->{status}, 'interrupted', '... the cell answers "interrupted"');
+
+    # a burst of interrupts of one cell: one on its way at a time, not a
+    # command (a python3 and a pool slot) each
+    my $b = $t->execute_async('/x', { session => 'intr4',
+        code => "import time\nprint('on', flush=True)\nn = 0\nwhile n < 200:\n"
+              . "    try:\n        time.sleep(30)\n    except KeyboardInterrupt:\n        n += 1" },
+        timeout => 40);
+    ok(wait_until(sub { $t->http(GET => '/k/intr4')->{status} == 200 }, 10), 'ssh: a cell that takes interrupts runs');
+    sleep 1;
+    my $n0 = () = $s->commands;
+    my $ok = 0;
+    for (1 .. 60) {
+        $ok++ if $t->http(POST => '/k/intr4/interrupt')->{status} == 202;
+    }
+    is($ok, 60, 'ssh: 60 interrupts in a row: 202 each');
+    sleep 1;
+    my @sent = ($s->commands)[$n0 .. (() = $s->commands) - 1];
+    my $cmds = grep { m{^sh -c SCRIPT hermes \S+/hermes_rkernel_\w+ \d+$} || m{/intr' \d+$} } @sent;
+    ok($cmds >= 1 && $cmds <= 15, "... coalesced: $cmds interrupt commands for 60");
+    $t->http(DELETE => '/k/intr4?force=1');
+    $b->wait(15);
 }
 
 ###############################################################################
