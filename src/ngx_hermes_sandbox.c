@@ -413,11 +413,14 @@ start:
      * bwrap's own / and /dev are tmpfs without a size, which RLIMIT_AS
      * does not count: read-only once everything is mounted.  What stays
      * writable is sized: /tmp (and /var/tmp, a link to it), /dev/shm.
+     * HOME is /tmp: what libraries keep there (matplotlib's and
+     * fontconfig's caches) has a writable place.
      */
 
     return ngx_slprintf(p, last,
                         " --bind '%s' '%s' --chdir '%s' --remount-ro /"
                         " --setenv PATH /usr/local/bin:/usr/bin:/bin"
+                        " --setenv HOME /tmp"
                         " python3 -I kernel_runner.py",
                         dir, dir, dir);
 }
