@@ -38,6 +38,12 @@
 
 #define NGX_HTTP_HERMES_RPC_PEERS      16     /* MCP servers a worker knows */
 
+/*
+ * a cell's calls running at once; the rest wait their turn: each holds
+ * its answer in memory (up to max(hermes_max_stream, hermes_max_output))
+ */
+#define NGX_HTTP_HERMES_RPC_RUNNING    4
+
 /* rejections a kernel logs a minute (per worker); the rest are counted */
 #define NGX_HTTP_HERMES_RPC_LOG_BURST  5
 #define NGX_HTTP_HERMES_RPC_LOG_WINDOW 60000
@@ -92,6 +98,7 @@ struct ngx_http_hermes_rpc_s {
     ngx_uint_t                      seen_max;
 
     ngx_uint_t                      calls;      /* dispatched */
+    ngx_uint_t                      running;    /* of them, not waiting */
     ngx_queue_t                     inflight;   /* ngx_http_hermes_rpc_call_t */
 
     ngx_http_hermes_rpc_event_pt    event;
@@ -135,6 +142,7 @@ typedef struct {
     ngx_str_t                       err;        /* an MCP step's word */
     u_char                          err_buf[NGX_HTTP_HERMES_RPC_ERROR_MAX];
     unsigned                        too_big:1;
+    unsigned                        waiting:1;  /* for a running one to end */
     unsigned                        sse:1;
     unsigned                        used_session:1;
     unsigned                        retried:1;
@@ -175,6 +183,10 @@ static ngx_uint_t ngx_http_hermes_rpc_log_slot(ngx_http_hermes_rpc_t *rpc,
     ngx_uint_t take);
 static void ngx_http_hermes_rpc_take(ngx_http_hermes_rpc_t *rpc,
     ngx_http_hermes_rpc_req_t *req);
+static ngx_int_t ngx_http_hermes_rpc_start(ngx_http_hermes_rpc_t *rpc,
+    ngx_http_hermes_rpc_call_t *call);
+static void ngx_http_hermes_rpc_next(ngx_http_hermes_rpc_t *rpc);
+static void ngx_http_hermes_rpc_call_free(void *data);
 static ngx_int_t ngx_http_hermes_rpc_dispatch(ngx_http_hermes_rpc_t *rpc,
     ngx_http_hermes_rpc_req_t *req);
 static ngx_int_t ngx_http_hermes_rpc_subrequest(ngx_http_hermes_rpc_t *rpc,
@@ -1176,6 +1188,7 @@ ngx_http_hermes_rpc_dispatch(ngx_http_hermes_rpc_t *rpc,
     ngx_http_hermes_rpc_req_t *req)
 {
     ngx_str_t                    args;
+    ngx_pool_cleanup_t          *cln;
     ngx_http_request_t          *r;
     ngx_http_hermes_rpc_call_t  *call;
 
@@ -1213,6 +1226,48 @@ ngx_http_hermes_rpc_dispatch(ngx_http_hermes_rpc_t *rpc,
     call->start = ngx_current_msec;
     call->cap = ngx_max(rpc->hlcf->max_stream, rpc->hlcf->max_output);
 
+    /* the answer's buffer is the heap's: freed once passed on */
+
+    cln = ngx_pool_cleanup_add(r->pool, 0);
+    if (cln == NULL) {
+        return NGX_ERROR;
+    }
+
+    cln->handler = ngx_http_hermes_rpc_call_free;
+    cln->data = call;
+
+    if (rpc->running >= NGX_HTTP_HERMES_RPC_RUNNING) {
+        call->waiting = 1;
+
+    } else if (ngx_http_hermes_rpc_start(rpc, call) != NGX_OK) {
+        return NGX_ERROR;
+    }
+
+    ngx_queue_insert_tail(&rpc->inflight, &call->queue);
+
+    rpc->calls++;
+    ngx_http_hermes_count(rpc->zone, tool_calls_total);
+
+    ngx_http_hermes_rpc_emit(rpc, "tool_call", &call->tool, call->seq, -1, 0);
+
+    /* it may be over by the time this returns (a refused connection) */
+
+    if (rpc->r) {
+        ngx_http_run_posted_requests(r->connection);
+    }
+
+    return NGX_OK;
+}
+
+
+/* a call's first subrequest: the POST, or its MCP session's next step */
+
+static ngx_int_t
+ngx_http_hermes_rpc_start(ngx_http_hermes_rpc_t *rpc,
+    ngx_http_hermes_rpc_call_t *call)
+{
+    call->waiting = 0;
+
     if (rpc->hlcf->tools_protocol == NGX_HTTP_HERMES_TOOLS_MCP) {
         call->peer = ngx_http_hermes_rpc_peer(&rpc->hlcf->tools_pass);
         if (call->peer == NULL) {
@@ -1245,20 +1300,54 @@ ngx_http_hermes_rpc_dispatch(ngx_http_hermes_rpc_t *rpc,
         return NGX_ERROR;
     }
 
-    ngx_queue_insert_tail(&rpc->inflight, &call->queue);
-
-    rpc->calls++;
-    ngx_http_hermes_count(rpc->zone, tool_calls_total);
-
-    ngx_http_hermes_rpc_emit(rpc, "tool_call", &call->tool, call->seq, -1, 0);
-
-    /* it may be over by the time this returns (a refused connection) */
-
-    if (rpc->r) {
-        ngx_http_run_posted_requests(r->connection);
-    }
+    rpc->running++;
 
     return NGX_OK;
+}
+
+
+/* a call ended: the first that waits starts */
+
+static void
+ngx_http_hermes_rpc_next(ngx_http_hermes_rpc_t *rpc)
+{
+    ngx_queue_t                 *q;
+    ngx_http_hermes_rpc_call_t  *call;
+
+    q = ngx_queue_head(&rpc->inflight);
+
+    while (q != ngx_queue_sentinel(&rpc->inflight)
+           && rpc->running < NGX_HTTP_HERMES_RPC_RUNNING && rpc->r)
+    {
+        call = ngx_queue_data(q, ngx_http_hermes_rpc_call_t, queue);
+        q = ngx_queue_next(q);
+
+        if (!call->waiting) {
+            continue;
+        }
+
+        if (ngx_http_hermes_rpc_start(rpc, call) != NGX_OK) {
+            ngx_queue_remove(&call->queue);
+            call->rpc = NULL;
+            ngx_http_hermes_rpc_answer_error(rpc, call->seq,
+                         (u_char *) "the gateway could not make the tool call");
+        }
+    }
+}
+
+
+static void
+ngx_http_hermes_rpc_call_free(void *data)
+{
+    ngx_http_hermes_rpc_call_t *call = data;
+
+    if (call->body) {
+        ngx_free(call->body);
+        call->body = NULL;
+    }
+
+    call->size = 0;
+    call->len = 0;
 }
 
 
@@ -1604,8 +1693,12 @@ ngx_http_hermes_rpc_done(ngx_http_request_t *sr, void *data, ngx_int_t rc)
 
     ngx_queue_remove(&call->queue);
     call->rpc = NULL;
+    rpc->running--;
 
     ngx_http_hermes_rpc_outcome(rpc, call, rc);
+    ngx_http_hermes_rpc_call_free(call);
+
+    ngx_http_hermes_rpc_next(rpc);
 
     /*
      * Whatever the endpoint did, it is the code's ToolError, never the
@@ -2320,13 +2413,17 @@ ngx_http_hermes_rpc_body_filter(ngx_http_request_t *r, ngx_chain_t *in)
                                                  call->len + (size_t) size
                                                  + 4096));
 
-                    p = ngx_pnalloc(r->pool, call->size);
+                    p = ngx_alloc(call->size, r->connection->log);
                     if (p == NULL) {
                         return NGX_ERROR;
                     }
 
                     if (call->len) {
                         ngx_memcpy(p, call->body, call->len);
+                    }
+
+                    if (call->body) {
+                        ngx_free(call->body);
                     }
 
                     call->body = p;

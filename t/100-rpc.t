@@ -47,6 +47,7 @@ $t->write_conf(<<'CONF');
         location = /x { hermes_execute; }
         location = /small { hermes_execute; hermes_max_output 2k; }
         location = /tiny { hermes_execute; hermes_max_code 4k; }
+        location = /many { hermes_execute; hermes_max_tool_calls 64; hermes_max_output 8m; }
         location = /down { hermes_execute; hermes_tools_pass /tools-down; }
         location = /none { hermes_execute; hermes_tools off; }
 
@@ -373,12 +374,41 @@ PY
     is(scalar @big, 0, 'and never reaches the endpoint');
 }
 
+# -- 40 large answers at once: a few in the worker's memory at a time -----
+
+{
+    my ($w) = $t->worker_pids;
+    my $hwm = sub {
+        my $st = do { local $/; open my $f, '<', "/proc/$w/status" or return 0; <$f> } // '';
+        return $st =~ /^VmHWM:\s+(\d+) kB/m ? $1 : 0;
+    };
+    # the worker's peak so far, a first large answer included
+    $t->execute('/many', {session => 'many', code => 'hermes_tools.big(n=4900000)'});
+    my $before = $hwm->();
+    my $mr = $t->execute('/many', {session => 'many', code => <<'PY'}, timeout => 120);
+import threading
+got = []
+def one():
+    got.append(len(hermes_tools.big(n=4900000)["data"]))
+ts = [threading.Thread(target=one) for _ in range(40)]
+for t in ts:
+    t.start()
+for t in ts:
+    t.join()
+print(len(got), set(got))
+PY
+    is($mr->{result}{output}, "40 {4900000}\n", '40 concurrent answers of 4.9 MB, all whole')
+        or diag explain $mr->{result};
+    my $grew = ($hwm->() - $before) / 1024;
+    ok($grew < 64, sprintf('the worker grew by %.0f MB at most (bound: 64)', $grew));
+}
+
 # -- a request left from an earlier cell has no authority in the next ------
 
 forge(301, qq({"tool":"echo","args":{"f":301},"seq":301,"token":"$token"}));
 $r = $t->execute('/x', {session => 'forge', code => 'import os; print(sorted(os.listdir("rpc")))'});
 is($r->{result}{output}, "[]\n", 'leftovers are swept before a cell');
-ok(!grep({ ref $_->{args} eq 'HASH' && ($_->{args}{f} // 0) == 301 } @{ hits() }),
+ok(!grep({ ref $_->{args} eq 'HASH' && ($_->{args}{f} // '') eq '301' } @{ hits() }),
    'and never dispatched');
 
 # -- the execute_code schema ----------------------------------------------
