@@ -241,6 +241,25 @@ PY
 }
 
 ###############################################################################
+# the agent ships nothing into a kernel dir that is not owner-only: a dir
+# at 0750 or cells/ at 0755 (another user could read or plant there) is a
+# dead kernel, its cell never written there
+
+for my $c (['', 0750, 'the kernel dir at 0750'], ['cells', 0755, 'cells/ at 0755']) {
+    my ($sub, $mode, $what) = @$c;
+    my $sess = "mode-" . ($sub || 'dir');
+    my $r = $t->execute('/x', { session => $sess, code => 'x = 1' });
+    my $kid = kid_of($r);
+    my $d = dir_of($kid);
+    chmod $mode, $sub ? "$d/$sub" : $d or die "chmod: $!";
+    $r = $t->execute('/x', { session => $sess, code => "print(globals().get('x'))" });
+    isnt(kid_of($r), $kid, "$what: the kernel is taken for dead");
+    is(stdout_of($r), "None\n", "$what: the cell ran in a new kernel, no state carried");
+    ok(!-e "$d/cells/cell_req_000002.json" && !-e "$d/cells/cell_out_000002",
+        "$what: nothing of the cell shipped into the old dir");
+}
+
+###############################################################################
 # a slow client that leaves while the relay waits for it: the cell is not
 # taken for timed out (the kernel, and its state, stay)
 
