@@ -16,9 +16,12 @@ use Compress::Zlib qw(crc32);
 
 use Hermes::Test;
 
-my $t = Hermes::Test->new(workers => 2);
-$t->write_conf(<<'CONF');
-    hermes_zone kernels:1m;
+# a gateway of one zone, started: its kernels in a root of its own
+sub gateway {
+    my ($zone, %o) = @_;
+    my $g = Hermes::Test->new(workers => $o{workers} // 1);
+    $g->write_conf(<<"CONF");
+    hermes_zone $zone:1m;
     hermes_backend local root=%%KROOT%%;
 
     server {
@@ -29,24 +32,15 @@ $t->write_conf(<<'CONF');
         }
     }
 CONF
-$t->run;
+    $g->run unless $o{stopped};
+    return $g;
+}
+
+my $t = gateway('kernels', workers => 2);
 
 # a bystander: another gateway's kernel on this host, which no plant in
 # this gateway's root may reach
-my $by = Hermes::Test->new(workers => 1);
-$by->write_conf(<<'CONF');
-    hermes_zone bystander:1m;
-    hermes_backend local root=%%KROOT%%;
-
-    server {
-        listen 127.0.0.1:%%PORT_0%%;
-
-        location = /v1/execute {
-            hermes_execute;
-        }
-    }
-CONF
-$by->run;
+my $by = gateway('bystander');
 my $bk = $by->execute('/v1/execute', { session => 'by', code => "print('up')" })
     ->{result}{kernel}{kernel_id};
 ok(runner_pid($bk), "the bystander gateway's kernel runs");
@@ -139,19 +133,7 @@ $by->stop;
 
 # a journal another user made first (a co-tenant on a shared root):
 # nothing in it is trusted, no kernel starts, and error.log says why
-my $u = Hermes::Test->new(workers => 1);
-$u->write_conf(<<'CONF');
-    hermes_zone planted:1m;
-    hermes_backend local root=%%KROOT%%;
-
-    server {
-        listen 127.0.0.1:%%PORT_0%%;
-
-        location = /v1/execute {
-            hermes_execute;
-        }
-    }
-CONF
+my $u = gateway('planted', stopped => 1);
 my $pj = $u->kroot . "/hermes_journal_$<";
 mkdir $pj, 0700 or die "mkdir $pj: $!";
 chown 65534, 65534, $pj or die "chown $pj: $!";

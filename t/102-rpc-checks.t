@@ -1,7 +1,9 @@
 #!/usr/bin/perl
-# The RPC checks as a unit (t/unit/rpc_checks.c, cmocka): the real
-# src/ngx_hermes_rpc.c's check of a request's JSON, token, seq and replay,
-# each rejection with its reason.
+# Pure logic as units (cmocka), each built from the real src/ file with
+# nginx's own core code: t/unit/rpc_checks.c (the RPC checks of a
+# request's JSON, token, seq and replay, each rejection with its reason)
+# and t/unit/frames.c (the agent protocol's frames, the FRAME_MAX bound on
+# what a kernel host may send included).
 
 use strict;
 use warnings;
@@ -18,11 +20,15 @@ plan skip_all => 'build/nginx/Makefile missing: run "make module" first'
 plan skip_all => 'cmocka.h missing: apt-get install libcmocka-dev'
     unless -f '/usr/include/cmocka.h';
 
-my $out = `make -s -C '$unit' '$unit/build/rpc_checks' 2>&1`;
-is($?, 0, 'make builds t/unit/build/rpc_checks') or diag $out;
+for my $u (['rpc_checks', qr/PASSED.*6 test/], ['frames', qr/\[  PASSED  \] \d+ test/]) {
+    my ($name, $passed) = @$u;
+    my $out = `make -s -C '$unit' '$unit/build/$name' 2>&1`;
+    is($?, 0, "make builds t/unit/build/$name") or diag $out;
 
-$out = `'$unit/build/rpc_checks' 2>&1`;
-is($?, 0, 'rpc_checks passes') or diag $out;
-like($out, qr/PASSED.*6 test/, 'all six groups ran');
+    $out = `'$unit/build/$name' 2>&1`;
+    is($?, 0, "$name passes") or diag $out;
+    like($out, $passed, "$name: its groups ran") or diag $out;
+    unlike($out, qr/FAILED/, "$name: none failed");
+}
 
 done_testing;

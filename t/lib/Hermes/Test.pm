@@ -427,9 +427,33 @@ sub remove_cgroups {
     }
 }
 
+# t/lib/hermes_mcp_server.py on port(N) (N: 1 by default), each hit it
+# takes a JSON line in the returned file; stopped with the test
+sub mcp_server {
+    my ($self, $n) = @_;
+    my $p = $self->{prefix};
+    my $hitlog = "$p/logs/mcp-hits.log";
+    my $port = $self->port($n // 1);
+    my $pid = fork // die "fork: $!";
+    if ($pid == 0) {
+        open STDOUT, '>', "$p/logs/mcp-server.out" or POSIX::_exit(1);
+        open STDERR, '>&', \*STDOUT;
+        exec '/usr/bin/python3', "$ROOT/t/lib/hermes_mcp_server.py", $port, $hitlog
+            or POSIX::_exit(127);
+    }
+    push @{ $self->{helpers} }, $pid;
+    wait_until(sub { -s "$p/logs/mcp-server.out" }, 10) or die "MCP server did not start";
+    return $hitlog;
+}
+
 sub _auto_cleanup {
     my ($self) = @_;
     return unless $self->{owner_pid} && $$ == $self->{owner_pid};
+    for my $pid (@{ $self->{helpers} || [] }) {
+        kill 'TERM', $pid;
+        waitpid $pid, 0;
+    }
+    $self->{helpers} = [];
     return if $self->{cleaned}++;
     if ($self->{running}) {
         if (_plan_finished()) {
