@@ -219,6 +219,19 @@ for my $kind (qw(fifo dir symlink)) {
     ok(-d $dir, "stale: the co-tenant's directory is left alone");
 }
 
+# a cell that widens the umask: the next cell's files, and the runner's
+# own, are owner-only all the same (the runner resets it before each cell)
+{
+    my $r = $t->execute('/x', {session => 'umask', code => "import os\nos.umask(0)\nopen('wide', 'w').write('x')"});
+    my $kid = $r->{events}[0]{kernel_id};
+    my ($d) = grep { /$kid$/ } $t->kroot_dirs;
+    $r = $t->execute('/x', {session => 'umask', code => "open('next', 'w').write('x')\nprint('ok')"});
+    is($r->{result}{output}, "ok\n", 'umask: the next cell ran');
+    is(sprintf('%o', (stat "$d/next")[2] & 0777), '600', "umask: the next cell's file is 0600");
+    my @open = grep { ((stat $_)[2] & 0077) } glob("$d/cells/*");
+    is("@open", '', "umask: the runner's files of that cell are owner-only");
+}
+
 # kB of resident memory
 sub rss {
     open my $f, '<', "/proc/$_[0]/status" or return 0;
