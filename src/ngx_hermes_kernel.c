@@ -902,14 +902,11 @@ ngx_http_hermes_kill_repost(void)
 
 
 /*
- * The kill: the process group if the pid is still the kernel's (its start
- * time), the sandbox's own leftovers, and the directory if it is still
- * the one made at spawn (its inode).
- */
-
-/*
- * hermes_kernel.sh "kill ROOT ID PID START INODE" for a victim; "buf"
- * holds NGX_HTTP_HERMES_KILL_ARGS_LEN bytes, "args" 7 pointers into it.
+ * The kill, hermes_kernel.sh "kill ROOT ID PID START INODE" for a victim:
+ * the process group if the pid is still the kernel's (its start time),
+ * the sandbox's own leftovers, the directory if it is still the one made
+ * at spawn (its inode), and its journal entry.  "buf" holds
+ * NGX_HTTP_HERMES_KILL_ARGS_LEN bytes, "args" 7 pointers into it.
  */
 
 static ngx_int_t

@@ -756,7 +756,7 @@ ngx_http_hermes_registry_mcp_session(ngx_http_hermes_zone_t *zone,
 }
 
 
-/* a new one for that kernel (ms->peer 0: none, the server forgot it) */
+/* the session initialize made for the kernel of the cell this worker runs */
 
 void
 ngx_http_hermes_registry_set_mcp_session(ngx_http_hermes_zone_t *zone,
