@@ -24,6 +24,12 @@
 /* hermes_files.py's first line: the file's size, inode and mtime */
 #define NGX_HTTP_HERMES_FILES_HEAD      (3 * NGX_INT64_LEN + 3)
 
+/*
+ * a GET's piece at most: the worker holds one a transfer, the next read
+ * once the client took the last one
+ */
+#define NGX_HTTP_HERMES_FILES_PIECE     (4 * 1024 * 1024)
+
 
 typedef struct {
     ngx_thread_task_t              task;
@@ -32,11 +38,17 @@ typedef struct {
     u_char                        *in;          /* length, script, bytes */
     size_t                         in_len;
     size_t                         script_len;  /* of in: length and script */
-    u_char                        *out;         /* what a GET read */
+    u_char                        *out;         /* a GET's piece */
     size_t                         out_size;
     size_t                         out_len;
     size_t                         piece;       /* bytes one command moves */
     size_t                         max_file;
+    off_t                          size;        /* a GET's file, -1: unknown */
+    off_t                          offset;      /* of the next piece */
+    ngx_http_hermes_backend_conf_t *bcf;
+    ngx_uint_t                     host;
+    size_t                         head_len;
+    u_char                         head[NGX_HTTP_HERMES_FILES_HEAD];
     ngx_int_t                      rc;
     int                            status;
     ngx_str_t                      path;
@@ -57,6 +69,9 @@ static ngx_int_t ngx_http_hermes_files_post(ngx_http_request_t *r,
 static void ngx_http_hermes_files_thread(void *data, ngx_log_t *log);
 static void ngx_http_hermes_files_get(ngx_http_hermes_files_t *f,
     ngx_http_hermes_cmd_t *c);
+static void ngx_http_hermes_files_send(ngx_http_request_t *r,
+    ngx_http_hermes_files_t *f);
+static void ngx_http_hermes_files_writer(ngx_http_request_t *r);
 static void ngx_http_hermes_files_put(ngx_http_hermes_files_t *f,
     ngx_http_hermes_cmd_t *c);
 static void ngx_http_hermes_files_done(ngx_event_t *ev);
@@ -194,6 +209,13 @@ ngx_http_hermes_files_handler(ngx_http_request_t *r,
 
     f->max_file = hlcf->max_file;
     f->piece = ngx_min(bcf->ops->exec_max, hlcf->max_file + 1);
+    f->bcf = bcf;
+    f->host = v.host;
+    f->size = -1;
+
+    if (f->get) {
+        f->piece = ngx_min(f->piece, NGX_HTTP_HERMES_FILES_PIECE);
+    }
 
     /* stdin: the script's length, the script, then a PUT's bytes */
 
@@ -210,8 +232,8 @@ ngx_http_hermes_files_handler(ngx_http_request_t *r,
     ngx_http_hermes_backend_take(&f->conn, bcf, v.host);
 
     if (f->get) {
-        /* the file, and room for the line before each piece */
-        f->out_size = hlcf->max_file + NGX_HTTP_HERMES_FILES_HEAD + 1;
+        /* a piece, and room for the line before it */
+        f->out_size = f->piece + NGX_HTTP_HERMES_FILES_HEAD + 1;
 
         f->out = ngx_alloc(f->out_size, r->connection->log);
         if (f->out == NULL) {
@@ -221,6 +243,13 @@ ngx_http_hermes_files_handler(ngx_http_request_t *r,
         if (ngx_http_discard_request_body(r) != NGX_OK) {
             return NGX_HTTP_INTERNAL_SERVER_ERROR;
         }
+
+        if (ngx_http_hermes_response_ctx(r) == NULL) {
+            return NGX_HTTP_INTERNAL_SERVER_ERROR;
+        }
+
+        /* the writer finds it there between pieces */
+        ngx_http_hermes_response_ctx(r)->files = f;
 
         rc = ngx_http_hermes_files_post(r, f);
         if (rc != NGX_OK) {
@@ -436,7 +465,7 @@ ngx_http_hermes_files_thread(void *data, ngx_log_t *log)
 
 
 /*
- * Piece after piece into f->out: each after its line "SIZE:INODE:MTIME",
+ * The next piece of a GET into f->out, after its line "SIZE:INODE:MTIME",
  * which must stay the first piece's, and exactly as long as the file
  * says; else the file changed while read (f->changed).
  */
@@ -445,11 +474,9 @@ static void
 ngx_http_hermes_files_get(ngx_http_hermes_files_t *f, ngx_http_hermes_cmd_t *c)
 {
     u_char   *p, *nl, *colon;
-    size_t    head_len, want;
-    off_t     size;
+    size_t    want;
     char     *args[8];
     u_char    offset[NGX_INT64_LEN + 1], count[NGX_INT64_LEN + 1];
-    u_char    head[NGX_HTTP_HERMES_FILES_HEAD];
 
     args[0] = "get";
     args[1] = (char *) f->dir;
@@ -460,65 +487,59 @@ ngx_http_hermes_files_get(ngx_http_hermes_files_t *f, ngx_http_hermes_cmd_t *c)
     args[6] = (char *) count;
     args[7] = NULL;
 
+    ngx_sprintf(offset, "%O%Z", f->offset);
+    ngx_sprintf(count, "%uz%Z", f->piece);
+
     c->args = args;
     c->in = f->in;
     c->in_len = f->in_len;
+    c->out = f->out;
+    c->out_size = f->out_size;
 
     f->out_len = 0;
-    size = -1;
-    head_len = 0;
 
-    do {
-        ngx_sprintf(offset, "%uz%Z", f->out_len);
-        ngx_sprintf(count, "%uz%Z", f->piece);
+    f->rc = ngx_http_hermes_backend_exec(&f->conn, c);
+    f->status = c->status;
 
-        c->out = f->out + f->out_len;
-        c->out_size = f->out_size - f->out_len;
+    if (f->rc != NGX_OK || c->status != 0) {
+        return;
+    }
 
-        f->rc = ngx_http_hermes_backend_exec(&f->conn, c);
-        f->status = c->status;
+    p = c->out;
+    nl = ngx_strlchr(p, p + ngx_min(c->out_len, sizeof(f->head)), '\n');
 
-        if (f->rc != NGX_OK || c->status != 0) {
+    if (nl == NULL) {
+        f->status = 5;
+        return;
+    }
+
+    if (f->size == -1) {
+        colon = ngx_strlchr(p, nl, ':');
+        f->head_len = nl + 1 - p;
+        ngx_memcpy(f->head, p, f->head_len);
+        f->size = colon ? ngx_atoof(p, colon - p) : NGX_ERROR;
+
+        if (f->size < 0 || (size_t) f->size > f->max_file) {
+            f->status = (f->size < 0) ? 5 : 3;
             return;
         }
 
-        p = c->out;
-        nl = ngx_strlchr(p, p + ngx_min(c->out_len, sizeof(head)), '\n');
+    } else if ((size_t) (nl + 1 - p) != f->head_len
+               || ngx_memcmp(p, f->head, f->head_len) != 0)
+    {
+        f->changed = 1;
+        return;
+    }
 
-        if (nl == NULL) {
-            f->status = 5;
-            return;
-        }
+    want = ngx_min(f->piece, (size_t) (f->size - f->offset));
 
-        if (size == -1) {
-            colon = ngx_strlchr(p, nl, ':');
-            head_len = nl + 1 - p;
-            ngx_memcpy(head, p, head_len);
-            size = colon ? ngx_atoof(p, colon - p) : NGX_ERROR;
+    if (c->out_len - f->head_len != want) {
+        f->changed = 1;
+        return;
+    }
 
-            if (size < 0 || (size_t) size > f->max_file) {
-                f->status = (size < 0) ? 5 : 3;
-                return;
-            }
-
-        } else if ((size_t) (nl + 1 - p) != head_len
-                   || ngx_memcmp(p, head, head_len) != 0)
-        {
-            f->changed = 1;
-            return;
-        }
-
-        want = ngx_min(f->piece, (size_t) size - f->out_len);
-
-        if (c->out_len - head_len != want) {
-            f->changed = 1;
-            return;
-        }
-
-        ngx_memmove(p, p + head_len, want);
-        f->out_len += want;
-
-    } while (f->out_len < (size_t) size);
+    ngx_memmove(p, p + f->head_len, want);
+    f->out_len = want;
 }
 
 
@@ -626,13 +647,29 @@ ngx_http_hermes_files_done(ngx_event_t *ev)
     ngx_http_hermes_files_t *f = ev->data;
 
     ngx_int_t            rc;
-    ngx_buf_t           *b;
-    ngx_chain_t          out;
     ngx_http_request_t  *r;
 
     r = f->r;
 
     ngx_http_hermes_backend_give(&f->conn);
+
+    if (f->get && f->offset) {
+        /* a later piece: the answer is under way, a failure ends it */
+
+        if (f->rc != NGX_OK || f->status != 0 || f->changed
+            || r->connection->error)
+        {
+            ngx_log_error(NGX_LOG_INFO, r->connection->log, 0,
+                          "hermes: \"%V\" of a kernel changed or could not "
+                          "be read while it was sent (exit %d): the "
+                          "connection is closed", &f->path, f->status);
+            ngx_http_finalize_request(r, NGX_ERROR);
+            return;
+        }
+
+        ngx_http_hermes_files_send(r, f);
+        return;
+    }
 
     if (f->rc == NGX_DECLINED) {
         rc = ngx_http_hermes_response_send_error(r, NGX_HTTP_BAD_GATEWAY,
@@ -696,11 +733,11 @@ ngx_http_hermes_files_done(ngx_event_t *ev)
     }
 
     r->headers_out.status = NGX_HTTP_OK;
-    r->headers_out.content_length_n = f->out_len;
+    r->headers_out.content_length_n = f->size;
     ngx_str_set(&r->headers_out.content_type, "application/octet-stream");
     r->headers_out.content_type_len = r->headers_out.content_type.len;
 
-    if (f->out_len == 0 || r->method == NGX_HTTP_HEAD) {
+    if (f->size == 0 || r->method == NGX_HTTP_HEAD) {
         r->header_only = 1;
     }
 
@@ -710,27 +747,117 @@ ngx_http_hermes_files_done(ngx_event_t *ev)
         goto done;
     }
 
+    ngx_http_hermes_files_send(r, f);
+    return;
+
+done:
+
+    ngx_http_finalize_request(r, rc);
+}
+
+
+/*
+ * A GET's piece to the client; the next is read once it is sent, so that
+ * a slow client costs the worker one piece, whatever the file's size.
+ */
+
+static void
+ngx_http_hermes_files_send(ngx_http_request_t *r, ngx_http_hermes_files_t *f)
+{
+    ngx_int_t     rc;
+    ngx_buf_t    *b;
+    ngx_chain_t   out;
+
     b = ngx_calloc_buf(r->pool);
     if (b == NULL) {
-        rc = NGX_ERROR;
-        goto done;
+        ngx_http_finalize_request(r, NGX_ERROR);
+        return;
     }
 
-    /* freed with the request's pool, once sent */
+    f->offset += f->out_len;
+
     b->pos = f->out;
     b->last = f->out + f->out_len;
     b->memory = 1;
-    b->last_buf = 1;
-    b->last_in_chain = 1;
+    b->flush = 1;
+
+    if (f->offset == f->size) {
+        b->last_buf = 1;
+        b->last_in_chain = 1;
+    }
 
     out.buf = b;
     out.next = NULL;
 
     rc = ngx_http_output_filter(r, &out);
 
-done:
+    if (rc == NGX_ERROR || f->offset == f->size) {
+        ngx_http_finalize_request(r, rc);
+        return;
+    }
 
-    ngx_http_finalize_request(r, rc);
+    r->write_event_handler = ngx_http_hermes_files_writer;
+    ngx_http_hermes_files_writer(r);
+}
+
+
+/* the piece sent: the next one read (the count of the task is still ours) */
+
+static void
+ngx_http_hermes_files_writer(ngx_http_request_t *r)
+{
+    ngx_int_t                    rc;
+    ngx_event_t                 *wev;
+    ngx_http_hermes_files_t     *f;
+    ngx_http_core_loc_conf_t    *clcf;
+    ngx_http_hermes_loc_conf_t  *hlcf;
+
+    wev = r->connection->write;
+    f = ngx_http_hermes_response_ctx(r)->files;
+
+    if (wev->timedout) {
+        ngx_log_error(NGX_LOG_INFO, r->connection->log, NGX_ETIMEDOUT,
+                      "client timed out");
+        r->connection->timedout = 1;
+        ngx_http_finalize_request(r, NGX_HTTP_REQUEST_TIME_OUT);
+        return;
+    }
+
+    rc = ngx_http_output_filter(r, NULL);
+
+    if (rc == NGX_ERROR) {
+        ngx_http_finalize_request(r, NGX_ERROR);
+        return;
+    }
+
+    clcf = ngx_http_get_module_loc_conf(r, ngx_http_core_module);
+
+    if (r->buffered || r->connection->buffered) {
+        if (!wev->delayed) {
+            ngx_add_timer(wev, clcf->send_timeout);
+        }
+
+        if (ngx_handle_write_event(wev, clcf->send_lowat) != NGX_OK) {
+            ngx_http_finalize_request(r, NGX_ERROR);
+        }
+
+        return;
+    }
+
+    if (wev->timer_set) {
+        ngx_del_timer(wev);
+    }
+
+    r->write_event_handler = ngx_http_request_empty_handler;
+
+    ngx_http_hermes_backend_take(&f->conn, f->bcf, f->host);
+
+    hlcf = ngx_http_get_module_loc_conf(r, ngx_http_hermes_module);
+
+    if (ngx_thread_task_post(hlcf->thread_pool, &f->task) != NGX_OK) {
+        ngx_http_hermes_backend_give(&f->conn);
+        ngx_http_finalize_request(r, NGX_ERROR);
+    }
 }
 
 
