@@ -30,6 +30,21 @@
  */
 #define NGX_HTTP_HERMES_FILES_PIECE     (4 * 1024 * 1024)
 
+/* an owner's transfers at once in a worker (429 past them) */
+#define NGX_HTTP_HERMES_FILES_OWNER     4
+
+/* owners with transfers under way a worker keeps count of */
+#define NGX_HTTP_HERMES_FILES_OWNERS    64
+
+
+/* an owner's transfers under way in this worker */
+
+typedef struct {
+    size_t                         len;         /* 0: a free slot */
+    ngx_uint_t                     n;
+    u_char                         owner[NGX_HTTP_HERMES_OWNER_MAX];
+} ngx_http_hermes_files_owner_t;
+
 
 typedef struct {
     ngx_thread_task_t              task;
@@ -47,6 +62,7 @@ typedef struct {
     off_t                          offset;      /* of the next piece */
     ngx_http_hermes_backend_conf_t *bcf;
     ngx_uint_t                     host;
+    ngx_http_hermes_files_owner_t *owner;       /* its count, taken */
     size_t                         head_len;
     u_char                         head[NGX_HTTP_HERMES_FILES_HEAD];
     ngx_int_t                      rc;
@@ -72,6 +88,12 @@ static void ngx_http_hermes_files_get(ngx_http_hermes_files_t *f,
 static void ngx_http_hermes_files_send(ngx_http_request_t *r,
     ngx_http_hermes_files_t *f);
 static void ngx_http_hermes_files_writer(ngx_http_request_t *r);
+static ngx_http_hermes_files_owner_t *ngx_http_hermes_files_owner(
+    ngx_str_t *owner);
+
+
+static ngx_http_hermes_files_owner_t
+    ngx_http_hermes_files_owners[NGX_HTTP_HERMES_FILES_OWNERS];
 static void ngx_http_hermes_files_put(ngx_http_hermes_files_t *f,
     ngx_http_hermes_cmd_t *c);
 static void ngx_http_hermes_files_done(ngx_event_t *ev);
@@ -191,6 +213,25 @@ ngx_http_hermes_files_handler(ngx_http_request_t *r,
 
     cln->handler = ngx_http_hermes_files_free;
     cln->data = f;
+
+    /* each transfer holds memory of the worker's: a few an owner at once */
+
+    f->owner = ngx_http_hermes_files_owner(owner);
+
+    if (f->owner == NULL) {
+        if (ngx_http_hermes_response_add_header(r, "Retry-After", "1")
+            != NGX_OK)
+        {
+            return NGX_HTTP_INTERNAL_SERVER_ERROR;
+        }
+
+        return ngx_http_hermes_response_send_error(r,
+                                           NGX_HTTP_TOO_MANY_REQUESTS,
+                                           "too_many_transfers",
+                                           "too many of your file transfers "
+                                           "are under way; retry when one "
+                                           "is done");
+    }
 
     /* hermes_files.py's arguments: values, never shell text */
 
@@ -875,4 +916,59 @@ ngx_http_hermes_files_free(void *data)
         ngx_free(f->out);
         f->out = NULL;
     }
+
+    if (f->owner) {
+        if (--f->owner->n == 0) {
+            f->owner->len = 0;
+        }
+
+        f->owner = NULL;
+    }
+}
+
+
+/* the owner's count, one more taken; NULL: it has its share under way */
+
+static ngx_http_hermes_files_owner_t *
+ngx_http_hermes_files_owner(ngx_str_t *owner)
+{
+    ngx_uint_t                      i;
+    ngx_http_hermes_files_owner_t  *o, *free;
+
+    free = NULL;
+
+    for (i = 0; i < NGX_HTTP_HERMES_FILES_OWNERS; i++) {
+        o = &ngx_http_hermes_files_owners[i];
+
+        if (o->len == 0) {
+            if (free == NULL) {
+                free = o;
+            }
+
+            continue;
+        }
+
+        if (o->len == owner->len
+            && ngx_memcmp(o->owner, owner->data, owner->len) == 0)
+        {
+            if (o->n == NGX_HTTP_HERMES_FILES_OWNER) {
+                return NULL;
+            }
+
+            o->n++;
+            return o;
+        }
+    }
+
+    if (free == NULL || owner->len == 0
+        || owner->len > NGX_HTTP_HERMES_OWNER_MAX)
+    {
+        return NULL;
+    }
+
+    ngx_memcpy(free->owner, owner->data, owner->len);
+    free->len = owner->len;
+    free->n = 1;
+
+    return free;
 }
