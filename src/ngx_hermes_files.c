@@ -668,8 +668,8 @@ ngx_http_hermes_files_put(ngx_http_hermes_files_t *f, ngx_http_hermes_cmd_t *c)
         return;
     }
 
-    if (done && f->rc != NGX_DECLINED) {
-        /* what the pieces before left: removed, whatever this says */
+    if (f->rc != NGX_DECLINED) {
+        /* what the pieces so far left: removed, whatever this says */
         args[0] = "abort";
         args[5] = (char *) f->nonce;
         args[6] = NULL;

@@ -34,6 +34,8 @@ $t->write_conf(<<"CONF");
         hermes_cell_timeout 30s;
 
         location = /x { hermes_execute; }
+        location /k { hermes_kernels; hermes_max_file 20m; }
+        client_max_body_size 20m;
     }
 CONF
 $t->run;
@@ -87,6 +89,17 @@ is($r->{result}{status}, 'success', 'space freed: the next cell runs');
 is($r->{result}{output}, "42\n", '... with the globals of before');
 is($r->{events}[0]{kernel_id}, $kid, '... on the same kernel');
 ok(!$r->{events}[0]{state_lost}, '... its state not lost');
+
+# a PUT that the full disk cuts short: 502, and nothing of it left behind
+{
+    my $big = 'x' x (12 * 1024 * 1024);
+    $r = $t->raw_request('PUT', '/k/full/files/big.bin', body => $big,
+        content_type => 'application/octet-stream');
+    is($r->{status}, 502, 'a PUT past the free space: 502');
+    my $d = "$root/hermes_rkernel_$kid";
+    opendir my $dh, $d or die "$d: $!";
+    is(join(' ', grep { /big/ } readdir $dh), '', '... nothing of it left in the kernel dir');
+}
 
 $t->stop;
 done_testing;
