@@ -1145,6 +1145,7 @@ ngx_int_t ngx_http_hermes_response_send_error(ngx_http_request_t *r,
     ngx_uint_t status, char *code, char *message);
 ngx_int_t ngx_http_hermes_response_send_buf(ngx_http_request_t *r,
     ngx_uint_t status, const char *type, ngx_buf_t *b);
+ngx_int_t ngx_http_hermes_response_flush(ngx_http_request_t *r);
 ngx_int_t ngx_http_hermes_response_add_header(ngx_http_request_t *r,
     char *key, char *value);
 ngx_http_hermes_ctx_t *ngx_http_hermes_response_ctx(ngx_http_request_t *r);

@@ -83,6 +83,8 @@ static void ngx_http_hermes_files_body(ngx_http_request_t *r);
 static ngx_int_t ngx_http_hermes_files_post(ngx_http_request_t *r,
     ngx_http_hermes_files_t *f);
 static void ngx_http_hermes_files_thread(void *data, ngx_log_t *log);
+static void ngx_http_hermes_files_args(ngx_http_hermes_files_t *f, char *verb,
+    char **args);
 static void ngx_http_hermes_files_get(ngx_http_hermes_files_t *f,
     ngx_http_hermes_cmd_t *c);
 static void ngx_http_hermes_files_send(ngx_http_request_t *r,
@@ -505,6 +507,20 @@ ngx_http_hermes_files_thread(void *data, ngx_log_t *log)
 }
 
 
+/* hermes_files.py's first arguments: VERB DIR PATH UID MAX */
+
+static void
+ngx_http_hermes_files_args(ngx_http_hermes_files_t *f, char *verb,
+    char **args)
+{
+    args[0] = verb;
+    args[1] = (char *) f->dir;
+    args[2] = (char *) f->spath;
+    args[3] = (char *) f->uid;
+    args[4] = (char *) f->max;
+}
+
+
 /*
  * The next piece of a GET into f->out, after its line "SIZE:INODE:MTIME",
  * which must stay the first piece's, and exactly as long as the file
@@ -519,11 +535,7 @@ ngx_http_hermes_files_get(ngx_http_hermes_files_t *f, ngx_http_hermes_cmd_t *c)
     char     *args[8];
     u_char    offset[NGX_INT64_LEN + 1], count[NGX_INT64_LEN + 1];
 
-    args[0] = "get";
-    args[1] = (char *) f->dir;
-    args[2] = (char *) f->spath;
-    args[3] = (char *) f->uid;
-    args[4] = (char *) f->max;
+    ngx_http_hermes_files_args(f, "get", args);
     args[5] = (char *) offset;
     args[6] = (char *) count;
     args[7] = NULL;
@@ -606,11 +618,7 @@ ngx_http_hermes_files_put(ngx_http_hermes_files_t *f, ngx_http_hermes_cmd_t *c)
         return;
     }
 
-    args[0] = "put";
-    args[1] = (char *) f->dir;
-    args[2] = (char *) f->spath;
-    args[3] = (char *) f->uid;
-    args[4] = (char *) f->max;
+    ngx_http_hermes_files_args(f, "put", args);
     args[5] = (char *) offset;
     args[6] = (char *) all;
     args[7] = (char *) f->nonce;
@@ -847,53 +855,19 @@ ngx_http_hermes_files_send(ngx_http_request_t *r, ngx_http_hermes_files_t *f)
 static void
 ngx_http_hermes_files_writer(ngx_http_request_t *r)
 {
-    ngx_int_t                    rc;
-    ngx_event_t                 *wev;
     ngx_http_hermes_files_t     *f;
-    ngx_http_core_loc_conf_t    *clcf;
     ngx_http_hermes_loc_conf_t  *hlcf;
 
-    wev = r->connection->write;
-    f = ngx_http_hermes_response_ctx(r)->files;
-
-    if (wev->timedout) {
-        ngx_log_error(NGX_LOG_INFO, r->connection->log, NGX_ETIMEDOUT,
-                      "client timed out");
-        r->connection->timedout = 1;
-        ngx_http_finalize_request(r, NGX_HTTP_REQUEST_TIME_OUT);
+    if (ngx_http_hermes_response_flush(r) != NGX_OK) {
         return;
-    }
-
-    rc = ngx_http_output_filter(r, NULL);
-
-    if (rc == NGX_ERROR) {
-        ngx_http_finalize_request(r, NGX_ERROR);
-        return;
-    }
-
-    clcf = ngx_http_get_module_loc_conf(r, ngx_http_core_module);
-
-    if (r->buffered || r->connection->buffered) {
-        if (!wev->delayed) {
-            ngx_add_timer(wev, clcf->send_timeout);
-        }
-
-        if (ngx_handle_write_event(wev, clcf->send_lowat) != NGX_OK) {
-            ngx_http_finalize_request(r, NGX_ERROR);
-        }
-
-        return;
-    }
-
-    if (wev->timer_set) {
-        ngx_del_timer(wev);
     }
 
     r->write_event_handler = ngx_http_request_empty_handler;
 
-    ngx_http_hermes_backend_take(&f->conn, f->bcf, f->host);
-
+    f = ngx_http_hermes_response_ctx(r)->files;
     hlcf = ngx_http_get_module_loc_conf(r, ngx_http_hermes_module);
+
+    ngx_http_hermes_backend_take(&f->conn, f->bcf, f->host);
 
     if (ngx_thread_task_post(hlcf->thread_pool, &f->task) != NGX_OK) {
         ngx_http_hermes_backend_give(&f->conn);

@@ -818,15 +818,19 @@ ngx_http_hermes_response_send_chain(ngx_http_hermes_response_t *rs,
 }
 
 
-static void
-ngx_http_hermes_response_write_handler(ngx_http_request_t *r)
+/*
+ * A write event of an answer sent piece by piece: what waits goes out.
+ * NGX_OK once the client took it all, NGX_AGAIN while it waits (the
+ * send_timeout timer and the write event armed), NGX_ERROR when the
+ * request was finalized (an error, the client timed out).
+ */
+
+ngx_int_t
+ngx_http_hermes_response_flush(ngx_http_request_t *r)
 {
-    ngx_event_t                 *wev;
-    ngx_chain_t                 *out;
-    ngx_connection_t            *c;
-    ngx_http_hermes_ctx_t       *ctx;
-    ngx_http_core_loc_conf_t    *clcf;
-    ngx_http_hermes_response_t  *rs;
+    ngx_event_t               *wev;
+    ngx_connection_t          *c;
+    ngx_http_core_loc_conf_t  *clcf;
 
     c = r->connection;
     wev = c->write;
@@ -834,11 +838,48 @@ ngx_http_hermes_response_write_handler(ngx_http_request_t *r)
     if (wev->timedout) {
         c->timedout = 1;
         ngx_http_finalize_request(r, NGX_HTTP_REQUEST_TIME_OUT);
-        return;
+        return NGX_ERROR;
     }
 
     if (ngx_http_output_filter(r, NULL) == NGX_ERROR) {
         ngx_http_finalize_request(r, NGX_ERROR);
+        return NGX_ERROR;
+    }
+
+    clcf = ngx_http_get_module_loc_conf(r, ngx_http_core_module);
+
+    if (c->buffered) {
+        if (!wev->delayed) {
+            ngx_add_timer(wev, clcf->send_timeout);
+        }
+
+        if (ngx_handle_write_event(wev, clcf->send_lowat) != NGX_OK) {
+            ngx_http_finalize_request(r, NGX_ERROR);
+            return NGX_ERROR;
+        }
+
+        return NGX_AGAIN;
+    }
+
+    if (wev->timer_set) {
+        ngx_del_timer(wev);
+    }
+
+    return NGX_OK;
+}
+
+
+static void
+ngx_http_hermes_response_write_handler(ngx_http_request_t *r)
+{
+    ngx_int_t                    rc;
+    ngx_chain_t                 *out;
+    ngx_http_hermes_ctx_t       *ctx;
+    ngx_http_hermes_response_t  *rs;
+
+    rc = ngx_http_hermes_response_flush(r);
+
+    if (rc == NGX_ERROR) {
         return;
     }
 
@@ -851,22 +892,8 @@ ngx_http_hermes_response_write_handler(ngx_http_request_t *r)
                                 (ngx_buf_tag_t) &ngx_http_hermes_module);
     }
 
-    clcf = ngx_http_get_module_loc_conf(r, ngx_http_core_module);
-
-    if (c->buffered) {
-        if (!wev->delayed) {
-            ngx_add_timer(wev, clcf->send_timeout);
-        }
-
-        if (ngx_handle_write_event(wev, clcf->send_lowat) != NGX_OK) {
-            ngx_http_finalize_request(r, NGX_ERROR);
-        }
-
+    if (rc == NGX_AGAIN) {
         return;
-    }
-
-    if (wev->timer_set) {
-        ngx_del_timer(wev);
     }
 
     /* the client took it all: read on */
