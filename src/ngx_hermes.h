@@ -719,9 +719,11 @@ struct ngx_http_hermes_backend_ops_s {
     ngx_str_t                  *(*host_name)(
                                     ngx_http_hermes_backend_conf_t *bcf,
                                     ngx_uint_t host);
-    /* NULL: an interrupt is a command, in the thread pool */
-    ngx_int_t                   (*interrupt)(ngx_http_hermes_victim_t *v,
-                                             uint32_t cell, ngx_log_t *log);
+    /* "N\n" into the kernel's intr FIFO, never waiting */
+    ngx_int_t                   (*interrupt)(
+                                    ngx_http_hermes_backend_conf_t *bcf,
+                                    ngx_http_hermes_victim_t *v,
+                                    uint32_t cell, ngx_log_t *log);
     /* is a kernel still itself, told at once; NULL: it cannot be */
     ngx_uint_t                  (*alive)(ngx_http_hermes_victim_t *v);
     void                        (*exit_process)(
@@ -799,6 +801,8 @@ u_char *ngx_http_hermes_frames_exec(u_char *buf, uint32_t stream,
     size_t out_max, size_t in_len);
 u_char *ngx_http_hermes_frames_ready(u_char *buf, uint32_t stream,
     u_char *dir, size_t dir_len, ngx_pid_t pid, ngx_msec_t timeout);
+u_char *ngx_http_hermes_frames_interrupt(u_char *buf, uint32_t stream,
+    u_char *dir, size_t dir_len, uint64_t ino, uint32_t cell);
 
 
 /* kernel lifecycle: spawn and kill, in the thread pool */
@@ -817,8 +821,8 @@ void ngx_http_hermes_kernel_victim(ngx_http_hermes_victim_t *v,
 ngx_int_t ngx_http_hermes_kernel_kill(ngx_thread_pool_t *tp,
     ngx_http_hermes_backend_conf_t *bcf, ngx_http_hermes_victim_t *v,
     ngx_log_t *log);
-ngx_int_t ngx_http_hermes_kernel_interrupt(ngx_thread_pool_t *tp,
-    ngx_http_hermes_victim_t *v, uint32_t cell, ngx_log_t *log);
+ngx_int_t ngx_http_hermes_kernel_interrupt(ngx_http_hermes_victim_t *v,
+    uint32_t cell, ngx_log_t *log);
 void ngx_http_hermes_kernel_kill_victims(ngx_thread_pool_t *tp,
     ngx_http_hermes_victims_t *victims, ngx_log_t *log);
 ngx_int_t ngx_http_hermes_kernel_init_process(ngx_cycle_t *cycle,

@@ -48,7 +48,8 @@ static ngx_uint_t ngx_http_hermes_local_pick_host(
 static ngx_str_t *ngx_http_hermes_local_host_name(
     ngx_http_hermes_backend_conf_t *bcf, ngx_uint_t host);
 static ngx_int_t ngx_http_hermes_local_interrupt_kernel(
-    ngx_http_hermes_victim_t *v, uint32_t cell, ngx_log_t *log);
+    ngx_http_hermes_backend_conf_t *bcf, ngx_http_hermes_victim_t *v,
+    uint32_t cell, ngx_log_t *log);
 static ngx_uint_t ngx_http_hermes_local_alive(ngx_http_hermes_victim_t *v);
 
 
@@ -129,8 +130,8 @@ ngx_http_hermes_local_host_name(ngx_http_hermes_backend_conf_t *bcf,
 /* event loop: "N\n" into the intr FIFO of the kernel, if it is still it */
 
 static ngx_int_t
-ngx_http_hermes_local_interrupt_kernel(ngx_http_hermes_victim_t *v,
-    uint32_t cell, ngx_log_t *log)
+ngx_http_hermes_local_interrupt_kernel(ngx_http_hermes_backend_conf_t *bcf,
+    ngx_http_hermes_victim_t *v, uint32_t cell, ngx_log_t *log)
 {
     ngx_fd_t         fd;
     ngx_int_t        rc;

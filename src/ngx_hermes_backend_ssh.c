@@ -134,6 +134,7 @@ typedef struct {
     size_t                       ra_len;
     size_t                       ra_size;
 
+    unsigned                     note:1;        /* a frame, no answer */
     unsigned                     sent:1;        /* to the running agent */
     unsigned                     shipped:1;
     unsigned                     ended:1;       /* the agent is done */
@@ -194,6 +195,9 @@ static ngx_int_t ngx_http_hermes_ssh_request(ngx_http_hermes_conn_t *conn,
     ngx_http_hermes_ssh_stream_t *s, ngx_http_hermes_cmd_t *cmd);
 static ngx_int_t ngx_http_hermes_ssh_ready(ngx_http_hermes_conn_t *conn,
     u_char *dir, ngx_pid_t pid, ngx_pid_t expect, uint64_t *start);
+static ngx_int_t ngx_http_hermes_ssh_interrupt(
+    ngx_http_hermes_backend_conf_t *bcf, ngx_http_hermes_victim_t *v,
+    uint32_t cell, ngx_log_t *log);
 static ngx_uint_t ngx_http_hermes_ssh_root(
     ngx_http_hermes_backend_conf_t *bcf);
 static ngx_uint_t ngx_http_hermes_ssh_pick_host(
@@ -219,6 +223,8 @@ static ngx_http_hermes_ssh_stream_t *ngx_http_hermes_ssh_find(
 static void ngx_http_hermes_ssh_frame(ngx_http_hermes_ssh_link_t *l,
     ngx_http_hermes_frame_t *f);
 static void ngx_http_hermes_ssh_send(ngx_http_hermes_ssh_link_t *l,
+    ngx_http_hermes_ssh_stream_t *s);
+static ngx_uint_t ngx_http_hermes_ssh_noted(ngx_http_hermes_ssh_link_t *l,
     ngx_http_hermes_ssh_stream_t *s);
 static ngx_int_t ngx_http_hermes_ssh_room(u_char **buf, size_t *size,
     size_t *pos, size_t *len, size_t need, size_t least, ngx_log_t *log);
@@ -252,7 +258,7 @@ ngx_http_hermes_backend_ops_t  ngx_http_hermes_backend_ssh_ops = {
     ngx_http_hermes_ssh_root,
     ngx_http_hermes_ssh_pick_host,
     ngx_http_hermes_ssh_host_name,
-    NULL,                                   /* interrupt: a command */
+    ngx_http_hermes_ssh_interrupt,
     NULL,                                   /* alive: a take finds out */
     ngx_http_hermes_ssh_exit_process
 };
@@ -730,6 +736,53 @@ ngx_http_hermes_ssh_ready(ngx_http_hermes_conn_t *conn, u_char *dir,
 }
 
 
+/*
+ * Event loop: cell "cell" of a kernel on an ssh host interrupted by an
+ * INTERRUPT frame to the host's agent: no command, no thread-pool slot;
+ * the agent writes "N\n" into the kernel's intr FIFO (never through a
+ * link, never waiting) if the directory is still the kernel's inode.
+ */
+
+static ngx_int_t
+ngx_http_hermes_ssh_interrupt(ngx_http_hermes_backend_conf_t *bcf,
+    ngx_http_hermes_victim_t *v, uint32_t cell, ngx_log_t *log)
+{
+    ngx_http_hermes_ssh_link_t    *l;
+    ngx_http_hermes_ssh_host_t   **hosts;
+    ngx_http_hermes_ssh_stream_t  *s;
+
+    if (v->host >= bcf->hosts->nelts) {
+        return NGX_DECLINED;
+    }
+
+    hosts = bcf->hosts->elts;
+
+    l = ngx_http_hermes_ssh_link_get(bcf, hosts[v->host]);
+    if (l == NULL) {
+        return NGX_ERROR;
+    }
+
+    s = ngx_calloc(sizeof(ngx_http_hermes_ssh_stream_t)
+                   + NGX_HTTP_HERMES_FRAME_EXEC_MAX + 6 * v->dir_len, log);
+    if (s == NULL) {
+        return NGX_ERROR;
+    }
+
+    s->fd = -1;
+    s->rfd = (ngx_socket_t) -1;
+    s->note = 1;
+
+    s->frame = (u_char *) (s + 1);
+    s->frame_len = ngx_http_hermes_frames_interrupt(s->frame, 0, v->dir,
+                                                    v->dir_len, v->ino, cell)
+                   - s->frame;
+
+    ngx_http_hermes_ssh_post(l, s);
+
+    return NGX_OK;
+}
+
+
 /* kernels never run as root: a root login drops to the sandbox's user */
 
 static ngx_uint_t
@@ -854,6 +907,12 @@ ngx_http_hermes_ssh_thread(void *data)
             ngx_queue_remove(q);
 
             s = ngx_queue_data(q, ngx_http_hermes_ssh_stream_t, queue);
+
+            if (s->note && ngx_http_hermes_ssh_noted(l, s)) {
+                ngx_free(s);
+                continue;
+            }
+
             s->id = l->next++;
 
             if (l->next == 0) {
@@ -876,8 +935,9 @@ ngx_http_hermes_ssh_thread(void *data)
 
         for (q = ngx_queue_head(&l->streams);
              q != ngx_queue_sentinel(&l->streams);
-             q = ngx_queue_next(q))
+             q = nq)
         {
+            nq = ngx_queue_next(q);
             s = ngx_queue_data(q, ngx_http_hermes_ssh_stream_t, queue);
 
             if (s->sent || s->ended) {
@@ -1553,7 +1613,7 @@ ngx_http_hermes_ssh_frame(ngx_http_hermes_ssh_link_t *l,
     u_char                        *p, *b;
     int64_t                        status;
     ngx_str_t                      json, bytes;
-    ngx_queue_t                   *q;
+    ngx_queue_t                   *q, *nq;
     ngx_http_hermes_cmd_t         *cmd;
     ngx_http_hermes_ssh_stream_t  *s;
 
@@ -1576,8 +1636,9 @@ ngx_http_hermes_ssh_frame(ngx_http_hermes_ssh_link_t *l,
 
         for (q = ngx_queue_head(&l->streams);
              q != ngx_queue_sentinel(&l->streams);
-             q = ngx_queue_next(q))
+             q = nq)
         {
+            nq = ngx_queue_next(q);
             s = ngx_queue_data(q, ngx_http_hermes_ssh_stream_t, queue);
 
             if (!s->sent && !s->ended) {
@@ -1741,7 +1802,11 @@ ngx_http_hermes_ssh_frame(ngx_http_hermes_ssh_link_t *l,
 }
 
 
-/* a stream's first frame to the agent now running: anew, or a resume */
+/*
+ * a stream's first frame to the agent now running: anew, or a resume; a
+ * note is done once it is out (the caller's walk of the streams steps
+ * past "s" before)
+ */
 
 static void
 ngx_http_hermes_ssh_send(ngx_http_hermes_ssh_link_t *l,
@@ -1758,6 +1823,11 @@ ngx_http_hermes_ssh_send(ngx_http_hermes_ssh_link_t *l,
                                              - NGX_HTTP_HERMES_FRAME_HEADER);
         (void) ngx_http_hermes_ssh_append(l, s->frame, s->frame_len);
         s->acked = 0;
+
+        if (s->note) {
+            ngx_http_hermes_ssh_end(l, s, 0);
+        }
+
         return;
     }
 
@@ -1772,6 +1842,38 @@ ngx_http_hermes_ssh_send(ngx_http_hermes_ssh_link_t *l,
     ngx_log_error(NGX_LOG_INFO, l->log, 0,
                   "hermes: cell %uD in \"%s\" resumes at offset %O",
                   s->cell.cell, s->dir, s->recvd);
+}
+
+
+/*
+ * A note the same as one still waiting for the agent (the same interrupt
+ * of the same cell, asked for again while the host is away) is that one.
+ */
+
+static ngx_uint_t
+ngx_http_hermes_ssh_noted(ngx_http_hermes_ssh_link_t *l,
+    ngx_http_hermes_ssh_stream_t *s)
+{
+    ngx_queue_t                   *q;
+    ngx_http_hermes_ssh_stream_t  *n;
+
+    for (q = ngx_queue_head(&l->streams);
+         q != ngx_queue_sentinel(&l->streams);
+         q = ngx_queue_next(q))
+    {
+        n = ngx_queue_data(q, ngx_http_hermes_ssh_stream_t, queue);
+
+        if (n->note && !n->sent && n->frame_len == s->frame_len
+            && ngx_memcmp(n->frame + NGX_HTTP_HERMES_FRAME_HEADER,
+                          s->frame + NGX_HTTP_HERMES_FRAME_HEADER,
+                          s->frame_len - NGX_HTTP_HERMES_FRAME_HEADER)
+               == 0)
+        {
+            return 1;
+        }
+    }
+
+    return 0;
 }
 
 

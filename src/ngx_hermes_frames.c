@@ -397,3 +397,25 @@ ngx_http_hermes_frames_ready(u_char *buf, uint32_t stream, u_char *dir,
 
     return ngx_http_hermes_frames_jb(buf, stream, 'W', p, 0);
 }
+
+
+/*
+ * An INTERRUPT frame: "cell\n" into "dir"/intr if the directory is still
+ * inode "ino"; nothing answers it.  "buf" holds
+ * NGX_HTTP_HERMES_FRAME_EXEC_MAX + 6 times the directory's length.
+ */
+
+u_char *
+ngx_http_hermes_frames_interrupt(u_char *buf, uint32_t stream, u_char *dir,
+    size_t dir_len, uint64_t ino, uint32_t cell)
+{
+    u_char  *p;
+
+    p = buf + NGX_HTTP_HERMES_FRAME_HEADER + 4;
+
+    p = ngx_cpymem(p, "{\"dir\":\"", sizeof("{\"dir\":\"") - 1);
+    p = (u_char *) ngx_escape_json(p, dir, dir_len);
+    p = ngx_sprintf(p, "\",\"ino\":%uL,\"cell\":%uD}", ino, cell);
+
+    return ngx_http_hermes_frames_jb(buf, stream, 'I', p, 0);
+}

@@ -1158,15 +1158,7 @@ ngx_http_hermes_kernel_interrupt_cell(ngx_http_request_t *r,
     }
 
     if (rc == NGX_OK) {
-        rc = ngx_http_hermes_kernel_interrupt(hlcf->thread_pool, &v, cell,
-                                              r->connection->log);
-
-        if (rc == NGX_BUSY) {
-            return ngx_http_hermes_response_send_error(r,
-                                                  NGX_HTTP_SERVICE_UNAVAILABLE,
-                                                  "busy", "the gateway is "
-                                                  "busy; retry shortly");
-        }
+        rc = ngx_http_hermes_kernel_interrupt(&v, cell, r->connection->log);
 
         if (rc == NGX_ERROR) {
             return NGX_HTTP_INTERNAL_SERVER_ERROR;

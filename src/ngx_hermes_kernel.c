@@ -63,17 +63,6 @@ typedef struct {
 } ngx_http_hermes_kill_t;
 
 
-typedef struct {
-    ngx_thread_task_t              task;
-    ngx_http_hermes_conn_t         conn;
-    ngx_queue_t                    queue;       /* in flight */
-    u_char                         dir[NGX_HTTP_HERMES_DIR_MAX];
-    u_char                         cell_text[NGX_INT32_LEN + 1];
-    uint32_t                       cell;
-    unsigned                       failed:1;
-} ngx_http_hermes_intr_t;
-
-
 /* leftovers of an earlier run of this gateway, on one host of a backend */
 
 typedef struct {
@@ -118,10 +107,6 @@ static ngx_http_hermes_main_conf_t  *ngx_http_hermes_main_conf;
 /* per worker: kills the thread pool had no room for; the sweep reposts */
 static ngx_queue_t                   ngx_http_hermes_kills_waiting;
 
-/* per worker: interrupts on their way; one more for the same cell waits
- * for none of them, it is the same interrupt */
-static ngx_queue_t                   ngx_http_hermes_intrs;
-
 
 static void ngx_http_hermes_spawn_thread(void *data, ngx_log_t *log);
 static void ngx_http_hermes_spawn_event(ngx_event_t *ev);
@@ -140,8 +125,6 @@ static u_char *ngx_http_hermes_conn_error(u_char *buf, u_char *last,
 static void ngx_http_hermes_kill_post(ngx_http_hermes_kill_t *k);
 static ngx_http_hermes_backend_conf_t *ngx_http_hermes_kernel_backend(
     ngx_http_hermes_victim_t *v);
-static void ngx_http_hermes_intr_thread(void *data, ngx_log_t *log);
-static void ngx_http_hermes_intr_event(ngx_event_t *ev);
 static void ngx_http_hermes_kill_repost(void);
 static ngx_int_t ngx_http_hermes_kill_args(ngx_http_hermes_victim_t *v,
     char **args, u_char *buf);
@@ -1053,17 +1036,15 @@ ngx_http_hermes_kernel_backend(ngx_http_hermes_victim_t *v)
 
 /*
  * A KeyboardInterrupt for cell "cell" of a kernel: "N\n" into its intr
- * FIFO.  On this host at once (non-blocking, the directory checked); on
- * an ssh host by a command in the thread pool.  NGX_DECLINED: the kernel
- * is not there (any more).
+ * FIFO, by the backend (at once on this host; a frame to the agent of an
+ * ssh host), never a command.  NGX_DECLINED: the kernel is not there (any
+ * more).
  */
 
 ngx_int_t
-ngx_http_hermes_kernel_interrupt(ngx_thread_pool_t *tp,
-    ngx_http_hermes_victim_t *v, uint32_t cell, ngx_log_t *log)
+ngx_http_hermes_kernel_interrupt(ngx_http_hermes_victim_t *v, uint32_t cell,
+    ngx_log_t *log)
 {
-    ngx_queue_t                     *q;
-    ngx_http_hermes_intr_t          *in;
     ngx_http_hermes_backend_conf_t  *bcf;
 
     bcf = ngx_http_hermes_kernel_backend(v);
@@ -1071,103 +1052,7 @@ ngx_http_hermes_kernel_interrupt(ngx_thread_pool_t *tp,
         return NGX_DECLINED;
     }
 
-    if (bcf->ops->interrupt) {
-        /* the host is this one: no command needed */
-        return bcf->ops->interrupt(v, cell, log);
-    }
-
-    for (q = ngx_queue_head(&ngx_http_hermes_intrs);
-         q != ngx_queue_sentinel(&ngx_http_hermes_intrs);
-         q = ngx_queue_next(q))
-    {
-        in = ngx_queue_data(q, ngx_http_hermes_intr_t, queue);
-
-        if (in->cell == cell
-            && ngx_strncmp(in->dir, v->dir, v->dir_len) == 0
-            && in->dir[v->dir_len] == '\0')
-        {
-            /* on its way already: a command and a pool slot fewer */
-            return NGX_OK;
-        }
-    }
-
-    in = ngx_calloc(sizeof(ngx_http_hermes_intr_t), log);
-    if (in == NULL) {
-        return NGX_ERROR;
-    }
-
-    ngx_memcpy(in->dir, v->dir, v->dir_len);
-    in->cell = cell;
-    ngx_sprintf(in->cell_text, "%uD%Z", cell);
-
-    ngx_http_hermes_backend_take(&in->conn, bcf, v->host);
-
-    in->task.ctx = in;
-    in->task.handler = ngx_http_hermes_intr_thread;
-    in->task.event.handler = ngx_http_hermes_intr_event;
-    in->task.event.data = in;
-
-    if (ngx_thread_task_post(tp, &in->task) != NGX_OK) {
-        ngx_http_hermes_backend_give(&in->conn);
-        ngx_free(in);
-        return NGX_BUSY;
-    }
-
-    ngx_queue_insert_tail(&ngx_http_hermes_intrs, &in->queue);
-
-    return NGX_OK;
-}
-
-
-static void
-ngx_http_hermes_intr_thread(void *data, ngx_log_t *log)
-{
-    ngx_http_hermes_intr_t *in = data;
-
-    char                  *args[3];
-    u_char                 out[64];
-    ngx_http_hermes_cmd_t  c;
-
-    /* the FIFO non-blocking, never through a link: as the login user */
-
-    static char  cmd[] = "exec python3 -I -c \"import os, sys; fd = os.open("
-                         "sys.argv[1] + '/intr', os.O_WRONLY | os.O_NONBLOCK"
-                         " | os.O_NOFOLLOW); os.write(fd, sys.argv[2].encode()"
-                         " + b'\\n')\" \"$1\" \"$2\"";
-
-    args[0] = (char *) in->dir;
-    args[1] = (char *) in->cell_text;
-    args[2] = NULL;
-
-    ngx_memzero(&c, sizeof(ngx_http_hermes_cmd_t));
-    c.cmd = cmd;
-    c.args = args;
-    c.out = out;
-    c.out_size = sizeof(out);
-    c.timeout = NGX_HTTP_HERMES_CMD_TIMEOUT;
-
-    if (ngx_http_hermes_backend_exec(&in->conn, &c) != NGX_OK
-        || c.status != 0)
-    {
-        in->failed = 1;
-    }
-}
-
-
-static void
-ngx_http_hermes_intr_event(ngx_event_t *ev)
-{
-    ngx_http_hermes_intr_t *in = ev->data;
-
-    if (in->failed) {
-        ngx_log_error(NGX_LOG_WARN, ngx_cycle->log, 0,
-                      "hermes: interrupting cell %uD in \"%s\" failed",
-                      in->cell, in->dir);
-    }
-
-    ngx_queue_remove(&in->queue);
-    ngx_http_hermes_backend_give(&in->conn);
-    ngx_free(in);
+    return bcf->ops->interrupt(bcf, v, cell, log);
 }
 
 
@@ -1237,7 +1122,6 @@ ngx_http_hermes_kernel_init_process(ngx_cycle_t *cycle,
 
     ngx_http_hermes_main_conf = hmcf;
     ngx_queue_init(&ngx_http_hermes_kills_waiting);
-    ngx_queue_init(&ngx_http_hermes_intrs);
 
     /*
      * Workers have no children of their own, and nginx's SIGCHLD handler

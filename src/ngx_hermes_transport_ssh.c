@@ -477,8 +477,7 @@ ngx_http_hermes_ssh_stream_interrupt(ngx_http_hermes_stream_t *st)
 
     ngx_http_hermes_kernel_victim(&v, st->ref, st->hlcf->backend);
 
-    return (ngx_http_hermes_kernel_interrupt(st->hlcf->thread_pool, &v,
-                                             st->ref->cell_id, st->log)
+    return (ngx_http_hermes_kernel_interrupt(&v, st->ref->cell_id, st->log)
             == NGX_OK) ? NGX_OK : NGX_DECLINED;
 }
 

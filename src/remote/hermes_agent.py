@@ -105,6 +105,11 @@ READY_MAX = 4096
 DEFAULT_WINDOW = 1 << 20
 TICK_NO_INOTIFY = 0.01
 TICK_NO_PIDFD = 0.1
+# names of a directory one stream looks at in one turn of the loop: a
+# kernel that fills its rpc/ with junk costs its neighbours that, no more
+LIST_TURN = 256
+# inotify reads in one turn of the loop: a flood waits for the next turn
+INOTIFY_TURN = 16
 
 READ = os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC
 DIRS = (os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_NONBLOCK
@@ -221,13 +226,14 @@ class Inotify:
         self.rm(self.fd, wd)
 
     def events(self):
-        """(wd, mask, name) of every event queued."""
+        """(wd, mask, name) of the events queued, INOTIFY_TURN reads at
+        most: the rest come on the loop's next turn."""
         out = []
-        while True:
+        for _ in range(INOTIFY_TURN):
             try:
                 buf = os.read(self.fd, 65536)
             except BlockingIOError:
-                return out
+                break
             pos = 0
             while pos + EVENT.size <= len(buf):
                 wd, mask, _, n = EVENT.unpack_from(buf, pos)
@@ -235,6 +241,7 @@ class Inotify:
                 name = buf[pos:pos + n].rstrip(b"\0")
                 pos += n
                 out.append((wd, mask, name.decode("utf-8", "replace")))
+        return out
 
 
 def pidfd_open(pid):
@@ -321,6 +328,37 @@ def unlink_quiet(name, dirfd):
         pass
 
 
+class Listing:
+    """A directory's names, LIST_TURN at a time: each() for every name, in
+    turns of the agent's loop (a full listing of 40,000 names blocks the
+    loop for tens of milliseconds)."""
+
+    def __init__(self, dirfd, each):
+        self.each = each
+        self.it = os.scandir(dirfd)
+
+    def turn(self):
+        """One turn's share; True once every name was looked at."""
+        for _ in range(LIST_TURN):
+            try:
+                e = next(self.it)
+            except StopIteration:
+                self.close()
+                return True
+            except OSError:
+                self.close()
+                return True
+            if self.each(e.name) is False:
+                self.close()
+                return True
+        return False
+
+    def close(self):
+        if self.it is not None:
+            self.it.close()
+            self.it = None
+
+
 def close(fd):
     if fd is not None and fd >= 0:
         try:
@@ -371,21 +409,6 @@ class Kernel:
 
     def ours(self):
         return self.dir is not None
-
-    def rpc_sweep(self):
-        """An earlier cell's requests and answers: no authority now."""
-        if self.rpc is None:
-            return
-        try:
-            names = os.listdir(self.rpc)
-        except OSError:
-            return
-        for name in names:
-            if RPC_REQ.match(name) or RPC_RES.match(name):
-                try:
-                    os.unlink(name, dir_fd=self.rpc)
-                except OSError:
-                    pass
 
     def tool_results(self):
         """tool_results/ of the kernel dir, made if missing: its fd."""
@@ -447,6 +470,30 @@ class Kernel:
         except OSError as e:
             return e, "%s/%s: %s" % (where, name, e.strerror)
         return None
+
+
+def interrupt(path, ino, cell):
+    """KeyboardInterrupt for cell: "N\\n" into the kernel's intr FIFO, as
+    the module does on its own host: the directory still the kernel's
+    inode, never through a link, never waiting."""
+    try:
+        d = os.open(path, DIRS)
+        try:
+            if os.fstat(d).st_ino != ino:
+                raise OSError(errno.ESTALE, "not the kernel's directory")
+            fd = os.open("intr", os.O_WRONLY | os.O_NONBLOCK | os.O_NOFOLLOW
+                         | os.O_CLOEXEC, dir_fd=d)
+        finally:
+            os.close(d)
+        try:
+            if not stat.S_ISFIFO(os.fstat(fd).st_mode):
+                raise OSError(errno.EINVAL, "intr is not a FIFO")
+            os.write(fd, b"%d\n" % cell)
+        finally:
+            os.close(fd)
+    except OSError as e:
+        log("interrupting cell %d in %s: %s" % (cell, path,
+                                               e.strerror or e))
 
 
 def ship(k, cell, req):
@@ -517,12 +564,23 @@ class Output:
             self.offset += len(data)
 
 
+class Answer:
+    """A tool call's answer on its way into BASE.tmp of dirfd (rpc/, or
+    tool_results/ for an archived one), renamed to BASE when whole."""
+
+    __slots__ = ("dirfd", "base", "fd", "offset")
+
+    def __init__(self, dirfd, base):
+        self.dirfd, self.base, self.fd, self.offset = dirfd, base, None, 0
+
+
 class Cell:
     """One CELL stream: a cell of a kernel, shipped or resumed, streamed."""
 
     def __init__(self, agent, sid, k, cell, offset, out_limit, res_limit,
-                 window):
+                 window, req=None):
         self.agent, self.sid, self.k = agent, sid, k
+        self.cell, self.req = cell, req     # req: to ship, else resumed
         self.out_name = "cell_out_%06d" % cell
         self.res_name = "cell_res_%06d.json" % cell
         self.o = Output(offset, out_limit)
@@ -533,10 +591,56 @@ class Cell:
         self.wd = self.rpc_wd = -1
         self.open = True
         self.tick = None
-        self.answers = {}       # name: [dirfd, base name, tmp fd, offset]
+        self.answers = {}       # name: Answer
+        self.started = False
+        self.listing = None     # rpc/ looked through, in the loop's turns
+        self.listed = None      # what follows the listing
+        self.rescan = False
+
+    def begin(self):
+        """A new cell: an earlier cell's requests and answers in rpc/ have
+        no authority now and go first, then the cell ships."""
+        if not self.list(self.swept, self.ship):
+            self.ship()
+
+    def swept(self, name):
+        if RPC_REQ.match(name) or RPC_RES.match(name):
+            unlink_quiet(name, self.k.rpc)
+
+    def ship(self):
+        w = ship(self.k, self.cell, self.req)
+        self.req = None
+        if w is not None:
+            return self.word(w)
+        self.agent.send(self.sid, b"S", b"")
+        self.start()
+
+    def list(self, each, then):
+        """rpc/'s names to each() in the loop's turns, then then(); False
+        when there is nothing to list."""
+        if self.k.rpc is None:
+            return False
+        try:
+            self.listing = Listing(self.k.rpc, each)
+        except OSError:
+            return False
+        self.listed = then
+        self.agent.jobs[self] = True
+        return True
+
+    def list_turn(self):
+        """The loop's turn; once the listing is over, then()."""
+        if self.listing is not None and not self.listing.turn():
+            return
+        self.agent.jobs.pop(self, None)
+        self.listing = None
+        then, self.listed = self.listed, None
+        if then is not None:
+            then()
 
     def start(self):
         a = self.agent
+        self.started = True
         try:
             self.pidfd = pidfd_open(self.k.pid)
         except ProcessLookupError:
@@ -591,6 +695,10 @@ class Cell:
         if not self.open:
             return
         a.forget(self)
+        a.jobs.pop(self, None)
+        if self.listing is not None:
+            self.listing.close()
+            self.listing = None
         for wd in (self.wd, self.rpc_wd):
             a.unwatch(self, wd)
         for p in self.answers.values():
@@ -603,7 +711,7 @@ class Cell:
     def pump(self):
         """Send what the files hold and the window allows; end the stream
         when the result is there or the kernel is gone."""
-        if not self.open:
+        if not self.open or not self.started:
             return
         try:
             self.step()
@@ -633,6 +741,10 @@ class Cell:
             return self.word({"relay": "unreadable", "status": "error",
                               "error": UNREADABLE_RES})
         if res is not None:
+            if self.listing is not None:
+                # requests the cell made before its result go first
+                os.close(res)
+                return
             try:
                 if o.fd is not None:
                     # the runner closed cell_out before renaming the result
@@ -657,15 +769,27 @@ class Cell:
             self.word({"relay": "died"})
 
     def rpc_scan(self):
-        if self.k.rpc is None:
+        """Requests that came without an event: at the start, after an
+        inotify overflow, once the backlog is sent."""
+        if not self.open or not self.started:
             return
-        try:
-            names = sorted(os.listdir(self.k.rpc))
-        except OSError:
+        if self.listing is not None:
+            self.rescan = True      # what came since the listing began
             return
-        for name in names:
-            if RPC_REQ.match(name):
-                self.rpc_req(name)
+        self.list(self.rpc_found, self.rpc_scanned)
+
+    def rpc_found(self, name):
+        if RPC_REQ.match(name):
+            self.rpc_req(name)
+            if self.agent.rpc_later:
+                return False        # the backlog is full: scanned again
+
+    def rpc_scanned(self):
+        if self.rescan:
+            self.rescan = False
+            self.rpc_scan()
+        else:
+            self.agent.dirty[self] = True   # a result that waited for it
 
     def rpc_req(self, name):
         rpc = self.k.rpc
@@ -719,42 +843,42 @@ class Cell:
                 if offset != 0:
                     raise OSError(errno.EINVAL, "a piece out of order")
                 dirfd = self.k.tool_results() if m else os.dup(self.k.rpc)
-                base = m.group(1) if m else name
-                p = [dirfd, base, None, 0]
+                p = Answer(dirfd, m.group(1) if m else name)
                 try:
                     # a tmp left by an agent that died writing it (unlink
                     # takes the name, never what a link points to)
-                    os.unlink(base + ".tmp", dir_fd=dirfd)
+                    os.unlink(p.base + ".tmp", dir_fd=dirfd)
                 except OSError:
                     pass
-                p[2] = os.open(base + ".tmp", CREATE, 0o600, dir_fd=dirfd)
+                p.fd = os.open(p.base + ".tmp", CREATE, 0o600, dir_fd=dirfd)
                 if self.k.uid != os.geteuid():
-                    os.fchown(p[2], self.k.uid, -1)
-            elif offset != p[3]:
+                    os.fchown(p.fd, self.k.uid, -1)
+            elif offset != p.offset:
                 raise OSError(errno.EINVAL, "a piece out of order")
             view = memoryview(data)
             while view:
-                view = view[os.write(p[2], view):]
-            p[3] += len(data)
+                view = view[os.write(p.fd, view):]
+            p.offset += len(data)
             if more:
                 self.answers[name] = p
                 return
-            os.close(p[2])
-            p[2] = None
-            os.rename(p[1] + ".tmp", p[1], src_dir_fd=p[0], dst_dir_fd=p[0])
-            os.close(p[0])
+            os.close(p.fd)
+            p.fd = None
+            os.rename(p.base + ".tmp", p.base, src_dir_fd=p.dirfd,
+                      dst_dir_fd=p.dirfd)
+            os.close(p.dirfd)
         except OSError as e:
             log("rpc answer %s: %s" % (name, e.strerror or e))
             if p is not None:
                 self.answer_drop(p)
 
     def answer_drop(self, p):
-        close(p[2])
+        close(p.fd)
         try:
-            os.unlink(p[1] + ".tmp", dir_fd=p[0])
+            os.unlink(p.base + ".tmp", dir_fd=p.dirfd)
         except OSError:
             pass
-        close(p[0])
+        close(p.dirfd)
 
 
 class Exec:
@@ -1005,6 +1129,8 @@ class Agent:
         self.watches = {}           # wd -> {stream: True}
         self.wakeup = None
         self.rpc_later = False
+        self.jobs = {}              # Cell -> True, while it lists rpc/
+        self.intrs = {}             # (dir, ino, cell) -> True, this read
         self.ino = Inotify()
         if self.ino.ok:
             self.on(self.ino.fd, select.POLLIN, self.inotified)
@@ -1039,12 +1165,18 @@ class Agent:
                 if cb is not None and self.handlers.get(fd) is cb:
                     cb(ev)
             self.timers()
+            # listings share the loop: a turn each, between the polls
+            for s in list(self.jobs):
+                if s in self.jobs:
+                    s.list_turn()
             while self.dirty:
                 s = next(iter(self.dirty))
                 del self.dirty[s]
                 s.pump()
 
     def timeout(self):
+        if self.jobs:
+            return 0                # listings go on after a look around
         t = None
         now = time.monotonic()
         for e in self.execs:
@@ -1091,11 +1223,28 @@ class Agent:
             pos += HEADER.size + n
             self.frame(sid, typ, payload)
         del buf[:pos]
+        # interrupts that came together: one each for a cell
+        intrs, self.intrs = self.intrs, {}
+        for (path, ino, cell) in intrs:
+            interrupt(path, ino, cell)
 
     def frame(self, sid, typ, payload):
         s = self.streams.get(sid)
         if typ == ord("P"):
             self.send(sid, b"p", b"")
+        elif typ == ord("I"):
+            # a note: no stream, no answer
+            try:
+                req, _ = parse_jb(payload)
+                path = req.get("dir")
+                if not isinstance(path, str) or not path or "\0" in path:
+                    raise ValueError("dir must be a path")
+                key = (path, want_int(req, "ino", 0, (1 << 64) - 1),
+                       want_int(req, "cell", 0, 999999999999))
+            except ValueError as err:
+                log("bad INTERRUPT: %s" % err)
+                return
+            self.intrs[key] = True
         elif typ in (ord("X"), ord("C"), ord("W")):
             if sid == 0 or s is not None:
                 raise Quit("stream %d is in use" % sid)
@@ -1182,22 +1331,17 @@ class Agent:
                                         "error": "bad CELL: %s" % err}))
             return
         k = Kernel(path, pid, start, ino, uid)
-        if offset < 0:
-            k.rpc_sweep()
-            w = ship(k, cell, data)
-            if w is not None:
-                k.close()
-                self.send(sid, b"R", dumps(w))
-                return
-            self.send(sid, b"S", b"")
-            offset = 0
-        elif not k.ours():
+        if offset >= 0 and not k.ours():
             # the directory went, or is another: the kernel is gone
             self.send(sid, b"R", dumps({"relay": "died"}))
             return
-        s = Cell(self, sid, k, cell, offset, out_limit, res_limit, window)
+        s = Cell(self, sid, k, cell, max(offset, 0), out_limit, res_limit,
+                 window, data if offset < 0 else None)
         self.streams[sid] = s
-        s.start()
+        if offset < 0:
+            s.begin()
+        else:
+            s.start()
 
     # -- inotify, pidfds, SIGCHLD --------------------------------------------
 

@@ -161,8 +161,12 @@ class Agent:
                                  % (sid, self.of(sid)[-3:], self.stderr()))
         return self.of(sid)
 
-    def cell(self, sid, k, n, offset=-1, code=None, window=1 << 20,
-             out_limit=OUT_LIMIT, res_limit=RES_LIMIT, **kw):
+    def cell(self, sid, k, n, offset=-1, code=None, **kw):
+        self.write(self.cell_frame(sid, k, n, offset, code, **kw))
+
+    @staticmethod
+    def cell_frame(sid, k, n, offset=-1, code=None, window=1 << 20,
+                   out_limit=OUT_LIMIT, res_limit=RES_LIMIT, **kw):
         req = {"dir": kw.get("path", k.dir), "cell": n, "pid": k.pid,
                "start": kw.get("start", _start(k.pid)),
                "ino": kw.get("ino", os.stat(k.dir).st_ino),
@@ -170,7 +174,7 @@ class Agent:
                "out_limit": out_limit, "res_limit": res_limit,
                "window": window}
         body = request(n, code) if offset < 0 else b""
-        self.send(sid, "C", jb(req, body))
+        return frame(sid, "C", jb(req, body))
 
     def exec_(self, sid, cmd, timeout=5000, out_max=1 << 20, stdin=b""):
         self.send(sid, "X", jb({"cmd": cmd, "timeout": timeout,
@@ -421,6 +425,33 @@ class AgentTest(unittest.TestCase):
                                  self.file(k, "cell_out_%06d" % n))
                 self.assertEqual(result(fr), self.file(k, "cell_res_%06d.json" % n))
 
+    def test_a_crowded_rpc_dir_costs_its_kernel_not_the_neighbours(self):
+        # 40,000 junk names in one kernel's rpc/: its sweep before the ship
+        # goes in the loop's turns, so the neighbour's cell, asked for in
+        # the same write, ships first (a sweep in one go ships it after)
+        a = self.agent()
+        crowded, quiet = self.kernel(), self.kernel()
+        rpc = crowded.path("rpc")
+        for i in range(40000):
+            os.close(os.open(os.path.join(rpc, "junk%d" % i),
+                             os.O_WRONLY | os.O_CREAT, 0o600))
+        for name in ("req_000001", "res_000002"):
+            with open(os.path.join(rpc, name), "w") as f:
+                f.write("{}")
+        a.write(a.cell_frame(1, crowded, 1, code="print(1)")
+                + a.cell_frame(2, quiet, 1, code="print(2)"))
+        fr1, fr2 = a.end(1), a.end(2)
+        self.assertEqual(result(fr1), self.file(crowded, "cell_res_000001.json"))
+        self.assertEqual(result(fr2), self.file(quiet, "cell_res_000001.json"))
+        with a.cv:
+            shipped = [sid for sid, t, _ in a.frames if t == "S"]
+        self.assertEqual(shipped, [2, 1])
+        # the earlier cell's request and answer went, the junk stayed
+        names = os.listdir(rpc)
+        self.assertNotIn("req_000001", names)
+        self.assertNotIn("res_000002", names)
+        self.assertEqual(len(names), 40000)
+
     def test_window_stops_the_stream_until_ack(self):
         a = self.agent(autoack=False)
         k = self.kernel()
@@ -606,6 +637,52 @@ class AgentTest(unittest.TestCase):
         fr = a.end(1)
         self.assertEqual(len(out_bytes(fr[1:])), 100001)
         self.assertEqual(json.loads(result(fr))["status"], "success")
+
+    def test_interrupt_frames_reach_the_cell_and_nothing_else(self):
+        a = self.agent()
+        k = self.kernel()
+        ino = os.stat(k.dir).st_ino
+
+        def intr(ino, cell=1, path=k.dir):
+            return frame(0, "I", jb({"dir": path, "ino": ino, "cell": cell}))
+
+        a.cell(1, k, 1, code="import time\nprint('go', flush=True)\n"
+                             "time.sleep(30)")
+        a.wait(lambda: out_bytes(a.of(1)))
+        # another inode (a directory put in the kernel's place), another
+        # cell, a bad frame: nothing reaches the cell, the agent goes on
+        a.write(intr(ino + 1) + intr(ino, cell=2) + frame(0, "I", b"junk"))
+        self.assertTrue(a.ping())
+        self.assertFalse(any(t == "R" for t, _ in a.of(1)))
+        self.assertIn("not the kernel's directory", a.stderr())
+        self.assertIn("bad INTERRUPT", a.stderr())
+        # the same interrupt three times in one read: one line in the FIFO
+        a.write(intr(ino) * 3)
+        r = json.loads(result(a.end(1)))
+        self.assertEqual((r["status"], r["error"]),
+                         ("interrupted", "KeyboardInterrupt"))
+        self.assertEqual(sum(1 for line in k.log().splitlines()
+                             if "cell 1: interrupted" in line), 1)
+
+    def test_interrupt_never_writes_through_a_planted_intr(self):
+        a = self.agent()
+        k = self.kernel()
+        canary = k.path("canary")
+        with open(canary, "w") as f:
+            f.write("canary")
+        os.unlink(k.path("intr"))
+        os.symlink(canary, k.path("intr"))
+        a.write(frame(0, "I", jb({"dir": k.dir, "ino": os.stat(k.dir).st_ino,
+                                   "cell": 1})))
+        self.assertTrue(a.ping())
+        os.unlink(k.path("intr"))
+        os.link(canary, k.path("intr"))     # a regular file, not a FIFO
+        a.write(frame(0, "I", jb({"dir": k.dir, "ino": os.stat(k.dir).st_ino,
+                                   "cell": 1})))
+        self.assertTrue(a.ping())
+        with open(canary) as f:
+            self.assertEqual(f.read(), "canary")
+        self.assertIn("intr is not a FIFO", a.stderr())
 
     def test_cancel_forgets_the_stream(self):
         a = self.agent()
