@@ -547,7 +547,7 @@ def _no_fds(timeout):
 # _fd_ready(0): whether the pipes hold bytes, one poll() syscall (each
 # write asks).  An epoll of both pipes, for at most one event, would cost
 # 0.15 us against 0.25, but the runner keeps no fd but its files and
-# pipes (t/043-runner-fds.t).  The reader thread has a poll of its own.
+# pipes (t/044-runner-fds.t).  The reader thread has a poll of its own.
 _fd_ready = _no_fds
 
 
