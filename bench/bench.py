@@ -1070,8 +1070,9 @@ def table(res):
 
 
 def targets(res):
-    """SPEC section 6 / issue 9 targets: (target, measured, jupyter, ratio,
-    verdict) rows, the verdict PASS, MISS or n/a."""
+    """The targets, relative to jupyter-server (TCP_NODELAY) of the same run
+    or absolute: (target, measured, jupyter, ratio, verdict) rows, the
+    verdict PASS, MISS or n/a."""
     sy = res["systems"]
     jup = sy.get("jupyter-nodelay", {})
     notes = res.get("notes", {})
@@ -1230,8 +1231,8 @@ def main():
             rc0 = rc_runs(a.ssh_rc_runs)
             res["systems"][name] = run_system(HermesSystem(url, name, "ssh"))
             if name == "hermes-ssh-rc" and rc0 is not None:
-                # how often the shell rc ran: once a channel today, once
-                # a connection with issue 9's agent
+                # how often the shell rc ran: once a connection (the
+                # agent's login), not once a command
                 res["systems"][name]["rc_runs"] = rc_runs(a.ssh_rc_runs) - rc0
         else:
             notes[name] = a.ssh_why or "n/a: no ssh location"

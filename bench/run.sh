@@ -19,7 +19,7 @@
 #     kernels root on /dev/shm);
 #   - Debian's jupyter-server with TCP_NODELAY set on the kernel websocket
 #     (set_nodelay(True) in ZMQChannelsHandler.open, from a
-#     jupyter_server_config.py), the variant SPEC section 6 compares with;
+#     jupyter_server_config.py), the variant the targets compare with;
 #   - unless BENCH_STOCK=0, a second jupyter-server without that patch
 #     (stock Debian), for the trivial-cell round trip only.
 # Then runs bench/bench.py against all of them, prints the tables, writes
@@ -488,8 +488,9 @@ token=$(od -An -N24 -tx1 /dev/urandom | tr -d ' \n')
 export JUPYTER_TOKEN=$token
 mkdir -p "$prefix/jupyter/config" "$prefix/jupyter/data" "$prefix/jupyter/root"
 cat > "$prefix/jupyter/config/jupyter_server_config.py" <<'EOF'
-# ngx_hermes bench: TCP_NODELAY on the kernel websocket, as NGINX_NOTES.md
-# describes (stock jupyter-server leaves Nagle on: ~44 ms a trivial cell).
+# ngx_hermes bench: TCP_NODELAY on the kernel websocket when
+# HERMES_BENCH_NODELAY=1 (stock jupyter-server leaves Nagle on: ~44-48 ms a
+# trivial cell).
 import os
 c = get_config()  # noqa: F821
 c.ServerApp.ip = "127.0.0.1"

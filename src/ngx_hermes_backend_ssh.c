@@ -8,9 +8,10 @@
  * is the cell's to rewrite), and one I/O thread of its own that alone
  * calls libssh for it.  Spawn steps, kills and interrupts are EXEC frames
  * on that channel; a cell is a CELL stream whose output the I/O thread
- * writes into the cell's socketpair as the relay of old did: "\x1f\n"
- * once it is shipped, cell_out's bytes, then "\x1e" and the result or the
- * agent's word.  The login shell and its rc files run once per connection.
+ * writes into the cell's socketpair (read by ngx_hermes_transport_ssh.c):
+ * "\x1f\n" once it is shipped, cell_out's bytes, then "\x1e" and the
+ * result or the agent's word.  The login shell and its rc files run once
+ * per connection.
  *
  * Other threads hand the I/O thread work through a queue under a mutex and
  * an eventfd in its poll set; an EXEC's thread-pool task waits on a
@@ -2261,9 +2262,9 @@ ngx_http_hermes_ssh_rpc_close(ngx_http_hermes_ssh_stream_t *s)
 
 /*
  * The host stayed unreachable until the cell's deadline: the cell hears
- * it as the relay's word, with an error for its answer.  Its kernel is
- * killed (the kill is retried while the host is down) and the session's
- * state is lost.
+ * it as a word of the host side ({"relay":"unreachable"}), with an error
+ * for its answer.  Its kernel is killed (the kill is retried while the
+ * host is down) and the session's state is lost.
  */
 
 static void

@@ -1,7 +1,7 @@
 #!/usr/bin/perl
 # The kernel host's Python (src/remote), tested as Python: the runner, the
-# tools client, the ssh relay and the kernel-host agent driven through their
-# files and frames.
+# tools client, the kernel-host agent and the file helper driven through
+# their files and frames.
 
 use strict;
 use warnings;

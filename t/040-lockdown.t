@@ -1,5 +1,5 @@
 #!/usr/bin/perl
-# The lockdown invariants of SPEC section 4 on the local backend: modes on
+# The lockdown invariants (docs/security.md) on the local backend: modes on
 # disk, kernel.env gone, the token in no argv, no outer environment and no
 # log line, code never on a command line, a failed directory step ships
 # nothing and starts nothing.

@@ -1,8 +1,9 @@
 #!/usr/bin/perl
-# The kernel registry at scale (SPEC: "A registry of 100,000 entries: lookup
-# cost flat (O(log n)), <= 512 bytes of zone per entry"): builds and runs
-# t/unit/registry_scale, the real src/ngx_hermes_registry.c over nginx's own
-# rbtree/slab/shmtx code in a shared zone, and passes on its exit status.
+# The kernel registry at scale (with 100,000 entries, the lookup cost
+# stays flat, O(log n), and an entry takes at most 512 bytes of zone):
+# builds and runs t/unit/registry_scale, the real src/ngx_hermes_registry.c
+# over nginx's own rbtree/slab/shmtx code in a shared zone, and passes on
+# its exit status.
 #
 # Then shows that it can fail: over a copy of the registry whose lookup is
 # linear (t/unit/mutant_linear.pl), and with entries too big for 512 bytes.

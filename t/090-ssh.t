@@ -131,7 +131,7 @@ sub agents {
         procs_matching(qr/hermes_agent\.py/);
 }
 
-# the worker's unix sockets (the relays' socketpairs live there; TCP
+# the worker's unix sockets (the cell streams' socketpairs live there; TCP
 # sockets to sshd are cached sessions and do not count)
 sub worker_unix_sockets {
     my ($w) = $t->worker_pids or return -1;
@@ -617,8 +617,8 @@ $s1->stop;
     $t0 = time;
     $rr = run_cell('/v1/execute', 'ssh-a', 'print(x)');
     $took = time - $t0;
-    # nothing can be shipped to a host that is down: SPEC 4, a failed
-    # cell ship is 502 ship_failed, and the kernel is evicted
+    # nothing can be shipped to a host that is down: a failed cell ship
+    # is 502 ship_failed, and the kernel is evicted
     fails_before_stream($rr, 502, 'ship_failed', 'sshd stopped: a cell on an existing kernel');
     ok($took < 3 + 3, sprintf('  and does not hang (%.2fs)', $took));
 }
@@ -636,8 +636,8 @@ $s1->start;
     is((($rr->{result} // {})->{kernel} // {})->{state_lost}, JSON::PP::true,
         'sshd back: the old session on a new kernel says state_lost');
     # the old kernel was given up while its host was down: once the
-    # host is back it must not be left running (SPEC 5: evicted
-    # kernels are killed and their directories removed)
+    # host is back it must not be left running (evicted kernels are
+    # killed and their directories removed)
     ok(wait_until(sub { !pid_alive($pidA) }, 10),
         "sshd back: the given-up kernel's runner ($pidA) is not left running");
     ok(wait_until(sub { !-d dir_of($kA) }, 10),

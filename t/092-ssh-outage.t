@@ -171,7 +171,7 @@ my $want = join '', map { "line $_\n" } 0 .. 29;
     $s->stop;
 
     # something else on the port while sshd is away: it counts the
-    # connections the relay makes
+    # connections the ssh backend makes to reach the host again
     my $fake = IO::Socket::INET->new(LocalAddr => '127.0.0.1', LocalPort => $P,
         Proto => 'tcp', Listen => 128, ReuseAddr => 1) or die "listen $P: $!";
     $fake->blocking(0);
@@ -191,7 +191,7 @@ my $want = join '', map { "line $_\n" } 0 .. 29;
         'the error says the session state is lost');
     ok($took > 4 - 1 && $took < 4 + 1.5,
         sprintf('the cell ended by its deadline: %.2fs (timeout 4 s)', $took));
-    ok($before >= 1, "the relay kept trying ($before connections)");
+    ok($before >= 1, "the ssh backend kept trying ($before connections)");
     my $got = stdout_of($r);
     ok($got =~ /^line 0\n/ && index($want, $got) == 0,
         'what came before the outage was streamed, once, in order') or diag $got;

@@ -1,11 +1,11 @@
 #!/usr/bin/perl
-# The ssh backend's relay against a cell (same uid as the kernel) and a
-# co-tenant on the kernel host: nothing the module runs comes from the
-# kernel directory; a cell is shipped only into its own kernel's directory
-# while that kernel's process runs; the relay's files are opened without
-# following links, without blocking on FIFOs and bounded; the request is
-# written as a new file only; a full disk keeps the kernel; only whole
-# lines are forwarded while the cell runs.
+# The ssh backend's kernel-host agent against a cell (same uid as the
+# kernel) and a co-tenant on the kernel host: nothing the module runs comes
+# from the kernel directory; a cell is shipped only into its own kernel's
+# directory while that kernel's process runs; the agent opens a cell's
+# files without following links, without blocking on FIFOs and bounded;
+# the request is written as a new file only; a full disk keeps the kernel;
+# only whole lines are forwarded while the cell runs.
 
 use strict;
 use warnings;
@@ -51,7 +51,7 @@ $t->write_conf(<<"CONF");
         location = /x {
             hermes_execute;
             hermes_backend ssh $ssh root=%%KROOT%%;
-            # the relay against a cell that reaches the kernel user's files
+            # the agent against a cell that reaches the kernel user's files
             # outside its directory, as it does without a sandbox
             hermes_sandbox off;
         }
@@ -112,14 +112,14 @@ def plant(name, kind):
 PY
 
 ###############################################################################
-# a cell writes hermes_agent.py (and the relay of old) into its kernel dir:
-# nothing runs them, the agent comes from the module's own copy
+# a cell writes hermes_agent.py into its kernel dir: nothing runs it, the
+# agent comes from the module's own copy
 
 {
-    my $mark = "$p/relay-ran";
+    my $mark = "$p/agent-ran";
     my $r = $t->execute('/x', { session => 'rewrite', code =>
-        "x = 3\nfor f in ('hermes_agent.py', 'hermes_relay.py'):\n"
-        . "    open(f, 'w').write(\"open('$mark', 'w').write('ran')\\n\")" });
+        "x = 3\nopen('hermes_agent.py', 'w').write("
+        . "\"open('$mark', 'w').write('ran')\\n\")" });
     is(($r->{result} // {})->{status}, 'success', 'agent rewrite: the cell ran');
     my $kid = kid_of($r);
     my $n0 = () = $s->commands;
@@ -136,7 +136,7 @@ PY
 }
 
 ###############################################################################
-# cell_res planted as a FIFO: the relay is not stuck on it, the cell ends
+# cell_res planted as a FIFO: the agent is not stuck on it, the cell ends
 # at once with status error
 
 {
@@ -167,7 +167,7 @@ PY
         'a 500 kB result: unreadable');
 }
 
-# a 300 MB sparse cell_out: the relay reads no more than the module's bound
+# a 300 MB sparse cell_out: the agent reads no more than the module's bound
 {
     my $t0 = time;
     my $r = $t->execute('/x', { session => 'sparse', code => $ME
@@ -265,7 +265,7 @@ for my $c (['', 0750, 'the kernel dir at 0750'], ['cells', 0755, 'cells/ at 0755
 }
 
 ###############################################################################
-# a slow client that leaves while the relay waits for it: the cell is not
+# a slow client that leaves while its stream waits for it: the cell is not
 # taken for timed out (the kernel, and its state, stay)
 
 {

@@ -34,8 +34,8 @@ is alive; status 1 when PID is gone or DIR cannot be opened; -1 past the
 timeout (ms): what the spawn's shell loop said before, without its 10 ms
 sleeps.
 
-A CELL does for cell N of a kernel what hermes_relay.py did over a
-channel of its own, with the same checks and the same words.  The kernel
+A CELL follows cell N of a kernel for the module on the agent's one
+channel, and checks the kernel before anything else.  The kernel
 must still be the one the module started: PID's start time (field 22 of
 /proc/PID/stat) is START, DIR (not followed if a link) has inode INO, and
 DIR and DIR/cells are UID's and 0700.  Everything after is opened relative
@@ -48,7 +48,7 @@ complete line longer than the window in pieces), never more than
 OUT_LIMIT + 1 bytes in all and never past the module's last ACK + WINDOW;
 once cell_res_N.json is there, the rest of cell_out (a tail without
 newline too), then R with the result, refused when larger than RES_LIMIT
-(or than a frame).  The relay's own words, as R payloads:
+(or than a frame).  The agent's words, objects keyed "relay", as R:
 
     {"relay":"dead"}     not shipped: the kernel is gone, or is not ours
     {"relay":"full"}     not shipped: the disk is full, the kernel is fine
@@ -497,7 +497,7 @@ def interrupt(path, ino, cell):
 
 
 def ship(k, cell, req):
-    """Write the request as a new file, wake the runner; the relay's word
+    """Write the request as a new file, wake the runner; the agent's word
     when the cell was not shipped, else None."""
     if not k.ours() or not k.alive():
         return {"relay": "dead"}

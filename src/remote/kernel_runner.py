@@ -1,8 +1,9 @@
 """ngx_hermes kernel runner: one persistent Python kernel in one directory.
 
 The nginx module makes the kernel dir D, copies this file and hermes_tools.py
-into it and starts `python3 -I kernel_runner.py` with cwd=D (see SPEC.md
-s.4): isolated, so neither D nor PYTHON* variables reach sys.path.
+into it and starts `python3 -I kernel_runner.py` with cwd=D (see
+docs/protocol.md, "Spawn"): isolated, so neither D nor PYTHON* variables
+reach sys.path.
 Everything between the module and this process goes through files in D;
 the FIFO D/wake only says "look at cells/ now".
 
@@ -547,7 +548,7 @@ def _no_fds(timeout):
 # _fd_ready(0): whether the pipes hold bytes, one poll() syscall (each
 # write asks).  An epoll of both pipes, for at most one event, would cost
 # 0.15 us against 0.25, but the runner keeps no fd but its files and
-# pipes (t/043-runner-fds.t).  The reader thread has a poll of its own.
+# pipes (t/044-runner-fds.t).  The reader thread has a poll of its own.
 _fd_ready = _no_fds
 
 

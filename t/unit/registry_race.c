@@ -1,7 +1,7 @@
 
 /*
- * The kernel registry under contention (SPEC: "Two concurrent first
- * requests for one key spawn exactly one kernel").
+ * The kernel registry under contention: two concurrent first requests for
+ * one key spawn exactly one kernel.
  *
  * Links the real src/ngx_hermes_registry.c with nginx's own rbtree, slab
  * allocator and shmtx (see Makefile) in a shared zone made as nginx makes

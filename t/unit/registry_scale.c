@@ -1,7 +1,7 @@
 
 /*
- * The kernel registry at scale (SPEC: "A registry of 100,000 entries:
- * lookup cost flat (O(log n)), <= 512 bytes of zone per entry").
+ * The kernel registry at scale: with 100,000 entries, the lookup cost
+ * stays flat (O(log n)) and an entry takes at most 512 bytes of zone.
  *
  * Links the real src/ngx_hermes_registry.c with nginx's own rbtree, slab
  * allocator, shmtx, crc32 and string code (see Makefile), in a shared zone

@@ -1,8 +1,8 @@
 
 /*
- * The checks every rpc/req_N passes before anything else (SPEC s.4, issue
- * 10): a well-formed JSON object; the kernel's token, compared in constant
- * time; seq a JSON integer (not "1", 1.5, 1e0, true) equal to the file's
+ * The checks every rpc/req_N passes before anything else (docs/protocol.md,
+ * "Tool calls"): a well-formed JSON object; the kernel's token, compared
+ * in constant time; seq a JSON integer (not "1", 1.5, 1e0, true) equal to the file's
  * own number; never seen before in the cell.  Each failure has its reason,
  * counted in rpc_rejected_total{reason}.
  *
