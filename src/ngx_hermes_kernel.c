@@ -174,7 +174,7 @@ ngx_http_hermes_kernel_spawn(ngx_http_hermes_loc_conf_t *hlcf,
     s->sandbox = hlcf->sandbox;
     s->root = hlcf->backend->ops->root(hlcf->backend);
     *ngx_cpymem(s->gateway, zone->gateway, NGX_HTTP_HERMES_TAG_HEX) = '\0';
-    *ngx_cpymem(s->instance, zone->sh->instance, NGX_HTTP_HERMES_TAG_HEX)
+    *ngx_cpymem(s->instance, ngx_http_hermes_registry_instance(zone), NGX_HTTP_HERMES_TAG_HEX)
         = '\0';
     s->done = done;
     s->data = data;
@@ -1156,7 +1156,7 @@ ngx_http_hermes_kernel_init_process(ngx_cycle_t *cycle,
 
         /* a new zone: the first worker looks for an earlier run's kernels */
 
-        if (ngx_atomic_cmp_set(&zone->sh->recovered, 0, 1)) {
+        if (ngx_http_hermes_registry_recovering(zone)) {
             ngx_http_hermes_kernel_recover(zone, cycle->log);
         }
 
@@ -1229,7 +1229,7 @@ ngx_http_hermes_kernel_recover(ngx_http_hermes_zone_t *zone, ngx_log_t *log)
 
             *ngx_cpymem(rc->gateway, zone->gateway, NGX_HTTP_HERMES_TAG_HEX)
                 = '\0';
-            *ngx_cpymem(rc->instance, zone->sh->instance,
+            *ngx_cpymem(rc->instance, ngx_http_hermes_registry_instance(zone),
                         NGX_HTTP_HERMES_TAG_HEX) = '\0';
 
             rc->args[0] = "recover";

@@ -19,6 +19,7 @@
 
 
 #include "ngx_hermes.h"
+#include "ngx_hermes_registry_zone.h"
 
 #include <sodium.h>
 
@@ -145,6 +146,7 @@ ngx_http_hermes_registry_init_zone(ngx_shm_zone_t *shm_zone, void *data)
 
     if (ozone) {
         zone->sh = ozone->sh;
+        zone->counters = &zone->sh->counters;
         zone->shpool = ozone->shpool;
         return NGX_OK;
     }
@@ -153,6 +155,7 @@ ngx_http_hermes_registry_init_zone(ngx_shm_zone_t *shm_zone, void *data)
 
     if (shm_zone->shm.exists) {
         zone->sh = zone->shpool->data;
+        zone->counters = &zone->sh->counters;
         return NGX_OK;
     }
 
@@ -162,6 +165,7 @@ ngx_http_hermes_registry_init_zone(ngx_shm_zone_t *shm_zone, void *data)
     }
 
     ngx_memzero(zone->sh, sizeof(ngx_http_hermes_sh_t));
+    zone->counters = &zone->sh->counters;
 
     randombytes_buf(id, sizeof(id));
     ngx_hex_dump(zone->sh->instance, id, sizeof(id));
@@ -416,7 +420,7 @@ ngx_http_hermes_registry_owner_room(ngx_http_hermes_zone_t *zone,
             return NGX_DECLINED;
         }
 
-        zone->sh->evicted_cap_total++;
+        zone->sh->counters.evicted_cap_total++;
     }
 }
 
@@ -867,7 +871,7 @@ ngx_http_hermes_registry_spawned(ngx_http_hermes_zone_t *zone,
     ref->cell_id = 1;
     ref->execution_count = 0;
 
-    zone->sh->spawned_total++;
+    zone->sh->counters.spawned_total++;
 
     ngx_shmtx_unlock(&zone->shpool->mutex);
 
@@ -1100,7 +1104,7 @@ ngx_http_hermes_registry_evict_lru(ngx_http_hermes_zone_t *zone,
                                                 NGX_HTTP_HERMES_LOST_MEMORY;
             }
 
-            zone->sh->evicted_cap_total++;
+            zone->sh->counters.evicted_cap_total++;
 
             return 1;
         }
@@ -1198,7 +1202,7 @@ ngx_http_hermes_registry_reap(ngx_http_hermes_zone_t *zone,
         }
 
         if (kn->state != NGX_HTTP_HERMES_STATE_LOST) {
-            zone->sh->evicted_idle_total++;
+            zone->sh->counters.evicted_idle_total++;
         }
 
         if (ngx_http_hermes_registry_retire(zone, kn, victims,
@@ -1459,6 +1463,24 @@ ngx_http_hermes_registry_kernel(ngx_http_hermes_zone_t *zone,
 }
 
 
+/* made anew with the zone: tells its kernels from an earlier zone's */
+
+u_char *
+ngx_http_hermes_registry_instance(ngx_http_hermes_zone_t *zone)
+{
+    return zone->sh->instance;
+}
+
+
+/* 1 for the first worker to ask since the zone was made: it recovers */
+
+ngx_uint_t
+ngx_http_hermes_registry_recovering(ngx_http_hermes_zone_t *zone)
+{
+    return ngx_atomic_cmp_set(&zone->sh->recovered, 0, 1);
+}
+
+
 ngx_int_t
 ngx_http_hermes_registry_shutdown(ngx_http_hermes_zone_t *zone,
     ngx_str_t *owner, ngx_str_t *session, ngx_uint_t force,
@@ -1509,7 +1531,7 @@ ngx_http_hermes_registry_shutdown(ngx_http_hermes_zone_t *zone,
                                                 NGX_HTTP_HERMES_LOST_DELETED)
                 == NGX_OK)
             {
-                zone->sh->evicted_deleted_total++;
+                zone->sh->counters.evicted_deleted_total++;
                 rc = NGX_OK;
             }
         }
@@ -1638,20 +1660,20 @@ ngx_http_hermes_registry_stats(ngx_http_hermes_zone_t *zone,
         }
     }
 
-    st->spawned_total = sh->spawned_total;
-    st->spawn_failures_total = sh->spawn_failures_total;
-    st->evicted_idle_total = sh->evicted_idle_total;
-    st->evicted_cap_total = sh->evicted_cap_total;
-    st->evicted_deleted_total = sh->evicted_deleted_total;
-    st->killed_timeout_total = sh->killed_timeout_total;
-    st->tool_calls_total = sh->tool_calls_total;
+    st->spawned_total = sh->counters.spawned_total;
+    st->spawn_failures_total = sh->counters.spawn_failures_total;
+    st->evicted_idle_total = sh->counters.evicted_idle_total;
+    st->evicted_cap_total = sh->counters.evicted_cap_total;
+    st->evicted_deleted_total = sh->counters.evicted_deleted_total;
+    st->killed_timeout_total = sh->counters.killed_timeout_total;
+    st->tool_calls_total = sh->counters.tool_calls_total;
 
     for (i = 0; i < NGX_HTTP_HERMES_CELL_NSTATUS; i++) {
-        st->cells_total[i] = sh->cells_total[i];
+        st->cells_total[i] = sh->counters.cells_total[i];
     }
 
     for (i = 0; i < NGX_HTTP_HERMES_RPC_NREJECT; i++) {
-        st->rpc_rejected_total[i] = sh->rpc_rejected_total[i];
+        st->rpc_rejected_total[i] = sh->counters.rpc_rejected_total[i];
     }
 
     for (i = 0; i < NGX_HTTP_HERMES_NHIST; i++) {
@@ -2063,7 +2085,7 @@ ngx_http_hermes_registry_host_failed(ngx_http_hermes_zone_t *zone,
     ngx_http_hermes_host_count_t  *h;
 
     sh = zone->sh;
-    sh->spawn_failures_total++;
+    sh->counters.spawn_failures_total++;
 
     for (i = 0; i < sh->nhosts; i++) {
         h = &sh->hosts[i];
@@ -2336,7 +2358,7 @@ ngx_http_hermes_registry_warm_spawned(ngx_http_hermes_zone_t *zone,
     /* the pool's clock starts now, as the runner's idle clock did */
     ngx_http_hermes_registry_end_turn(zone, kn);
 
-    zone->sh->spawned_total++;
+    zone->sh->counters.spawned_total++;
 
     ngx_shmtx_unlock(&zone->shpool->mutex);
 

@@ -26,6 +26,7 @@
 #include <ngx_core.h>
 
 #include "ngx_hermes.h"
+#include "ngx_hermes_registry_zone.h"
 #include "ngx_unit_shim.h"
 
 #include <stdarg.h>

@@ -38,6 +38,7 @@
 #include <ngx_core.h>
 
 #include "ngx_hermes.h"
+#include "ngx_hermes_registry_zone.h"
 #include "ngx_unit_shim.h"
 
 #include <stdarg.h>
@@ -1149,7 +1150,7 @@ test_zone_capacity(void **state)
 
     assert_int_equal(victims.n, 1);
     assert_int_equal(victims.v[0].pid, fake_pid(0));   /* the LRU one */
-    assert_int_equal(zone.sh->evicted_cap_total, 1);
+    assert_int_equal(zone.sh->counters.evicted_cap_total, 1);
 
     printf("# capacity: a %zu KB zone holds %lu entries: %.1f zone bytes "
            "per entry, all overhead included\n",

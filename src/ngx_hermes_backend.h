@@ -1,0 +1,124 @@
+
+/*
+ * ngx_hermes: backends: where kernels run (local, ssh), their commands and
+ * their ops.
+ */
+
+
+#ifndef _NGX_HERMES_BACKEND_H_INCLUDED_
+#define _NGX_HERMES_BACKEND_H_INCLUDED_
+
+
+#include "ngx_hermes.h"
+
+
+/* the local backend: commands, files and liveness on the nginx host */
+
+typedef struct {
+    const char                   *cmd;          /* shell text, fixed */
+    char                 *const  *args;         /* its $1..., NULL-ended */
+    const u_char                 *in;           /* payload on stdin */
+    size_t                        in_len;
+    u_char                       *out;          /* captured stdout */
+    size_t                        out_size;
+    size_t                        out_len;
+    ngx_msec_t                    timeout;
+    int                           status;       /* exit code, -1: failed */
+    ngx_err_t                     err;
+} ngx_http_hermes_cmd_t;
+
+
+/* arguments of a command at most */
+#define NGX_HTTP_HERMES_CMD_ARGS      8
+
+ngx_int_t ngx_http_hermes_local_exec(ngx_http_hermes_cmd_t *cmd);
+ngx_int_t ngx_http_hermes_local_write_at(ngx_fd_t dir, const char *name,
+    u_char *data, size_t len, ngx_uid_t uid, ngx_log_t *log);
+ngx_fd_t ngx_http_hermes_local_open_at(ngx_fd_t dir, const char *name,
+    off_t *size);
+ngx_int_t ngx_http_hermes_local_wake(ngx_fd_t dir, ngx_log_t *log);
+ngx_int_t ngx_http_hermes_local_interrupt(ngx_fd_t dir, uint32_t cell,
+    ngx_log_t *log);
+ngx_int_t ngx_http_hermes_local_wait_ready(u_char *dir, ngx_pid_t pid,
+    ngx_pid_t expect, ngx_msec_t timeout);
+ngx_int_t ngx_http_hermes_ready_pid(u_char *buf, ngx_pid_t pid);
+ngx_int_t ngx_http_hermes_proc_start(u_char *stat, size_t len,
+    uint64_t *start);
+ngx_int_t ngx_http_hermes_local_proc_start(ngx_pid_t pid, uint64_t *start);
+
+
+/* the ssh backend: sessions per worker and host, commands, cell relays */
+
+ngx_int_t ngx_http_hermes_ssh_init(void);
+ngx_http_hermes_ssh_host_t *ngx_http_hermes_ssh_host_create(ngx_pool_t *pool,
+    ngx_str_t *name, u_char *host, ngx_uint_t port);
+ngx_int_t ngx_http_hermes_ssh_relay(ngx_http_hermes_conn_t *conn,
+    ngx_http_hermes_kernel_ref_t *ref, off_t out_limit, off_t res_limit,
+    ngx_msec_t timeout, u_char *req, size_t req_len, off_t offset,
+    ngx_socket_t fd, ngx_socket_t rpc_fd, ngx_log_t *log);
+char *ngx_http_hermes_ssh_check_files(ngx_str_t *identity,
+    ngx_str_t *known_hosts);
+
+
+/*
+ * A backend: where kernels run, as the rest of the module sees it
+ * (ngx_hermes_backend_local.c, ngx_hermes_backend_ssh.c).  Commands run in
+ * thread pool tasks on a connection taken for the task; a cell's stream
+ * goes through the backend's transport.
+ */
+
+struct ngx_http_hermes_backend_ops_s {
+    ngx_str_t                     name;         /* "local", "ssh" */
+    ngx_http_hermes_transport_t  *transport;
+    /* bytes one command may take on stdin or give on stdout */
+    size_t                        exec_max;
+
+    /* thread pool tasks */
+    void                        (*take)(ngx_http_hermes_conn_t *conn);
+    void                        (*give)(ngx_http_hermes_conn_t *conn);
+    ngx_int_t                   (*exec)(ngx_http_hermes_conn_t *conn,
+                                        ngx_http_hermes_cmd_t *cmd);
+    /* a new runner said it is ready, with its pid: its start time */
+    ngx_int_t                   (*ready)(ngx_http_hermes_conn_t *conn,
+                                         u_char *dir, ngx_pid_t pid,
+                                         ngx_pid_t expect, uint64_t *start);
+
+    /* the event loop */
+    ngx_uint_t                  (*root)(ngx_http_hermes_backend_conf_t *bcf);
+    ngx_uint_t                  (*pick_host)(
+                                    ngx_http_hermes_backend_conf_t *bcf,
+                                    ngx_uint_t *kernels);
+    ngx_str_t                  *(*host_name)(
+                                    ngx_http_hermes_backend_conf_t *bcf,
+                                    ngx_uint_t host);
+    /* "N\n" into the kernel's intr FIFO, never waiting */
+    ngx_int_t                   (*interrupt)(
+                                    ngx_http_hermes_backend_conf_t *bcf,
+                                    ngx_http_hermes_victim_t *v,
+                                    uint32_t cell, ngx_log_t *log);
+    /* is a kernel still itself, told at once; NULL: it cannot be */
+    ngx_uint_t                  (*alive)(ngx_http_hermes_victim_t *v);
+    void                        (*exit_process)(
+                                    ngx_http_hermes_backend_conf_t *bcf);
+};
+
+
+extern ngx_http_hermes_backend_ops_t  ngx_http_hermes_backend_local_ops;
+extern ngx_http_hermes_backend_ops_t  ngx_http_hermes_backend_ssh_ops;
+
+void ngx_http_hermes_backend_take(ngx_http_hermes_conn_t *conn,
+    ngx_http_hermes_backend_conf_t *bcf, ngx_uint_t host);
+void ngx_http_hermes_backend_give(ngx_http_hermes_conn_t *conn);
+ngx_int_t ngx_http_hermes_backend_exec(ngx_http_hermes_conn_t *conn,
+    ngx_http_hermes_cmd_t *cmd);
+u_char *ngx_http_hermes_cmd_text(u_char *p, u_char *last,
+    ngx_http_hermes_cmd_t *cmd);
+void ngx_http_hermes_backend_place(ngx_http_hermes_zone_t *zone,
+    ngx_http_hermes_kernel_ref_t *ref, ngx_http_hermes_backend_conf_t *bcf);
+ngx_str_t *ngx_http_hermes_backend_host_name(
+    ngx_http_hermes_backend_conf_t *bcf, ngx_uint_t host);
+ngx_http_hermes_backend_conf_t *ngx_http_hermes_backend_by_tag(
+    ngx_http_hermes_main_conf_t *hmcf, u_char *tag);
+
+
+#endif /* _NGX_HERMES_BACKEND_H_INCLUDED_ */

@@ -1,0 +1,20 @@
+
+/*
+ * ngx_hermes: HTTP handlers and variables.
+ */
+
+
+#ifndef _NGX_HERMES_HANDLER_H_INCLUDED_
+#define _NGX_HERMES_HANDLER_H_INCLUDED_
+
+
+#include "ngx_hermes.h"
+
+
+ngx_int_t ngx_http_hermes_execute_handler(ngx_http_request_t *r);
+ngx_int_t ngx_http_hermes_kernels_handler(ngx_http_request_t *r);
+ngx_int_t ngx_http_hermes_status_handler(ngx_http_request_t *r);
+ngx_int_t ngx_http_hermes_add_variables(ngx_conf_t *cf);
+
+
+#endif /* _NGX_HERMES_HANDLER_H_INCLUDED_ */

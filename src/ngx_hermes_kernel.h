@@ -1,0 +1,45 @@
+
+/*
+ * ngx_hermes: kernel lifecycle: spawn, kill, interrupt, warm pools, crash
+ * recovery.
+ */
+
+
+#ifndef _NGX_HERMES_KERNEL_H_INCLUDED_
+#define _NGX_HERMES_KERNEL_H_INCLUDED_
+
+
+#include "ngx_hermes.h"
+
+
+/* kernel lifecycle: spawn and kill, in the thread pool */
+
+typedef struct ngx_http_hermes_spawn_s  ngx_http_hermes_spawn_t;
+
+typedef void (*ngx_http_hermes_spawn_done_pt)(void *data, ngx_int_t rc,
+    ngx_http_hermes_spawned_t *k, const char *err);
+
+ngx_int_t ngx_http_hermes_kernel_spawn(ngx_http_hermes_loc_conf_t *hlcf,
+    ngx_http_hermes_zone_t *zone, ngx_http_hermes_kernel_ref_t *ref,
+    ngx_pool_t *pool, ngx_http_hermes_spawn_done_pt done, void *data,
+    ngx_log_t *log);
+void ngx_http_hermes_kernel_victim(ngx_http_hermes_victim_t *v,
+    ngx_http_hermes_kernel_ref_t *ref, ngx_http_hermes_backend_conf_t *bcf);
+ngx_int_t ngx_http_hermes_kernel_kill(ngx_thread_pool_t *tp,
+    ngx_http_hermes_backend_conf_t *bcf, ngx_http_hermes_victim_t *v,
+    ngx_log_t *log);
+ngx_int_t ngx_http_hermes_kernel_interrupt(ngx_http_hermes_victim_t *v,
+    uint32_t cell, ngx_log_t *log);
+void ngx_http_hermes_kernel_kill_victims(ngx_thread_pool_t *tp,
+    ngx_http_hermes_victims_t *victims, ngx_log_t *log);
+ngx_int_t ngx_http_hermes_kernel_init_process(ngx_cycle_t *cycle,
+    ngx_http_hermes_main_conf_t *hmcf);
+void ngx_http_hermes_kernel_exit_process(ngx_cycle_t *cycle);
+void ngx_http_hermes_kernel_exit_master(ngx_cycle_t *cycle);
+char *ngx_http_hermes_kernel_warm_conf(ngx_conf_t *cf,
+    ngx_http_hermes_loc_conf_t *hlcf);
+u_char *ngx_http_hermes_log_escape(u_char *dst, u_char *last, u_char *src,
+    size_t len, ngx_uint_t quoted);
+
+
+#endif /* _NGX_HERMES_KERNEL_H_INCLUDED_ */

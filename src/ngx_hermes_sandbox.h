@@ -1,0 +1,25 @@
+
+/*
+ * ngx_hermes: sandboxes: bwrap, a user that is not root, cgroups or rlimits.
+ */
+
+
+#ifndef _NGX_HERMES_SANDBOX_H_INCLUDED_
+#define _NGX_HERMES_SANDBOX_H_INCLUDED_
+
+
+#include "ngx_hermes.h"
+
+
+char *ngx_http_hermes_sandbox_conf(ngx_conf_t *cf, ngx_command_t *cmd,
+    void *conf);
+ngx_http_hermes_sandbox_t *ngx_http_hermes_sandbox_default(ngx_conf_t *cf);
+ngx_int_t ngx_http_hermes_sandbox_check(ngx_conf_t *cf,
+    ngx_http_hermes_sandbox_t *sb);
+u_char *ngx_http_hermes_sandbox_user(u_char *p, u_char *last,
+    ngx_http_hermes_sandbox_t *sb);
+u_char *ngx_http_hermes_sandbox_start(u_char *p, u_char *last,
+    ngx_http_hermes_sandbox_t *sb, u_char *dir, u_char *kid, ngx_uint_t root);
+
+
+#endif /* _NGX_HERMES_SANDBOX_H_INCLUDED_ */
