@@ -780,7 +780,7 @@ ngx_http_hermes_schema(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
         return "is duplicate, or the location has a handler already";
     }
 
-    clcf->handler = ngx_http_hermes_rpc_schema_handler;
+    clcf->handler = ngx_http_hermes_schema_handler;
 
     return NGX_CONF_OK;
 }

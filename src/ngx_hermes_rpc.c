@@ -22,6 +22,7 @@
 
 
 #include "ngx_hermes.h"
+#include "ngx_hermes_rpc_call.h"
 
 #include <sodium.h>
 #include <sys/inotify.h>
@@ -30,13 +31,9 @@
 #include <yajl/yajl_tree.h>
 
 
-#define NGX_HTTP_HERMES_RPC_DEPTH      64     /* nesting of a request */
 #define NGX_HTTP_HERMES_RPC_TOOL_MAX   128
-#define NGX_HTTP_HERMES_RPC_ERROR_MAX  1024   /* of a message passed on */
 #define NGX_HTTP_HERMES_RPC_SCAN_MAX   1024   /* names a scan looks at */
 #define NGX_HTTP_HERMES_RPC_SEEN_MORE  64     /* seqs kept past the budget */
-
-#define NGX_HTTP_HERMES_RPC_PEERS      16     /* MCP servers a worker knows */
 
 /*
  * a cell's calls running at once; the rest wait their turn: each holds
@@ -48,14 +45,6 @@
 #define NGX_HTTP_HERMES_RPC_LOG_BURST  5
 #define NGX_HTTP_HERMES_RPC_LOG_WINDOW 60000
 #define NGX_HTTP_HERMES_RPC_LOG_SLOTS  64
-
-#define NGX_HTTP_HERMES_MCP_VERSION    "2025-06-18"
-
-/* a call's MCP steps; 0: the hermes protocol, one POST */
-#define NGX_HTTP_HERMES_MCP_INIT       1
-#define NGX_HTTP_HERMES_MCP_NOTIFY     2
-#define NGX_HTTP_HERMES_MCP_LIST       3
-#define NGX_HTTP_HERMES_MCP_CALL       4
 
 #define NGX_HTTP_HERMES_RPC_KEY_TOOL   0x01
 #define NGX_HTTP_HERMES_RPC_KEY_ARGS   0x02
@@ -71,82 +60,6 @@ typedef struct {
     ngx_uint_t                      logged;
     ngx_uint_t                      more;       /* not logged, to summarise */
 } ngx_http_hermes_rpc_log_t;
-
-
-struct ngx_http_hermes_rpc_s {
-    ngx_pool_t                     *pool;
-    ngx_log_t                      *log;
-    ngx_http_request_t             *r;          /* NULL: the client left */
-    ngx_http_hermes_loc_conf_t     *hlcf;
-    ngx_http_hermes_zone_t         *zone;
-    ngx_http_hermes_kernel_ref_t   *ref;
-
-    ngx_fd_t                        dir_fd;     /* the cell's, verified */
-    ngx_fd_t                        rpc_fd;
-    int                             ifd;        /* the worker's inotify */
-    int                             wd;
-
-    /* a kernel on another host: requests come, answers go, by its carrier */
-    ngx_http_hermes_rpc_write_pt    write;
-    void                           *write_data;
-    unsigned                        remote:1;
-
-    u_char                          token[2 * NGX_HTTP_HERMES_TOKEN_LEN];
-
-    uint64_t                       *seen;
-    ngx_uint_t                      nseen;
-    ngx_uint_t                      seen_max;
-
-    ngx_uint_t                      calls;      /* dispatched */
-    ngx_uint_t                      running;    /* of them, not waiting */
-    ngx_queue_t                     inflight;   /* ngx_http_hermes_rpc_call_t */
-
-    ngx_http_hermes_rpc_event_pt    event;
-    void                           *data;
-};
-
-
-/*
- * An MCP server as this worker knows it (by its hermes_tools_pass URI):
- * its tools for "hermes_tools auto" (until the worker exits: a reload
- * refreshes them).  Sessions are each kernel's own, in the zone.
- */
-
-typedef struct {
-    ngx_str_t                       uri;
-    u_char                         *tools;      /* names, NUL-separated */
-    size_t                          tools_len;
-    unsigned                        listed:1;
-} ngx_http_hermes_rpc_peer_t;
-
-
-/* one call, in the request's pool: it lives as long as its subrequests */
-
-typedef struct {
-    ngx_queue_t                     queue;
-    ngx_http_hermes_rpc_t          *rpc;        /* NULL: nobody waits */
-    ngx_http_request_t             *sr;         /* the one running */
-    uint64_t                        seq;
-    ngx_str_t                       tool;
-    ngx_str_t                       args;
-    ngx_msec_t                      start;
-    ngx_uint_t                      status;     /* of the endpoint */
-    u_char                         *body;
-    size_t                          len;
-    size_t                          size;
-    size_t                          cap;
-    ngx_http_hermes_rpc_peer_t     *peer;       /* MCP */
-    ngx_http_hermes_mcp_session_t   ms;         /* the kernel's session */
-    ngx_uint_t                      step;
-    ngx_str_t                       session;    /* Mcp-Session-Id got */
-    ngx_str_t                       err;        /* an MCP step's word */
-    u_char                          err_buf[NGX_HTTP_HERMES_RPC_ERROR_MAX];
-    unsigned                        too_big:1;
-    unsigned                        waiting:1;  /* for a running one to end */
-    unsigned                        sse:1;
-    unsigned                        used_session:1;
-    unsigned                        retried:1;
-} ngx_http_hermes_rpc_call_t;
 
 
 /* the parser's state: the top-level keys we know, raw */
@@ -189,56 +102,28 @@ static void ngx_http_hermes_rpc_next(ngx_http_hermes_rpc_t *rpc);
 static void ngx_http_hermes_rpc_call_free(void *data);
 static ngx_int_t ngx_http_hermes_rpc_dispatch(ngx_http_hermes_rpc_t *rpc,
     ngx_http_hermes_rpc_req_t *req);
-static ngx_int_t ngx_http_hermes_rpc_subrequest(ngx_http_hermes_rpc_t *rpc,
-    ngx_http_hermes_rpc_call_t *call);
 static ngx_buf_t *ngx_http_hermes_rpc_body(ngx_http_hermes_rpc_t *rpc,
     ngx_http_hermes_rpc_call_t *call);
 static ngx_int_t ngx_http_hermes_rpc_header(ngx_http_request_t *sr,
     char *key, u_char *value, size_t len);
-static ngx_uint_t ngx_http_hermes_rpc_status(ngx_http_hermes_rpc_call_t *call,
-    ngx_int_t rc);
-static ngx_http_hermes_rpc_peer_t *ngx_http_hermes_rpc_peer(ngx_str_t *uri);
-static ngx_int_t ngx_http_hermes_rpc_peer_has(ngx_http_hermes_rpc_peer_t *peer,
-    ngx_str_t *name);
-static ngx_int_t ngx_http_hermes_rpc_mcp_next(ngx_http_hermes_rpc_t *rpc,
-    ngx_http_hermes_rpc_call_t *call, ngx_int_t rc);
-static ngx_int_t ngx_http_hermes_rpc_mcp_answer(ngx_http_hermes_rpc_t *rpc,
-    ngx_http_hermes_rpc_call_t *call);
-static yajl_val ngx_http_hermes_rpc_mcp_parse(ngx_http_hermes_rpc_t *rpc,
-    ngx_http_hermes_rpc_call_t *call);
-static yajl_val ngx_http_hermes_rpc_json(ngx_pool_t *pool, u_char *data,
-    size_t len);
-static void ngx_http_hermes_rpc_gen(yajl_gen g, yajl_val v);
-static void ngx_http_hermes_rpc_call_error(ngx_http_hermes_rpc_call_t *call,
-    const char *fmt, ...);
 static ngx_int_t ngx_http_hermes_rpc_done(ngx_http_request_t *sr, void *data,
     ngx_int_t rc);
 static void ngx_http_hermes_rpc_outcome(ngx_http_hermes_rpc_t *rpc,
     ngx_http_hermes_rpc_call_t *call, ngx_int_t rc);
 static void ngx_http_hermes_rpc_message(u_char *body, size_t len,
     ngx_str_t *msg);
-static ngx_int_t ngx_http_hermes_rpc_answer_ok(ngx_http_hermes_rpc_t *rpc,
-    uint64_t seq, u_char *body, size_t len);
 static ngx_int_t ngx_http_hermes_rpc_archive(ngx_http_hermes_rpc_t *rpc,
     uint64_t seq, u_char *body, size_t len);
-static void ngx_http_hermes_rpc_answer_error(ngx_http_hermes_rpc_t *rpc,
-    uint64_t seq, u_char *fmt, ...);
 static ngx_int_t ngx_http_hermes_rpc_write(ngx_http_hermes_rpc_t *rpc,
     uint64_t seq, u_char *data, size_t len);
 static void ngx_http_hermes_rpc_emit(ngx_http_hermes_rpc_t *rpc,
     const char *type, ngx_str_t *tool, uint64_t seq, ngx_int_t ok,
     ngx_msec_t ms);
-static size_t ngx_http_hermes_rpc_utf8_cut(u_char *p, size_t len,
-    ngx_uint_t back);
 static ngx_http_hermes_rpc_call_t *ngx_http_hermes_rpc_call(
     ngx_http_request_t *r);
 static ngx_int_t ngx_http_hermes_rpc_header_filter(ngx_http_request_t *r);
 static ngx_int_t ngx_http_hermes_rpc_body_filter(ngx_http_request_t *r,
     ngx_chain_t *in);
-static void ngx_http_hermes_rpc_schema_function(yajl_gen g, u_char *desc,
-    size_t len, const char *params);
-static void ngx_http_hermes_rpc_schema_property(yajl_gen g, const char *name,
-    const char *type, const char *desc);
 
 
 static yajl_callbacks  ngx_http_hermes_rpc_callbacks = {
@@ -1098,7 +983,7 @@ ngx_http_hermes_rpc_take(ngx_http_hermes_rpc_t *rpc,
 {
     ngx_str_t                   *name;
     ngx_uint_t                   i, allowed;
-    ngx_http_hermes_rpc_peer_t  *peer;
+    ngx_http_hermes_mcp_peer_t  *peer;
 
     if (rpc->nseen == rpc->seen_max) {
         ngx_http_hermes_rpc_answer_error(rpc, req->seq,
@@ -1131,9 +1016,9 @@ ngx_http_hermes_rpc_take(ngx_http_hermes_rpc_t *rpc,
 
     if (rpc->hlcf->tools_auto) {
         /* the MCP server's tools/list says, now (cached) or before the call */
-        peer = ngx_http_hermes_rpc_peer(&rpc->hlcf->tools_pass);
+        peer = ngx_http_hermes_mcp_peer(&rpc->hlcf->tools_pass);
         allowed = (peer == NULL || !peer->listed
-                   || ngx_http_hermes_rpc_peer_has(peer, &req->tool) == NGX_OK);
+                   || ngx_http_hermes_mcp_peer_has(peer, &req->tool) == NGX_OK);
 
     } else if (rpc->hlcf->tools) {
         name = rpc->hlcf->tools->elts;
@@ -1269,7 +1154,7 @@ ngx_http_hermes_rpc_start(ngx_http_hermes_rpc_t *rpc,
     call->waiting = 0;
 
     if (rpc->hlcf->tools_protocol == NGX_HTTP_HERMES_TOOLS_MCP) {
-        call->peer = ngx_http_hermes_rpc_peer(&rpc->hlcf->tools_pass);
+        call->peer = ngx_http_hermes_mcp_peer(&rpc->hlcf->tools_pass);
         if (call->peer == NULL) {
             return NGX_ERROR;
         }
@@ -1353,7 +1238,7 @@ ngx_http_hermes_rpc_call_free(void *data)
 
 /* one subrequest of a call: the hermes POST, or an MCP step */
 
-static ngx_int_t
+ngx_int_t
 ngx_http_hermes_rpc_subrequest(ngx_http_hermes_rpc_t *rpc,
     ngx_http_hermes_rpc_call_t *call)
 {
@@ -1509,74 +1394,21 @@ ngx_http_hermes_rpc_subrequest(ngx_http_hermes_rpc_t *rpc,
 }
 
 
-/* the body of a call's subrequest, by protocol and MCP step */
+/* the body of a call's subrequest: the hermes protocol's, or an MCP step's */
 
 static ngx_buf_t *
 ngx_http_hermes_rpc_body(ngx_http_hermes_rpc_t *rpc,
     ngx_http_hermes_rpc_call_t *call)
 {
-    u_char              *p;
-    size_t               len;
-    ngx_buf_t           *b;
-    ngx_http_request_t  *r;
+    u_char     *p;
+    size_t      len;
+    ngx_buf_t  *b;
 
-    static u_char  init[] =
-        "{\"jsonrpc\":\"2.0\",\"id\":\"hermes-init\",\"method\":\"initialize\","
-        "\"params\":{\"protocolVersion\":\"" NGX_HTTP_HERMES_MCP_VERSION "\","
-        "\"capabilities\":{},\"clientInfo\":{\"name\":\"ngx_hermes\","
-        "\"version\":\"0.1\"}}}";
-    static u_char  notify[] =
-        "{\"jsonrpc\":\"2.0\",\"method\":\"notifications/initialized\"}";
-    static u_char  list[] =
-        "{\"jsonrpc\":\"2.0\",\"id\":\"hermes-list\",\"method\":\"tools/list\"}";
-
-    r = rpc->r;
-
-    switch (call->step) {
-
-    case NGX_HTTP_HERMES_MCP_INIT:
-        p = init;
-        len = sizeof(init) - 1;
-        goto fixed;
-
-    case NGX_HTTP_HERMES_MCP_NOTIFY:
-        p = notify;
-        len = sizeof(notify) - 1;
-        goto fixed;
-
-    case NGX_HTTP_HERMES_MCP_LIST:
-        p = list;
-        len = sizeof(list) - 1;
-        goto fixed;
-
-    case NGX_HTTP_HERMES_MCP_CALL:
-        len = sizeof("{\"jsonrpc\":\"2.0\",\"id\":,\"method\":\"tools/call\","
-                     "\"params\":{\"name\":\"\",\"arguments\":}}") - 1
-              + NGX_INT64_LEN + call->tool.len
-              + ngx_escape_json(NULL, call->tool.data, call->tool.len)
-              + call->args.len;
-
-        b = ngx_create_temp_buf(r->pool, len);
-        if (b == NULL) {
-            return NULL;
-        }
-
-        p = ngx_sprintf(b->last, "{\"jsonrpc\":\"2.0\",\"id\":%uL,"
-                        "\"method\":\"tools/call\",\"params\":{\"name\":\"",
-                        call->seq);
-        p = (u_char *) ngx_escape_json(p, call->tool.data, call->tool.len);
-        p = ngx_cpymem(p, "\",\"arguments\":", sizeof("\",\"arguments\":") - 1);
-        p = ngx_cpymem(p, call->args.data, call->args.len);
-        p = ngx_cpymem(p, "}}", 2);
-
-        b->last = p;
-        b->last_buf = 1;
-
-        return b;
-
-    default: /* the hermes protocol: {"tool","args","session","kernel_id"} */
-        break;
+    if (call->step) {
+        return ngx_http_hermes_mcp_body(rpc, call);
     }
+
+    /* the hermes protocol: {"tool","args","session","kernel_id"} */
 
     len = sizeof("{\"tool\":,\"args\":,\"session\":,\"kernel_id\":\"\"}") - 1
           + ngx_escape_json(NULL, call->tool.data, call->tool.len)
@@ -1585,7 +1417,7 @@ ngx_http_hermes_rpc_body(ngx_http_hermes_rpc_t *rpc,
                             rpc->ref->session.len)
           + rpc->ref->session.len + 2 + NGX_HTTP_HERMES_ID_LEN;
 
-    b = ngx_create_temp_buf(r->pool, len);
+    b = ngx_create_temp_buf(rpc->r->pool, len);
     if (b == NULL) {
         return NULL;
     }
@@ -1602,20 +1434,6 @@ ngx_http_hermes_rpc_body(ngx_http_hermes_rpc_t *rpc,
     p = ngx_cpymem(p, "\"}", 2);
 
     b->last = p;
-    b->last_buf = 1;
-
-    return b;
-
-fixed:
-
-    b = ngx_calloc_buf(r->pool);
-    if (b == NULL) {
-        return NULL;
-    }
-
-    b->pos = p;
-    b->last = p + len;
-    b->memory = 1;
     b->last_buf = 1;
 
     return b;
@@ -1684,7 +1502,7 @@ ngx_http_hermes_rpc_done(ngx_http_request_t *sr, void *data, ngx_int_t rc)
     }
 
     if (call->step) {
-        rc = ngx_http_hermes_rpc_mcp_next(rpc, call, rc);
+        rc = ngx_http_hermes_mcp_next(rpc, call, rc);
 
         if (rc == NGX_AGAIN) {
             return NGX_OK;
@@ -1711,7 +1529,7 @@ ngx_http_hermes_rpc_done(ngx_http_request_t *sr, void *data, ngx_int_t rc)
 
 /* the endpoint's status, as nginx or the endpoint gave it */
 
-static ngx_uint_t
+ngx_uint_t
 ngx_http_hermes_rpc_status(ngx_http_hermes_rpc_call_t *call, ngx_int_t rc)
 {
     if (rc >= NGX_HTTP_SPECIAL_RESPONSE) {
@@ -1778,7 +1596,7 @@ ngx_http_hermes_rpc_outcome(ngx_http_hermes_rpc_t *rpc,
         }
 
     } else if (call->step) {
-        ok = ngx_http_hermes_rpc_mcp_answer(rpc, call);
+        ok = ngx_http_hermes_mcp_answer(rpc, call);
 
     } else {
         rc = ngx_http_hermes_rpc_answer_ok(rpc, call->seq, call->body,
@@ -1930,7 +1748,7 @@ ngx_http_hermes_rpc_message(u_char *body, size_t len, ngx_str_t *msg)
 
 /* bytes up to a character boundary: back, the start of the last whole one */
 
-static size_t
+size_t
 ngx_http_hermes_rpc_utf8_cut(u_char *p, size_t len, ngx_uint_t back)
 {
     size_t  i, need;
@@ -1958,7 +1776,7 @@ ngx_http_hermes_rpc_utf8_cut(u_char *p, size_t len, ngx_uint_t back)
 
 /* NGX_DECLINED: not JSON */
 
-static ngx_int_t
+ngx_int_t
 ngx_http_hermes_rpc_answer_ok(ngx_http_hermes_rpc_t *rpc, uint64_t seq,
     u_char *body, size_t len)
 {
@@ -2139,7 +1957,7 @@ answer:
 }
 
 
-static void
+void
 ngx_http_hermes_rpc_answer_error(ngx_http_hermes_rpc_t *rpc, uint64_t seq,
     u_char *fmt, ...)
 {
@@ -2463,884 +2281,4 @@ ngx_http_hermes_rpc_filter_init(ngx_conf_t *cf)
     ngx_http_top_body_filter = ngx_http_hermes_rpc_body_filter;
 
     return NGX_OK;
-}
-
-
-/*
- * hermes_schema: the execute_code tool for agent authors, in OpenAI's and
- * Anthropic's function formats, its description naming the tools its code
- * may call (this location's hermes_tools).  ?format=openai|anthropic gives
- * one of them alone.
- */
-
-ngx_int_t
-ngx_http_hermes_rpc_schema_handler(ngx_http_request_t *r)
-{
-    u_char                      *p, *last, *desc, *t;
-    size_t                       len, n;
-    ngx_int_t                    rc;
-    ngx_buf_t                   *b;
-    ngx_str_t                    fmt, *name;
-    yajl_gen                     g;
-    ngx_uint_t                   i, which;
-    ngx_chain_t                  out;
-    ngx_http_hermes_loc_conf_t  *hlcf;
-    ngx_http_hermes_rpc_peer_t  *peer;
-
-    if (!(r->method & (NGX_HTTP_GET|NGX_HTTP_HEAD))) {
-        return NGX_HTTP_NOT_ALLOWED;
-    }
-
-    rc = ngx_http_discard_request_body(r);
-    if (rc != NGX_OK) {
-        return rc;
-    }
-
-    which = 3;                  /* 1: openai, 2: anthropic, 3: both */
-
-    if (ngx_http_arg(r, (u_char *) "format", 6, &fmt) == NGX_OK) {
-        if (fmt.len == 6 && ngx_strncmp(fmt.data, "openai", 6) == 0) {
-            which = 1;
-
-        } else if (fmt.len == 9 && ngx_strncmp(fmt.data, "anthropic", 9) == 0) {
-            which = 2;
-
-        } else {
-            return ngx_http_hermes_response_send_error(r,
-                                              NGX_HTTP_BAD_REQUEST,
-                                              "bad_format",
-                                              "format is openai or "
-                                              "anthropic");
-        }
-    }
-
-    hlcf = ngx_http_get_module_loc_conf(r, ngx_http_hermes_module);
-
-    /* the description: what the tool does, and the tools its code has */
-
-    len = 1024;
-
-    if (hlcf->tools) {
-        name = hlcf->tools->elts;
-
-        for (i = 0; i < hlcf->tools->nelts; i++) {
-            len += 2 * name[i].len + 32;
-        }
-    }
-
-    /* auto: the MCP server's tools as this worker last listed them */
-
-    peer = NULL;
-
-    if (hlcf->tools_auto && hlcf->tools_pass.len) {
-        peer = ngx_http_hermes_rpc_peer(&hlcf->tools_pass);
-
-        if (peer && peer->listed) {
-            len += 2 * peer->tools_len + 32 * (peer->tools_len / 2 + 1);
-        }
-    }
-
-    desc = ngx_pnalloc(r->pool, len);
-    if (desc == NULL) {
-        return NGX_HTTP_INTERNAL_SERVER_ERROR;
-    }
-
-    last = desc + len;
-
-    p = ngx_slprintf(desc, last,
-            "Run Python code in a persistent kernel; variables and imports "
-            "stay for the next call with the same session.  Returns the "
-            "output (stdout, then stderr and the traceback), the status "
-            "and the error.");
-
-    if (peer && !peer->listed) {
-        p = ngx_slprintf(p, last,
-                "  The code can call the tools of the gateway's MCP server "
-                "(module hermes_tools, imported already; dir(hermes_tools) "
-                "in the code lists them), each with keyword arguments, "
-                "returning the tool's answer as Python data and raising "
-                "hermes_tools.ToolError when it fails.");
-
-    } else if (peer) {
-        p = ngx_slprintf(p, last,
-                "  The code can call these tools (module hermes_tools, "
-                "imported already), each with keyword arguments, returning "
-                "the tool's answer as Python data and raising "
-                "hermes_tools.ToolError when it fails: ");
-
-        for (t = peer->tools, i = 0; t < peer->tools + peer->tools_len; i++) {
-            n = ngx_strlen(t);
-            p = ngx_slprintf(p, last, "%shermes_tools.%*s(...)",
-                             i ? ", " : "", n, t);
-            t += n + 1;
-        }
-
-        p = ngx_slprintf(p, last, ".  At most %ui tool calls per run.",
-                         hlcf->max_tool_calls);
-
-    } else if (hlcf->tools == NULL || hlcf->tools->nelts == 0
-               || hlcf->tools_pass.len == 0)
-    {
-        p = ngx_slprintf(p, last, "  No tools can be called from the code.");
-
-    } else {
-        p = ngx_slprintf(p, last,
-                "  The code can call these tools (module hermes_tools, "
-                "imported already), each with keyword arguments, returning "
-                "the tool's answer as Python data and raising "
-                "hermes_tools.ToolError when it fails: ");
-
-        name = hlcf->tools->elts;
-
-        for (i = 0; i < hlcf->tools->nelts; i++) {
-            p = ngx_slprintf(p, last, "%shermes_tools.%V(...)",
-                             i ? ", " : "", &name[i]);
-        }
-
-        p = ngx_slprintf(p, last, ".  At most %ui tool calls per run.",
-                         hlcf->max_tool_calls);
-    }
-
-    g = yajl_gen_alloc(NULL);
-    if (g == NULL) {
-        return NGX_HTTP_INTERNAL_SERVER_ERROR;
-    }
-
-    if (which == 3) {
-        yajl_gen_map_open(g);
-    }
-
-    if (which & 1) {
-        if (which == 3) {
-            yajl_gen_string(g, (u_char *) "openai", 6);
-        }
-
-        yajl_gen_map_open(g);
-        yajl_gen_string(g, (u_char *) "type", 4);
-        yajl_gen_string(g, (u_char *) "function", 8);
-        yajl_gen_string(g, (u_char *) "function", 8);
-        ngx_http_hermes_rpc_schema_function(g, desc, p - desc, "parameters");
-        yajl_gen_map_close(g);
-    }
-
-    if (which & 2) {
-        if (which == 3) {
-            yajl_gen_string(g, (u_char *) "anthropic", 9);
-        }
-
-        ngx_http_hermes_rpc_schema_function(g, desc, p - desc,
-                                            "input_schema");
-    }
-
-    if (which == 3) {
-        yajl_gen_map_close(g);
-    }
-
-    if (yajl_gen_get_buf(g, (const unsigned char **) &p, &len)
-        != yajl_gen_status_ok)
-    {
-        yajl_gen_free(g);
-        return NGX_HTTP_INTERNAL_SERVER_ERROR;
-    }
-
-    b = ngx_create_temp_buf(r->pool, len + 1);
-    if (b == NULL) {
-        yajl_gen_free(g);
-        return NGX_HTTP_INTERNAL_SERVER_ERROR;
-    }
-
-    b->last = ngx_cpymem(b->last, p, len);
-    *b->last++ = '\n';
-    b->last_buf = (r == r->main);
-    b->last_in_chain = 1;
-
-    yajl_gen_free(g);
-
-    r->headers_out.status = NGX_HTTP_OK;
-    r->headers_out.content_length_n = b->last - b->pos;
-    ngx_str_set(&r->headers_out.content_type, "application/json");
-    r->headers_out.content_type_len = r->headers_out.content_type.len;
-
-    rc = ngx_http_send_header(r);
-
-    if (rc == NGX_ERROR || rc > NGX_OK || r->header_only) {
-        return rc;
-    }
-
-    out.buf = b;
-    out.next = NULL;
-
-    return ngx_http_output_filter(r, &out);
-}
-
-
-static void
-ngx_http_hermes_rpc_schema_function(yajl_gen g, u_char *desc, size_t len,
-    const char *params)
-{
-    yajl_gen_map_open(g);
-    yajl_gen_string(g, (u_char *) "name", 4);
-    yajl_gen_string(g, (u_char *) "execute_code", 12);
-    yajl_gen_string(g, (u_char *) "description", 11);
-    yajl_gen_string(g, desc, len);
-    yajl_gen_string(g, (u_char *) params, ngx_strlen(params));
-
-    yajl_gen_map_open(g);
-    yajl_gen_string(g, (u_char *) "type", 4);
-    yajl_gen_string(g, (u_char *) "object", 6);
-    yajl_gen_string(g, (u_char *) "properties", 10);
-    yajl_gen_map_open(g);
-
-    ngx_http_hermes_rpc_schema_property(g, "code", "string",
-        "The Python code to run.  The value of a last expression is "
-        "printed.");
-    ngx_http_hermes_rpc_schema_property(g, "session", "string",
-        "The kernel to run it in: 1-128 of A-Z a-z 0-9 . _ : -.  The same "
-        "session keeps its variables; none: a fresh kernel for this run "
-        "only.");
-    ngx_http_hermes_rpc_schema_property(g, "timeout", "integer",
-        "Seconds the code may run (default and cap: the gateway's).");
-    ngx_http_hermes_rpc_schema_property(g, "reset", "boolean",
-        "Start the session's kernel afresh first.");
-
-    yajl_gen_map_close(g);
-    yajl_gen_string(g, (u_char *) "required", 8);
-    yajl_gen_array_open(g);
-    yajl_gen_string(g, (u_char *) "code", 4);
-    yajl_gen_array_close(g);
-    yajl_gen_map_close(g);
-
-    yajl_gen_map_close(g);
-}
-
-
-static void
-ngx_http_hermes_rpc_schema_property(yajl_gen g, const char *name,
-    const char *type, const char *desc)
-{
-    yajl_gen_string(g, (u_char *) name, ngx_strlen(name));
-    yajl_gen_map_open(g);
-    yajl_gen_string(g, (u_char *) "type", 4);
-    yajl_gen_string(g, (u_char *) type, ngx_strlen(type));
-    yajl_gen_string(g, (u_char *) "description", 11);
-    yajl_gen_string(g, (u_char *) desc, ngx_strlen(desc));
-    yajl_gen_map_close(g);
-}
-
-
-/* MCP over the streamable HTTP transport, through the same subrequests */
-
-static ngx_http_hermes_rpc_peer_t  ngx_http_hermes_rpc_peers[
-                                       NGX_HTTP_HERMES_RPC_PEERS];
-static ngx_uint_t                  ngx_http_hermes_rpc_npeers;
-
-
-static ngx_http_hermes_rpc_peer_t *
-ngx_http_hermes_rpc_peer(ngx_str_t *uri)
-{
-    ngx_uint_t                   i;
-    ngx_http_hermes_rpc_peer_t  *peer;
-
-    for (i = 0; i < ngx_http_hermes_rpc_npeers; i++) {
-        peer = &ngx_http_hermes_rpc_peers[i];
-
-        if (peer->uri.len == uri->len
-            && ngx_strncmp(peer->uri.data, uri->data, uri->len) == 0)
-        {
-            return peer;
-        }
-    }
-
-    if (ngx_http_hermes_rpc_npeers == NGX_HTTP_HERMES_RPC_PEERS) {
-        return NULL;
-    }
-
-    /* the URI is the configuration's: it lives as long as this worker */
-
-    peer = &ngx_http_hermes_rpc_peers[ngx_http_hermes_rpc_npeers++];
-    peer->uri = *uri;
-
-    return peer;
-}
-
-
-static ngx_int_t
-ngx_http_hermes_rpc_peer_has(ngx_http_hermes_rpc_peer_t *peer,
-    ngx_str_t *name)
-{
-    u_char  *p, *last;
-    size_t   len;
-
-    p = peer->tools;
-    last = p + peer->tools_len;
-
-    while (p && p < last) {
-        len = ngx_strlen(p);
-
-        if (len == name->len && ngx_strncmp(p, name->data, len) == 0) {
-            return NGX_OK;
-        }
-
-        p += len + 1;
-    }
-
-    return NGX_DECLINED;
-}
-
-
-/*
- * The step after a subrequest: initialize, notifications/initialized,
- * tools/list (auto), tools/call.  NGX_AGAIN: the next one is on its way;
- * NGX_DONE: call->err says why the call failed; else rc, for the outcome.
- */
-
-static ngx_int_t
-ngx_http_hermes_rpc_mcp_next(ngx_http_hermes_rpc_t *rpc,
-    ngx_http_hermes_rpc_call_t *call, ngx_int_t rc)
-{
-    u_char                      *p;
-    size_t                       len, n;
-    yajl_val                     root, v, tools, name;
-    ngx_uint_t                   i, status;
-    ngx_http_hermes_rpc_peer_t  *peer;
-
-    static const char  *presult[] = { "result", NULL };
-    static const char  *pversion[] = { "result", "protocolVersion", NULL };
-    static const char  *ptools[] = { "result", "tools", NULL };
-    static const char  *pname[] = { "name", NULL };
-    static const char  *perror[] = { "error", "message", NULL };
-
-    peer = call->peer;
-    status = ngx_http_hermes_rpc_status(call, rc);
-
-    if (call->step == NGX_HTTP_HERMES_MCP_CALL) {
-
-        if (status == NGX_HTTP_NOT_FOUND && call->used_session
-            && !call->retried)
-        {
-            /* the server forgot the session: a new one, once */
-            call->ms.session_len = 0;
-            call->ms.version_len = 0;
-            call->retried = 1;
-            call->used_session = 0;
-            call->step = NGX_HTTP_HERMES_MCP_INIT;
-            goto next;
-        }
-
-        return rc;
-    }
-
-    if (call->too_big || status < 200 || status > 299) {
-        return rc;
-    }
-
-    switch (call->step) {
-
-    case NGX_HTTP_HERMES_MCP_INIT:
-        root = ngx_http_hermes_rpc_mcp_parse(rpc, call);
-        if (root == NULL) {
-            ngx_http_hermes_rpc_call_error(call, "the MCP server's answer to "
-                                           "initialize is not JSON-RPC");
-            return NGX_DONE;
-        }
-
-        v = yajl_tree_get(root, perror, yajl_t_string);
-
-        if (v || yajl_tree_get(root, presult, yajl_t_object) == NULL) {
-            ngx_http_hermes_rpc_call_error(call, "the MCP server refused "
-                                           "initialize: %s",
-                                           v ? v->u.string : "");
-            yajl_tree_free(root);
-            return NGX_DONE;
-        }
-
-        v = yajl_tree_get(root, pversion, yajl_t_string);
-
-        if (v && (len = ngx_strlen(v->u.string)) > 0
-            && len <= sizeof(call->ms.version))
-        {
-            ngx_memcpy(call->ms.version, v->u.string, len);
-            call->ms.version_len = len;
-
-        } else {
-            ngx_memcpy(call->ms.version, NGX_HTTP_HERMES_MCP_VERSION,
-                       sizeof(NGX_HTTP_HERMES_MCP_VERSION) - 1);
-            call->ms.version_len = sizeof(NGX_HTTP_HERMES_MCP_VERSION) - 1;
-        }
-
-        yajl_tree_free(root);
-
-        if (call->session.len > sizeof(call->ms.session)) {
-            ngx_http_hermes_rpc_call_error(call, "the MCP server's session "
-                                           "id is over %uz bytes",
-                                           sizeof(call->ms.session));
-            return NGX_DONE;
-        }
-
-        /* this kernel's, for its next calls (any worker's) */
-
-        ngx_memcpy(call->ms.session, call->session.data, call->session.len);
-        call->ms.session_len = call->session.len;
-
-        ngx_http_hermes_registry_set_mcp_session(rpc->zone, rpc->ref,
-                                                 &call->ms);
-
-        call->step = NGX_HTTP_HERMES_MCP_NOTIFY;
-        break;
-
-    case NGX_HTTP_HERMES_MCP_NOTIFY:
-        call->step = (rpc->hlcf->tools_auto && !peer->listed)
-                     ? NGX_HTTP_HERMES_MCP_LIST : NGX_HTTP_HERMES_MCP_CALL;
-        break;
-
-    default: /* NGX_HTTP_HERMES_MCP_LIST */
-        root = ngx_http_hermes_rpc_mcp_parse(rpc, call);
-        tools = root ? yajl_tree_get(root, ptools, yajl_t_array) : NULL;
-
-        if (tools == NULL) {
-            ngx_http_hermes_rpc_call_error(call, "the MCP server's answer to "
-                                           "tools/list has no tools");
-            if (root) {
-                yajl_tree_free(root);
-            }
-
-            return NGX_DONE;
-        }
-
-        len = 0;
-
-        for (i = 0; i < tools->u.array.len; i++) {
-            name = yajl_tree_get(tools->u.array.values[i], pname,
-                                 yajl_t_string);
-            if (name) {
-                len += ngx_strlen(name->u.string) + 1;
-            }
-        }
-
-        p = ngx_alloc(len + 1, rpc->log);
-        if (p == NULL) {
-            yajl_tree_free(root);
-            return NGX_ERROR;
-        }
-
-        if (peer->tools) {
-            ngx_free(peer->tools);
-        }
-
-        peer->tools = p;
-        peer->tools_len = len;
-
-        for (i = 0; i < tools->u.array.len; i++) {
-            name = yajl_tree_get(tools->u.array.values[i], pname,
-                                 yajl_t_string);
-            if (name) {
-                n = ngx_strlen(name->u.string);
-                p = ngx_cpymem(p, name->u.string, n);
-                *p++ = '\0';
-            }
-        }
-
-        yajl_tree_free(root);
-
-        peer->listed = 1;
-
-        if (ngx_http_hermes_rpc_peer_has(peer, &call->tool) != NGX_OK) {
-            ngx_http_hermes_rpc_call_error(call, "not one of the MCP "
-                                           "server's tools (tools/list)");
-            return NGX_DONE;
-        }
-
-        call->step = NGX_HTTP_HERMES_MCP_CALL;
-        break;
-    }
-
-next:
-
-    if (ngx_http_hermes_rpc_subrequest(rpc, call) != NGX_OK) {
-        ngx_http_hermes_rpc_call_error(call, "the gateway could not make the "
-                                       "tool call");
-        return NGX_DONE;
-    }
-
-    return NGX_AGAIN;
-}
-
-
-/*
- * tools/call answered 2xx: its result to the code.  structuredContent as
- * data, else the text content as a str (texts joined by "\n"), else the
- * content list as it came; isError and JSON-RPC errors raise ToolError.
- */
-
-static ngx_int_t
-ngx_http_hermes_rpc_mcp_answer(ngx_http_hermes_rpc_t *rpc,
-    ngx_http_hermes_rpc_call_t *call)
-{
-    u_char      *p, *text;
-    size_t       len, n;
-    yajl_gen     g;
-    yajl_val     root, result, v, content, item, t;
-    ngx_int_t    rc;
-    ngx_uint_t   i, texts;
-
-    static const char  *presult[] = { "result", NULL };
-    static const char  *perror[] = { "error", "message", NULL };
-    static const char  *pcode[] = { "error", "code", NULL };
-    static const char  *pstruct[] = { "structuredContent", NULL };
-    static const char  *pcontent[] = { "content", NULL };
-    static const char  *piserror[] = { "isError", NULL };
-    static const char  *ptype[] = { "type", NULL };
-    static const char  *ptext[] = { "text", NULL };
-
-    root = ngx_http_hermes_rpc_mcp_parse(rpc, call);
-
-    if (root == NULL) {
-        ngx_http_hermes_rpc_answer_error(rpc, call->seq,
-                     (u_char *) "tool \"%V\": the MCP server's answer is not "
-                     "JSON-RPC", &call->tool);
-        return 0;
-    }
-
-    result = yajl_tree_get(root, presult, yajl_t_object);
-
-    if (result == NULL) {
-        v = yajl_tree_get(root, perror, yajl_t_string);
-        t = yajl_tree_get(root, pcode, yajl_t_number);
-
-        ngx_http_hermes_rpc_answer_error(rpc, call->seq,
-                     (u_char *) "tool \"%V\" failed (MCP error %s): %s",
-                     &call->tool, t ? t->u.number.r : "?",
-                     v ? v->u.string : "no message");
-        yajl_tree_free(root);
-        return 0;
-    }
-
-    /* the text of the text items, for a str or an error's message */
-
-    content = yajl_tree_get(result, pcontent, yajl_t_array);
-    len = 0;
-    texts = 1;
-
-    for (i = 0; content && i < content->u.array.len; i++) {
-        item = content->u.array.values[i];
-        v = yajl_tree_get(item, ptype, yajl_t_string);
-        t = yajl_tree_get(item, ptext, yajl_t_string);
-
-        if (v == NULL || t == NULL || ngx_strcmp(v->u.string, "text")) {
-            texts = 0;
-            continue;
-        }
-
-        len += ngx_strlen(t->u.string) + 1;
-    }
-
-    text = ngx_pnalloc(rpc->pool, len + 1);
-    if (text == NULL) {
-        yajl_tree_free(root);
-        return 0;
-    }
-
-    p = text;
-
-    for (i = 0; content && i < content->u.array.len; i++) {
-        item = content->u.array.values[i];
-        v = yajl_tree_get(item, ptype, yajl_t_string);
-        t = yajl_tree_get(item, ptext, yajl_t_string);
-
-        if (v && t && ngx_strcmp(v->u.string, "text") == 0) {
-            if (p > text) {
-                *p++ = '\n';
-            }
-
-            n = ngx_strlen(t->u.string);
-            p = ngx_cpymem(p, t->u.string, n);
-        }
-    }
-
-    if (YAJL_IS_TRUE(yajl_tree_get(result, piserror, yajl_t_true))) {
-        ngx_http_hermes_rpc_answer_error(rpc, call->seq,
-                     (u_char *) "tool \"%V\" failed: %*s", &call->tool,
-                     ngx_min((size_t) (p - text),
-                             (size_t) NGX_HTTP_HERMES_RPC_ERROR_MAX),
-                     text);
-        yajl_tree_free(root);
-        return 0;
-    }
-
-    g = yajl_gen_alloc(NULL);
-    if (g == NULL) {
-        yajl_tree_free(root);
-        return 0;
-    }
-
-    v = yajl_tree_get(result, pstruct, yajl_t_any);
-
-    if (v) {
-        ngx_http_hermes_rpc_gen(g, v);
-
-    } else if (content && texts) {
-        yajl_gen_string(g, text, p - text);
-
-    } else if (content) {
-        ngx_http_hermes_rpc_gen(g, content);
-
-    } else {
-        yajl_gen_null(g);
-    }
-
-    yajl_tree_free(root);
-
-    if (yajl_gen_get_buf(g, (const unsigned char **) &p, &len)
-        != yajl_gen_status_ok)
-    {
-        yajl_gen_free(g);
-        return 0;
-    }
-
-    rc = ngx_http_hermes_rpc_answer_ok(rpc, call->seq, p, len);
-
-    yajl_gen_free(g);
-
-    if (rc != NGX_OK) {
-        ngx_http_hermes_rpc_answer_error(rpc, call->seq,
-                     (u_char *) "tool \"%V\": its answer could not be "
-                     "passed on", &call->tool);
-        return 0;
-    }
-
-    return 1;
-}
-
-
-/* the JSON-RPC response in a subrequest's answer: a JSON body, or the
- * last response (an "id" and a result or an error) of an SSE stream */
-
-static yajl_val
-ngx_http_hermes_rpc_mcp_parse(ngx_http_hermes_rpc_t *rpc,
-    ngx_http_hermes_rpc_call_t *call)
-{
-    u_char    *p, *last, *nl, *data, *d;
-    yajl_val   v, found;
-
-    static const char  *pid[] = { "id", NULL };
-    static const char  *presult[] = { "result", NULL };
-    static const char  *perror[] = { "error", NULL };
-
-    if (call->body == NULL || call->len == 0) {
-        return NULL;
-    }
-
-    if (!call->sse) {
-        return ngx_http_hermes_rpc_json(rpc->pool, call->body, call->len);
-    }
-
-    /* events: "data:" lines joined by "\n", a blank line ends one */
-
-    data = ngx_pnalloc(rpc->pool, call->len + 1);
-    if (data == NULL) {
-        return NULL;
-    }
-
-    d = data;
-    found = NULL;
-    p = call->body;
-    last = p + call->len;
-
-    while (p <= last) {
-        nl = ngx_strlchr(p, last, '\n');
-        if (nl == NULL) {
-            nl = last;
-        }
-
-        if (nl > p && nl[-1] == '\r') {
-            nl--;
-        }
-
-        if (nl - p >= 5 && ngx_strncmp(p, "data:", 5) == 0) {
-            p += 5;
-
-            if (p < nl && *p == ' ') {
-                p++;
-            }
-
-            if (d > data) {
-                *d++ = '\n';
-            }
-
-            d = ngx_cpymem(d, p, nl - p);
-
-        } else if (nl == p && d > data) {
-            v = ngx_http_hermes_rpc_json(rpc->pool, data, d - data);
-
-            if (v && yajl_tree_get(v, pid, yajl_t_any)
-                && (yajl_tree_get(v, presult, yajl_t_any)
-                    || yajl_tree_get(v, perror, yajl_t_any)))
-            {
-                if (found) {
-                    yajl_tree_free(found);
-                }
-
-                found = v;
-
-            } else if (v) {
-                yajl_tree_free(v);
-            }
-
-            d = data;
-        }
-
-        p = (nl < last && *nl == '\r') ? nl + 2 : nl + 1;
-
-        if (nl == last && d > data) {
-            /* the last event, without its blank line */
-            p = last;
-            nl = last;
-            v = ngx_http_hermes_rpc_json(rpc->pool, data, d - data);
-
-            if (v && yajl_tree_get(v, pid, yajl_t_any)) {
-                if (found) {
-                    yajl_tree_free(found);
-                }
-
-                found = v;
-
-            } else if (v) {
-                yajl_tree_free(v);
-            }
-
-            break;
-        }
-    }
-
-    return found;
-}
-
-
-/* a JSON text as a yajl tree, its nesting bounded first (yajl's tree
- * code recurses) */
-
-static yajl_val
-ngx_http_hermes_rpc_json(ngx_pool_t *pool, u_char *data, size_t len)
-{
-    u_char      *copy, *p, *last;
-    yajl_val     v;
-    ngx_uint_t   depth, str, esc;
-
-    depth = 0;
-    str = 0;
-    esc = 0;
-
-    for (p = data, last = data + len; p < last; p++) {
-        if (str) {
-            if (esc) {
-                esc = 0;
-
-            } else if (*p == '\\') {
-                esc = 1;
-
-            } else if (*p == '"') {
-                str = 0;
-            }
-
-            continue;
-        }
-
-        if (*p == '"') {
-            str = 1;
-
-        } else if (*p == '[' || *p == '{') {
-            if (++depth > NGX_HTTP_HERMES_RPC_DEPTH) {
-                return NULL;
-            }
-
-        } else if ((*p == ']' || *p == '}') && depth) {
-            depth--;
-
-        } else if (*p == '\0') {
-            return NULL;
-        }
-    }
-
-    copy = ngx_pnalloc(pool, len + 1);
-    if (copy == NULL) {
-        return NULL;
-    }
-
-    *ngx_cpymem(copy, data, len) = '\0';
-
-    v = yajl_tree_parse((const char *) copy, NULL, 0);
-
-    ngx_pfree(pool, copy);
-
-    return v;
-}
-
-
-static void
-ngx_http_hermes_rpc_gen(yajl_gen g, yajl_val v)
-{
-    size_t  i;
-
-    switch (v->type) {
-
-    case yajl_t_string:
-        yajl_gen_string(g, (u_char *) v->u.string, ngx_strlen(v->u.string));
-        break;
-
-    case yajl_t_number:
-        yajl_gen_number(g, v->u.number.r, ngx_strlen(v->u.number.r));
-        break;
-
-    case yajl_t_object:
-        yajl_gen_map_open(g);
-
-        for (i = 0; i < v->u.object.len; i++) {
-            yajl_gen_string(g, (u_char *) v->u.object.keys[i],
-                            ngx_strlen(v->u.object.keys[i]));
-            ngx_http_hermes_rpc_gen(g, v->u.object.values[i]);
-        }
-
-        yajl_gen_map_close(g);
-        break;
-
-    case yajl_t_array:
-        yajl_gen_array_open(g);
-
-        for (i = 0; i < v->u.array.len; i++) {
-            ngx_http_hermes_rpc_gen(g, v->u.array.values[i]);
-        }
-
-        yajl_gen_array_close(g);
-        break;
-
-    case yajl_t_true:
-        yajl_gen_bool(g, 1);
-        break;
-
-    case yajl_t_false:
-        yajl_gen_bool(g, 0);
-        break;
-
-    default:
-        yajl_gen_null(g);
-        break;
-    }
-}
-
-
-static void
-ngx_http_hermes_rpc_call_error(ngx_http_hermes_rpc_call_t *call,
-    const char *fmt, ...)
-{
-    u_char   *p;
-    va_list   args;
-
-    va_start(args, fmt);
-    p = ngx_vslprintf(call->err_buf, call->err_buf + sizeof(call->err_buf),
-                      fmt, args);
-    va_end(args);
-
-    call->err.data = call->err_buf;
-    call->err.len = ngx_http_hermes_rpc_utf8_cut(call->err_buf,
-                                                 p - call->err_buf, 1);
 }

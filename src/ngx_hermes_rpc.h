@@ -64,7 +64,7 @@ ngx_int_t ngx_http_hermes_rpc_request(ngx_http_hermes_rpc_t *rpc,
 void ngx_http_hermes_rpc_detach(ngx_http_hermes_rpc_t *rpc);
 void ngx_http_hermes_rpc_end(ngx_http_hermes_rpc_t *rpc);
 ngx_int_t ngx_http_hermes_rpc_filter_init(ngx_conf_t *cf);
-ngx_int_t ngx_http_hermes_rpc_schema_handler(ngx_http_request_t *r);
+ngx_int_t ngx_http_hermes_schema_handler(ngx_http_request_t *r);
 
 
 #endif /* _NGX_HERMES_RPC_H_INCLUDED_ */

@@ -1,0 +1,723 @@
+
+/*
+ * ngx_hermes: the MCP client.  A tool call to an MCP server (hermes_tools_pass
+ * ... protocol=mcp) goes over the streamable HTTP transport through the
+ * same subrequests as a hermes one: initialize and notifications/initialized
+ * once per kernel (its session kept in the zone), tools/list for
+ * "hermes_tools auto", then tools/call; its answer, JSON or SSE, becomes
+ * the call's answer.
+ */
+
+
+#include "ngx_hermes.h"
+#include "ngx_hermes_rpc_call.h"
+
+
+static yajl_val ngx_http_hermes_mcp_parse(ngx_http_hermes_rpc_t *rpc,
+    ngx_http_hermes_rpc_call_t *call);
+static yajl_val ngx_http_hermes_mcp_json(ngx_pool_t *pool, u_char *data,
+    size_t len);
+static void ngx_http_hermes_mcp_gen(yajl_gen g, yajl_val v);
+static void ngx_http_hermes_mcp_call_error(ngx_http_hermes_rpc_call_t *call,
+    const char *fmt, ...);
+
+
+static ngx_http_hermes_mcp_peer_t  ngx_http_hermes_mcp_peers[
+                                       NGX_HTTP_HERMES_MCP_PEERS];
+static ngx_uint_t                  ngx_http_hermes_mcp_npeers;
+
+
+ngx_http_hermes_mcp_peer_t *
+ngx_http_hermes_mcp_peer(ngx_str_t *uri)
+{
+    ngx_uint_t                   i;
+    ngx_http_hermes_mcp_peer_t  *peer;
+
+    for (i = 0; i < ngx_http_hermes_mcp_npeers; i++) {
+        peer = &ngx_http_hermes_mcp_peers[i];
+
+        if (peer->uri.len == uri->len
+            && ngx_strncmp(peer->uri.data, uri->data, uri->len) == 0)
+        {
+            return peer;
+        }
+    }
+
+    if (ngx_http_hermes_mcp_npeers == NGX_HTTP_HERMES_MCP_PEERS) {
+        return NULL;
+    }
+
+    /* the URI is the configuration's: it lives as long as this worker */
+
+    peer = &ngx_http_hermes_mcp_peers[ngx_http_hermes_mcp_npeers++];
+    peer->uri = *uri;
+
+    return peer;
+}
+
+
+ngx_int_t
+ngx_http_hermes_mcp_peer_has(ngx_http_hermes_mcp_peer_t *peer,
+    ngx_str_t *name)
+{
+    u_char  *p, *last;
+    size_t   len;
+
+    p = peer->tools;
+    last = p + peer->tools_len;
+
+    while (p && p < last) {
+        len = ngx_strlen(p);
+
+        if (len == name->len && ngx_strncmp(p, name->data, len) == 0) {
+            return NGX_OK;
+        }
+
+        p += len + 1;
+    }
+
+    return NGX_DECLINED;
+}
+
+
+/*
+ * The step after a subrequest: initialize, notifications/initialized,
+ * tools/list (auto), tools/call.  NGX_AGAIN: the next one is on its way;
+ * NGX_DONE: call->err says why the call failed; else rc, for the outcome.
+ */
+
+ngx_int_t
+ngx_http_hermes_mcp_next(ngx_http_hermes_rpc_t *rpc,
+    ngx_http_hermes_rpc_call_t *call, ngx_int_t rc)
+{
+    u_char                      *p;
+    size_t                       len, n;
+    yajl_val                     root, v, tools, name;
+    ngx_uint_t                   i, status;
+    ngx_http_hermes_mcp_peer_t  *peer;
+
+    static const char  *presult[] = { "result", NULL };
+    static const char  *pversion[] = { "result", "protocolVersion", NULL };
+    static const char  *ptools[] = { "result", "tools", NULL };
+    static const char  *pname[] = { "name", NULL };
+    static const char  *perror[] = { "error", "message", NULL };
+
+    peer = call->peer;
+    status = ngx_http_hermes_rpc_status(call, rc);
+
+    if (call->step == NGX_HTTP_HERMES_MCP_CALL) {
+
+        if (status == NGX_HTTP_NOT_FOUND && call->used_session
+            && !call->retried)
+        {
+            /* the server forgot the session: a new one, once */
+            call->ms.session_len = 0;
+            call->ms.version_len = 0;
+            call->retried = 1;
+            call->used_session = 0;
+            call->step = NGX_HTTP_HERMES_MCP_INIT;
+            goto next;
+        }
+
+        return rc;
+    }
+
+    if (call->too_big || status < 200 || status > 299) {
+        return rc;
+    }
+
+    switch (call->step) {
+
+    case NGX_HTTP_HERMES_MCP_INIT:
+        root = ngx_http_hermes_mcp_parse(rpc, call);
+        if (root == NULL) {
+            ngx_http_hermes_mcp_call_error(call, "the MCP server's answer to "
+                                           "initialize is not JSON-RPC");
+            return NGX_DONE;
+        }
+
+        v = yajl_tree_get(root, perror, yajl_t_string);
+
+        if (v || yajl_tree_get(root, presult, yajl_t_object) == NULL) {
+            ngx_http_hermes_mcp_call_error(call, "the MCP server refused "
+                                           "initialize: %s",
+                                           v ? v->u.string : "");
+            yajl_tree_free(root);
+            return NGX_DONE;
+        }
+
+        v = yajl_tree_get(root, pversion, yajl_t_string);
+
+        if (v && (len = ngx_strlen(v->u.string)) > 0
+            && len <= sizeof(call->ms.version))
+        {
+            ngx_memcpy(call->ms.version, v->u.string, len);
+            call->ms.version_len = len;
+
+        } else {
+            ngx_memcpy(call->ms.version, NGX_HTTP_HERMES_MCP_VERSION,
+                       sizeof(NGX_HTTP_HERMES_MCP_VERSION) - 1);
+            call->ms.version_len = sizeof(NGX_HTTP_HERMES_MCP_VERSION) - 1;
+        }
+
+        yajl_tree_free(root);
+
+        if (call->session.len > sizeof(call->ms.session)) {
+            ngx_http_hermes_mcp_call_error(call, "the MCP server's session "
+                                           "id is over %uz bytes",
+                                           sizeof(call->ms.session));
+            return NGX_DONE;
+        }
+
+        /* this kernel's, for its next calls (any worker's) */
+
+        ngx_memcpy(call->ms.session, call->session.data, call->session.len);
+        call->ms.session_len = call->session.len;
+
+        ngx_http_hermes_registry_set_mcp_session(rpc->zone, rpc->ref,
+                                                 &call->ms);
+
+        call->step = NGX_HTTP_HERMES_MCP_NOTIFY;
+        break;
+
+    case NGX_HTTP_HERMES_MCP_NOTIFY:
+        call->step = (rpc->hlcf->tools_auto && !peer->listed)
+                     ? NGX_HTTP_HERMES_MCP_LIST : NGX_HTTP_HERMES_MCP_CALL;
+        break;
+
+    default: /* NGX_HTTP_HERMES_MCP_LIST */
+        root = ngx_http_hermes_mcp_parse(rpc, call);
+        tools = root ? yajl_tree_get(root, ptools, yajl_t_array) : NULL;
+
+        if (tools == NULL) {
+            ngx_http_hermes_mcp_call_error(call, "the MCP server's answer to "
+                                           "tools/list has no tools");
+            if (root) {
+                yajl_tree_free(root);
+            }
+
+            return NGX_DONE;
+        }
+
+        len = 0;
+
+        for (i = 0; i < tools->u.array.len; i++) {
+            name = yajl_tree_get(tools->u.array.values[i], pname,
+                                 yajl_t_string);
+            if (name) {
+                len += ngx_strlen(name->u.string) + 1;
+            }
+        }
+
+        p = ngx_alloc(len + 1, rpc->log);
+        if (p == NULL) {
+            yajl_tree_free(root);
+            return NGX_ERROR;
+        }
+
+        if (peer->tools) {
+            ngx_free(peer->tools);
+        }
+
+        peer->tools = p;
+        peer->tools_len = len;
+
+        for (i = 0; i < tools->u.array.len; i++) {
+            name = yajl_tree_get(tools->u.array.values[i], pname,
+                                 yajl_t_string);
+            if (name) {
+                n = ngx_strlen(name->u.string);
+                p = ngx_cpymem(p, name->u.string, n);
+                *p++ = '\0';
+            }
+        }
+
+        yajl_tree_free(root);
+
+        peer->listed = 1;
+
+        if (ngx_http_hermes_mcp_peer_has(peer, &call->tool) != NGX_OK) {
+            ngx_http_hermes_mcp_call_error(call, "not one of the MCP "
+                                           "server's tools (tools/list)");
+            return NGX_DONE;
+        }
+
+        call->step = NGX_HTTP_HERMES_MCP_CALL;
+        break;
+    }
+
+next:
+
+    if (ngx_http_hermes_rpc_subrequest(rpc, call) != NGX_OK) {
+        ngx_http_hermes_mcp_call_error(call, "the gateway could not make the "
+                                       "tool call");
+        return NGX_DONE;
+    }
+
+    return NGX_AGAIN;
+}
+
+
+/*
+ * tools/call answered 2xx: its result to the code.  structuredContent as
+ * data, else the text content as a str (texts joined by "\n"), else the
+ * content list as it came; isError and JSON-RPC errors raise ToolError.
+ */
+
+ngx_int_t
+ngx_http_hermes_mcp_answer(ngx_http_hermes_rpc_t *rpc,
+    ngx_http_hermes_rpc_call_t *call)
+{
+    u_char      *p, *text;
+    size_t       len, n;
+    yajl_gen     g;
+    yajl_val     root, result, v, content, item, t;
+    ngx_int_t    rc;
+    ngx_uint_t   i, texts;
+
+    static const char  *presult[] = { "result", NULL };
+    static const char  *perror[] = { "error", "message", NULL };
+    static const char  *pcode[] = { "error", "code", NULL };
+    static const char  *pstruct[] = { "structuredContent", NULL };
+    static const char  *pcontent[] = { "content", NULL };
+    static const char  *piserror[] = { "isError", NULL };
+    static const char  *ptype[] = { "type", NULL };
+    static const char  *ptext[] = { "text", NULL };
+
+    root = ngx_http_hermes_mcp_parse(rpc, call);
+
+    if (root == NULL) {
+        ngx_http_hermes_rpc_answer_error(rpc, call->seq,
+                     (u_char *) "tool \"%V\": the MCP server's answer is not "
+                     "JSON-RPC", &call->tool);
+        return 0;
+    }
+
+    result = yajl_tree_get(root, presult, yajl_t_object);
+
+    if (result == NULL) {
+        v = yajl_tree_get(root, perror, yajl_t_string);
+        t = yajl_tree_get(root, pcode, yajl_t_number);
+
+        ngx_http_hermes_rpc_answer_error(rpc, call->seq,
+                     (u_char *) "tool \"%V\" failed (MCP error %s): %s",
+                     &call->tool, t ? t->u.number.r : "?",
+                     v ? v->u.string : "no message");
+        yajl_tree_free(root);
+        return 0;
+    }
+
+    /* the text of the text items, for a str or an error's message */
+
+    content = yajl_tree_get(result, pcontent, yajl_t_array);
+    len = 0;
+    texts = 1;
+
+    for (i = 0; content && i < content->u.array.len; i++) {
+        item = content->u.array.values[i];
+        v = yajl_tree_get(item, ptype, yajl_t_string);
+        t = yajl_tree_get(item, ptext, yajl_t_string);
+
+        if (v == NULL || t == NULL || ngx_strcmp(v->u.string, "text")) {
+            texts = 0;
+            continue;
+        }
+
+        len += ngx_strlen(t->u.string) + 1;
+    }
+
+    text = ngx_pnalloc(rpc->pool, len + 1);
+    if (text == NULL) {
+        yajl_tree_free(root);
+        return 0;
+    }
+
+    p = text;
+
+    for (i = 0; content && i < content->u.array.len; i++) {
+        item = content->u.array.values[i];
+        v = yajl_tree_get(item, ptype, yajl_t_string);
+        t = yajl_tree_get(item, ptext, yajl_t_string);
+
+        if (v && t && ngx_strcmp(v->u.string, "text") == 0) {
+            if (p > text) {
+                *p++ = '\n';
+            }
+
+            n = ngx_strlen(t->u.string);
+            p = ngx_cpymem(p, t->u.string, n);
+        }
+    }
+
+    if (YAJL_IS_TRUE(yajl_tree_get(result, piserror, yajl_t_true))) {
+        ngx_http_hermes_rpc_answer_error(rpc, call->seq,
+                     (u_char *) "tool \"%V\" failed: %*s", &call->tool,
+                     ngx_min((size_t) (p - text),
+                             (size_t) NGX_HTTP_HERMES_RPC_ERROR_MAX),
+                     text);
+        yajl_tree_free(root);
+        return 0;
+    }
+
+    g = yajl_gen_alloc(NULL);
+    if (g == NULL) {
+        yajl_tree_free(root);
+        return 0;
+    }
+
+    v = yajl_tree_get(result, pstruct, yajl_t_any);
+
+    if (v) {
+        ngx_http_hermes_mcp_gen(g, v);
+
+    } else if (content && texts) {
+        yajl_gen_string(g, text, p - text);
+
+    } else if (content) {
+        ngx_http_hermes_mcp_gen(g, content);
+
+    } else {
+        yajl_gen_null(g);
+    }
+
+    yajl_tree_free(root);
+
+    if (yajl_gen_get_buf(g, (const unsigned char **) &p, &len)
+        != yajl_gen_status_ok)
+    {
+        yajl_gen_free(g);
+        return 0;
+    }
+
+    rc = ngx_http_hermes_rpc_answer_ok(rpc, call->seq, p, len);
+
+    yajl_gen_free(g);
+
+    if (rc != NGX_OK) {
+        ngx_http_hermes_rpc_answer_error(rpc, call->seq,
+                     (u_char *) "tool \"%V\": its answer could not be "
+                     "passed on", &call->tool);
+        return 0;
+    }
+
+    return 1;
+}
+
+
+/* the JSON-RPC response in a subrequest's answer: a JSON body, or the
+ * last response (an "id" and a result or an error) of an SSE stream */
+
+static yajl_val
+ngx_http_hermes_mcp_parse(ngx_http_hermes_rpc_t *rpc,
+    ngx_http_hermes_rpc_call_t *call)
+{
+    u_char    *p, *last, *nl, *data, *d;
+    yajl_val   v, found;
+
+    static const char  *pid[] = { "id", NULL };
+    static const char  *presult[] = { "result", NULL };
+    static const char  *perror[] = { "error", NULL };
+
+    if (call->body == NULL || call->len == 0) {
+        return NULL;
+    }
+
+    if (!call->sse) {
+        return ngx_http_hermes_mcp_json(rpc->pool, call->body, call->len);
+    }
+
+    /* events: "data:" lines joined by "\n", a blank line ends one */
+
+    data = ngx_pnalloc(rpc->pool, call->len + 1);
+    if (data == NULL) {
+        return NULL;
+    }
+
+    d = data;
+    found = NULL;
+    p = call->body;
+    last = p + call->len;
+
+    while (p <= last) {
+        nl = ngx_strlchr(p, last, '\n');
+        if (nl == NULL) {
+            nl = last;
+        }
+
+        if (nl > p && nl[-1] == '\r') {
+            nl--;
+        }
+
+        if (nl - p >= 5 && ngx_strncmp(p, "data:", 5) == 0) {
+            p += 5;
+
+            if (p < nl && *p == ' ') {
+                p++;
+            }
+
+            if (d > data) {
+                *d++ = '\n';
+            }
+
+            d = ngx_cpymem(d, p, nl - p);
+
+        } else if (nl == p && d > data) {
+            v = ngx_http_hermes_mcp_json(rpc->pool, data, d - data);
+
+            if (v && yajl_tree_get(v, pid, yajl_t_any)
+                && (yajl_tree_get(v, presult, yajl_t_any)
+                    || yajl_tree_get(v, perror, yajl_t_any)))
+            {
+                if (found) {
+                    yajl_tree_free(found);
+                }
+
+                found = v;
+
+            } else if (v) {
+                yajl_tree_free(v);
+            }
+
+            d = data;
+        }
+
+        p = (nl < last && *nl == '\r') ? nl + 2 : nl + 1;
+
+        if (nl == last && d > data) {
+            /* the last event, without its blank line */
+            p = last;
+            nl = last;
+            v = ngx_http_hermes_mcp_json(rpc->pool, data, d - data);
+
+            if (v && yajl_tree_get(v, pid, yajl_t_any)) {
+                if (found) {
+                    yajl_tree_free(found);
+                }
+
+                found = v;
+
+            } else if (v) {
+                yajl_tree_free(v);
+            }
+
+            break;
+        }
+    }
+
+    return found;
+}
+
+
+/* a JSON text as a yajl tree, its nesting bounded first (yajl's tree
+ * code recurses) */
+
+static yajl_val
+ngx_http_hermes_mcp_json(ngx_pool_t *pool, u_char *data, size_t len)
+{
+    u_char      *copy, *p, *last;
+    yajl_val     v;
+    ngx_uint_t   depth, str, esc;
+
+    depth = 0;
+    str = 0;
+    esc = 0;
+
+    for (p = data, last = data + len; p < last; p++) {
+        if (str) {
+            if (esc) {
+                esc = 0;
+
+            } else if (*p == '\\') {
+                esc = 1;
+
+            } else if (*p == '"') {
+                str = 0;
+            }
+
+            continue;
+        }
+
+        if (*p == '"') {
+            str = 1;
+
+        } else if (*p == '[' || *p == '{') {
+            if (++depth > NGX_HTTP_HERMES_RPC_DEPTH) {
+                return NULL;
+            }
+
+        } else if ((*p == ']' || *p == '}') && depth) {
+            depth--;
+
+        } else if (*p == '\0') {
+            return NULL;
+        }
+    }
+
+    copy = ngx_pnalloc(pool, len + 1);
+    if (copy == NULL) {
+        return NULL;
+    }
+
+    *ngx_cpymem(copy, data, len) = '\0';
+
+    v = yajl_tree_parse((const char *) copy, NULL, 0);
+
+    ngx_pfree(pool, copy);
+
+    return v;
+}
+
+
+static void
+ngx_http_hermes_mcp_gen(yajl_gen g, yajl_val v)
+{
+    size_t  i;
+
+    switch (v->type) {
+
+    case yajl_t_string:
+        yajl_gen_string(g, (u_char *) v->u.string, ngx_strlen(v->u.string));
+        break;
+
+    case yajl_t_number:
+        yajl_gen_number(g, v->u.number.r, ngx_strlen(v->u.number.r));
+        break;
+
+    case yajl_t_object:
+        yajl_gen_map_open(g);
+
+        for (i = 0; i < v->u.object.len; i++) {
+            yajl_gen_string(g, (u_char *) v->u.object.keys[i],
+                            ngx_strlen(v->u.object.keys[i]));
+            ngx_http_hermes_mcp_gen(g, v->u.object.values[i]);
+        }
+
+        yajl_gen_map_close(g);
+        break;
+
+    case yajl_t_array:
+        yajl_gen_array_open(g);
+
+        for (i = 0; i < v->u.array.len; i++) {
+            ngx_http_hermes_mcp_gen(g, v->u.array.values[i]);
+        }
+
+        yajl_gen_array_close(g);
+        break;
+
+    case yajl_t_true:
+        yajl_gen_bool(g, 1);
+        break;
+
+    case yajl_t_false:
+        yajl_gen_bool(g, 0);
+        break;
+
+    default:
+        yajl_gen_null(g);
+        break;
+    }
+}
+
+
+static void
+ngx_http_hermes_mcp_call_error(ngx_http_hermes_rpc_call_t *call,
+    const char *fmt, ...)
+{
+    u_char   *p;
+    va_list   args;
+
+    va_start(args, fmt);
+    p = ngx_vslprintf(call->err_buf, call->err_buf + sizeof(call->err_buf),
+                      fmt, args);
+    va_end(args);
+
+    call->err.data = call->err_buf;
+    call->err.len = ngx_http_hermes_rpc_utf8_cut(call->err_buf,
+                                                 p - call->err_buf, 1);
+}
+
+
+/* the body of an MCP step's subrequest */
+
+ngx_buf_t *
+ngx_http_hermes_mcp_body(ngx_http_hermes_rpc_t *rpc,
+    ngx_http_hermes_rpc_call_t *call)
+{
+    u_char              *p;
+    size_t               len;
+    ngx_buf_t           *b;
+    ngx_http_request_t  *r;
+
+    static u_char  init[] =
+        "{\"jsonrpc\":\"2.0\",\"id\":\"hermes-init\",\"method\":\"initialize\","
+        "\"params\":{\"protocolVersion\":\"" NGX_HTTP_HERMES_MCP_VERSION "\","
+        "\"capabilities\":{},\"clientInfo\":{\"name\":\"ngx_hermes\","
+        "\"version\":\"0.1\"}}}";
+    static u_char  notify[] =
+        "{\"jsonrpc\":\"2.0\",\"method\":\"notifications/initialized\"}";
+    static u_char  list[] =
+        "{\"jsonrpc\":\"2.0\",\"id\":\"hermes-list\",\"method\":\"tools/list\"}";
+
+    r = rpc->r;
+
+    switch (call->step) {
+
+    case NGX_HTTP_HERMES_MCP_INIT:
+        p = init;
+        len = sizeof(init) - 1;
+        goto fixed;
+
+    case NGX_HTTP_HERMES_MCP_NOTIFY:
+        p = notify;
+        len = sizeof(notify) - 1;
+        goto fixed;
+
+    case NGX_HTTP_HERMES_MCP_LIST:
+        p = list;
+        len = sizeof(list) - 1;
+        goto fixed;
+
+    case NGX_HTTP_HERMES_MCP_CALL:
+        len = sizeof("{\"jsonrpc\":\"2.0\",\"id\":,\"method\":\"tools/call\","
+                     "\"params\":{\"name\":\"\",\"arguments\":}}") - 1
+              + NGX_INT64_LEN + call->tool.len
+              + ngx_escape_json(NULL, call->tool.data, call->tool.len)
+              + call->args.len;
+
+        b = ngx_create_temp_buf(r->pool, len);
+        if (b == NULL) {
+            return NULL;
+        }
+
+        p = ngx_sprintf(b->last, "{\"jsonrpc\":\"2.0\",\"id\":%uL,"
+                        "\"method\":\"tools/call\",\"params\":{\"name\":\"",
+                        call->seq);
+        p = (u_char *) ngx_escape_json(p, call->tool.data, call->tool.len);
+        p = ngx_cpymem(p, "\",\"arguments\":", sizeof("\",\"arguments\":") - 1);
+        p = ngx_cpymem(p, call->args.data, call->args.len);
+        p = ngx_cpymem(p, "}}", 2);
+
+        b->last = p;
+        b->last_buf = 1;
+
+        return b;
+
+    default:
+        return NULL;
+    }
+
+fixed:
+
+    b = ngx_calloc_buf(r->pool);
+    if (b == NULL) {
+        return NULL;
+    }
+
+    b->pos = p;
+    b->last = p + len;
+    b->memory = 1;
+    b->last_buf = 1;
+
+    return b;
+}

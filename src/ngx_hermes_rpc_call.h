@@ -1,0 +1,135 @@
+
+/*
+ * ngx_hermes: a tool call as the RPC channel (ngx_hermes_rpc.c), the MCP
+ * client (ngx_hermes_mcp.c) and hermes_schema (ngx_hermes_schema.c) share
+ * it; private to those three.
+ */
+
+
+#ifndef _NGX_HERMES_RPC_CALL_H_INCLUDED_
+#define _NGX_HERMES_RPC_CALL_H_INCLUDED_
+
+
+#include "ngx_hermes.h"
+
+#include <yajl/yajl_gen.h>
+#include <yajl/yajl_tree.h>
+
+
+#define NGX_HTTP_HERMES_RPC_DEPTH      64     /* nesting of a request */
+#define NGX_HTTP_HERMES_RPC_ERROR_MAX  1024   /* of a message passed on */
+
+#define NGX_HTTP_HERMES_MCP_PEERS      16     /* MCP servers a worker knows */
+
+#define NGX_HTTP_HERMES_MCP_VERSION    "2025-06-18"
+
+/* a call's MCP steps; 0: the hermes protocol, one POST */
+#define NGX_HTTP_HERMES_MCP_INIT       1
+#define NGX_HTTP_HERMES_MCP_NOTIFY     2
+#define NGX_HTTP_HERMES_MCP_LIST       3
+#define NGX_HTTP_HERMES_MCP_CALL       4
+
+
+struct ngx_http_hermes_rpc_s {
+    ngx_pool_t                     *pool;
+    ngx_log_t                      *log;
+    ngx_http_request_t             *r;          /* NULL: the client left */
+    ngx_http_hermes_loc_conf_t     *hlcf;
+    ngx_http_hermes_zone_t         *zone;
+    ngx_http_hermes_kernel_ref_t   *ref;
+
+    ngx_fd_t                        dir_fd;     /* the cell's, verified */
+    ngx_fd_t                        rpc_fd;
+    int                             ifd;        /* the worker's inotify */
+    int                             wd;
+
+    /* a kernel on another host: requests come, answers go, by its carrier */
+    ngx_http_hermes_rpc_write_pt    write;
+    void                           *write_data;
+    unsigned                        remote:1;
+
+    u_char                          token[2 * NGX_HTTP_HERMES_TOKEN_LEN];
+
+    uint64_t                       *seen;
+    ngx_uint_t                      nseen;
+    ngx_uint_t                      seen_max;
+
+    ngx_uint_t                      calls;      /* dispatched */
+    ngx_uint_t                      running;    /* of them, not waiting */
+    ngx_queue_t                     inflight;   /* ngx_http_hermes_rpc_call_t */
+
+    ngx_http_hermes_rpc_event_pt    event;
+    void                           *data;
+};
+
+
+/*
+ * An MCP server as this worker knows it (by its hermes_tools_pass URI):
+ * its tools for "hermes_tools auto" (until the worker exits: a reload
+ * refreshes them).  Sessions are each kernel's own, in the zone.
+ */
+
+typedef struct {
+    ngx_str_t                       uri;
+    u_char                         *tools;      /* names, NUL-separated */
+    size_t                          tools_len;
+    unsigned                        listed:1;
+} ngx_http_hermes_mcp_peer_t;
+
+
+/* one call, in the request's pool: it lives as long as its subrequests */
+
+typedef struct {
+    ngx_queue_t                     queue;
+    ngx_http_hermes_rpc_t          *rpc;        /* NULL: nobody waits */
+    ngx_http_request_t             *sr;         /* the one running */
+    uint64_t                        seq;
+    ngx_str_t                       tool;
+    ngx_str_t                       args;
+    ngx_msec_t                      start;
+    ngx_uint_t                      status;     /* of the endpoint */
+    u_char                         *body;
+    size_t                          len;
+    size_t                          size;
+    size_t                          cap;
+    ngx_http_hermes_mcp_peer_t     *peer;       /* MCP */
+    ngx_http_hermes_mcp_session_t   ms;         /* the kernel's session */
+    ngx_uint_t                      step;
+    ngx_str_t                       session;    /* Mcp-Session-Id got */
+    ngx_str_t                       err;        /* an MCP step's word */
+    u_char                          err_buf[NGX_HTTP_HERMES_RPC_ERROR_MAX];
+    unsigned                        too_big:1;
+    unsigned                        waiting:1;  /* for a running one to end */
+    unsigned                        sse:1;
+    unsigned                        used_session:1;
+    unsigned                        retried:1;
+} ngx_http_hermes_rpc_call_t;
+
+
+/* the channel's steps the MCP client takes too */
+
+void ngx_http_hermes_rpc_answer_error(ngx_http_hermes_rpc_t *rpc,
+    uint64_t seq, u_char *fmt, ...);
+ngx_int_t ngx_http_hermes_rpc_subrequest(ngx_http_hermes_rpc_t *rpc,
+    ngx_http_hermes_rpc_call_t *call);
+ngx_uint_t ngx_http_hermes_rpc_status(ngx_http_hermes_rpc_call_t *call,
+    ngx_int_t rc);
+ngx_int_t ngx_http_hermes_rpc_answer_ok(ngx_http_hermes_rpc_t *rpc,
+    uint64_t seq, u_char *body, size_t len);
+size_t ngx_http_hermes_rpc_utf8_cut(u_char *p, size_t len,
+    ngx_uint_t back);
+
+/* the MCP client: a call's steps over the streamable HTTP transport */
+
+ngx_http_hermes_mcp_peer_t *ngx_http_hermes_mcp_peer(ngx_str_t *uri);
+ngx_int_t ngx_http_hermes_mcp_peer_has(ngx_http_hermes_mcp_peer_t *peer,
+    ngx_str_t *name);
+ngx_buf_t *ngx_http_hermes_mcp_body(ngx_http_hermes_rpc_t *rpc,
+    ngx_http_hermes_rpc_call_t *call);
+ngx_int_t ngx_http_hermes_mcp_next(ngx_http_hermes_rpc_t *rpc,
+    ngx_http_hermes_rpc_call_t *call, ngx_int_t rc);
+ngx_int_t ngx_http_hermes_mcp_answer(ngx_http_hermes_rpc_t *rpc,
+    ngx_http_hermes_rpc_call_t *call);
+
+
+#endif /* _NGX_HERMES_RPC_CALL_H_INCLUDED_ */
