@@ -29,6 +29,17 @@ typedef struct {
 } ngx_http_hermes_media_t;
 
 
+/* what a request to the kernels location is for, by its path */
+
+typedef enum {
+    NGX_HTTP_HERMES_ROUTE_LIST = 0,     /* <loc>, <loc>/ */
+    NGX_HTTP_HERMES_ROUTE_KERNEL,       /* <loc>/SESSION */
+    NGX_HTTP_HERMES_ROUTE_INTERRUPT,    /* <loc>/SESSION/interrupt */
+    NGX_HTTP_HERMES_ROUTE_CELL,         /* <loc>/SESSION/cells/ID */
+    NGX_HTTP_HERMES_ROUTE_FILE          /* <loc>/SESSION/files/PATH */
+} ngx_http_hermes_route_e;
+
+
 /* the status location's ?format= */
 
 typedef enum {
@@ -46,7 +57,23 @@ static void ngx_http_hermes_execute_body(ngx_http_request_t *r);
 static void ngx_http_hermes_read_body_handler(ngx_http_request_t *r);
 static void ngx_http_hermes_name_backends(ngx_http_request_t *r,
     ngx_array_t *list);
-static ngx_int_t ngx_http_hermes_variable(ngx_http_request_t *r,
+static ngx_http_hermes_ctx_t *ngx_http_hermes_variable_ctx(
+    ngx_http_request_t *r, ngx_http_variable_value_t *v);
+static ngx_int_t ngx_http_hermes_variable_set(ngx_http_variable_value_t *v,
+    u_char *data, size_t len);
+static ngx_int_t ngx_http_hermes_variable_str(ngx_http_request_t *r,
+    ngx_http_variable_value_t *v, uintptr_t data);
+static ngx_int_t ngx_http_hermes_variable_kernel_id(ngx_http_request_t *r,
+    ngx_http_variable_value_t *v, uintptr_t data);
+static ngx_int_t ngx_http_hermes_variable_cell_status(ngx_http_request_t *r,
+    ngx_http_variable_value_t *v, uintptr_t data);
+static ngx_int_t ngx_http_hermes_variable_msec(ngx_http_request_t *r,
+    ngx_http_variable_value_t *v, ngx_msec_t ms);
+static ngx_int_t ngx_http_hermes_variable_cell_ms(ngx_http_request_t *r,
+    ngx_http_variable_value_t *v, uintptr_t data);
+static ngx_int_t ngx_http_hermes_variable_queue_ms(ngx_http_request_t *r,
+    ngx_http_variable_value_t *v, uintptr_t data);
+static ngx_int_t ngx_http_hermes_variable_lost_reason(ngx_http_request_t *r,
     ngx_http_variable_value_t *v, uintptr_t data);
 static u_char *ngx_http_hermes_read_body(ngx_http_request_t *r,
     size_t *len);
@@ -55,8 +82,12 @@ static u_char *ngx_http_hermes_media_type(u_char *p, u_char *last,
 static ngx_uint_t ngx_http_hermes_content_is_json(ngx_http_request_t *r);
 static ngx_uint_t ngx_http_hermes_accepts_json(ngx_http_request_t *r);
 static ngx_int_t ngx_http_hermes_kernels_path(ngx_http_request_t *r,
-    ngx_str_t *session, ngx_uint_t *interrupt, ngx_str_t *file,
+    ngx_str_t *session, ngx_http_hermes_route_e *route, ngx_str_t *rest,
     ngx_int_t *rc);
+static ngx_int_t ngx_http_hermes_kernels_list(ngx_http_request_t *r,
+    ngx_http_hermes_zone_t *zone, ngx_str_t *owner);
+static ngx_int_t ngx_http_hermes_kernel_delete(ngx_http_request_t *r,
+    ngx_http_hermes_zone_t *zone, ngx_str_t *owner, ngx_str_t *session);
 static ngx_int_t ngx_http_hermes_kernel_cell(ngx_http_request_t *r,
     ngx_http_hermes_zone_t *zone, ngx_str_t *owner, ngx_str_t *session,
     ngx_str_t *path);
@@ -808,51 +839,52 @@ ngx_http_hermes_name_backends(ngx_http_request_t *r, ngx_array_t *list)
 
 
 /*
- * GET <loc>: the caller's kernels; GET <loc>/SESSION: one of them;
- * DELETE <loc>/SESSION: shut one down
+ * The kernels location, by route: GET <loc> lists the caller's kernels;
+ * GET <loc>/SESSION tells one, DELETE shuts it down; POST
+ * <loc>/SESSION/interrupt interrupts its cell; <loc>/SESSION/cells/ID
+ * streams a cell again and <loc>/SESSION/files/PATH moves a file.
  */
 
 ngx_int_t
 ngx_http_hermes_kernels_handler(ngx_http_request_t *r)
 {
     ngx_int_t                    rc;
-    ngx_str_t                    owner, session, value;
-    ngx_buf_t                   *b;
-    ngx_str_t                    file;
-    ngx_uint_t                   force, interrupt;
-    ngx_array_t                  list;
+    ngx_str_t                    owner, session, rest;
+    char                        *allow, *use;
     ngx_http_hermes_zone_t      *zone;
-    ngx_http_hermes_victims_t    victims;
+    ngx_http_hermes_route_e      route;
     ngx_http_hermes_loc_conf_t  *hlcf;
 
     hlcf = ngx_http_get_module_loc_conf(r, ngx_http_hermes_module);
     zone = hlcf->shm_zone->data;
 
-    if (ngx_http_hermes_kernels_path(r, &session, &interrupt, &file, &rc)
+    if (ngx_http_hermes_kernels_path(r, &session, &route, &rest, &rc)
         != NGX_OK)
     {
         return rc;
     }
 
-    if (interrupt == 2) {
-        /* <loc>/SESSION/cells/ID?offset=N */
+    switch (route) {
 
+    case NGX_HTTP_HERMES_ROUTE_CELL:
         if (ngx_http_hermes_owner(r, &owner, &rc) != NGX_OK) {
             return rc;
         }
 
-        return ngx_http_hermes_kernel_cell(r, zone, &owner, &session, &file);
-    }
+        return ngx_http_hermes_kernel_cell(r, zone, &owner, &session, &rest);
 
-    if (file.len) {
-        /* <loc>/SESSION/files/PATH: a PUT reads its body itself */
+    case NGX_HTTP_HERMES_ROUTE_FILE:
+        /* a PUT reads its body itself */
 
         if (ngx_http_hermes_owner(r, &owner, &rc) != NGX_OK) {
             return rc;
         }
 
         return ngx_http_hermes_files_handler(r, zone, &owner, &session,
-                                             &file);
+                                             &rest);
+
+    default:
+        break;
     }
 
     rc = ngx_http_discard_request_body(r);
@@ -860,82 +892,106 @@ ngx_http_hermes_kernels_handler(ngx_http_request_t *r)
         return rc;
     }
 
-    if (!(r->method & (NGX_HTTP_GET|NGX_HTTP_HEAD|NGX_HTTP_DELETE
-                       |NGX_HTTP_POST)))
-    {
-        if (ngx_http_hermes_response_add_header(r, "Allow", "GET, DELETE, POST")
-            != NGX_OK)
-        {
-            return NGX_HTTP_INTERNAL_SERVER_ERROR;
-        }
+    if (route == NGX_HTTP_HERMES_ROUTE_INTERRUPT) {
+        allow = (r->method & NGX_HTTP_POST) ? NULL : "POST";
+        use = "use POST";
 
-        return ngx_http_hermes_response_send_error(r, NGX_HTTP_NOT_ALLOWED,
-                                                   "method_not_allowed",
-                                                   "use GET, DELETE, or POST "
-                                                   "for SESSION/interrupt");
+    } else {
+        allow = (r->method & (NGX_HTTP_GET|NGX_HTTP_HEAD|NGX_HTTP_DELETE))
+                ? NULL : "GET, DELETE";
+        use = "use GET or DELETE";
     }
 
-    if (interrupt != ((r->method & NGX_HTTP_POST) != 0)) {
-        if (ngx_http_hermes_response_add_header(r, "Allow",
-                                       interrupt ? "POST" : "GET, DELETE")
+    if (allow) {
+        if (ngx_http_hermes_response_add_header(r, "Allow", (char *) allow)
             != NGX_OK)
         {
             return NGX_HTTP_INTERNAL_SERVER_ERROR;
         }
 
         return ngx_http_hermes_response_send_error(r, NGX_HTTP_NOT_ALLOWED,
-                                          "method_not_allowed",
-                                          interrupt ? "use POST"
-                                                    : "use GET or DELETE");
+                                                   "method_not_allowed", use);
     }
 
     if (ngx_http_hermes_owner(r, &owner, &rc) != NGX_OK) {
         return rc;
     }
 
-    if (interrupt) {
+    switch (route) {
+
+    case NGX_HTTP_HERMES_ROUTE_INTERRUPT:
         return ngx_http_hermes_kernel_interrupt_cell(r, &owner, &session);
-    }
 
-    if ((r->method & (NGX_HTTP_GET|NGX_HTTP_HEAD)) && session.len) {
+    case NGX_HTTP_HERMES_ROUTE_KERNEL:
+        if (r->method & NGX_HTTP_DELETE) {
+            return ngx_http_hermes_kernel_delete(r, zone, &owner, &session);
+        }
+
         return ngx_http_hermes_kernel_get(r, &owner, &session);
-    }
 
-    if (r->method & (NGX_HTTP_GET|NGX_HTTP_HEAD)) {
-        if (ngx_array_init(&list, r->pool, 8,
-                           sizeof(ngx_http_hermes_listing_t))
-            != NGX_OK)
-        {
-            return NGX_HTTP_INTERNAL_SERVER_ERROR;
-        }
-
-        if (ngx_http_hermes_registry_list(zone, &owner, &list) != NGX_OK) {
-            return NGX_HTTP_INTERNAL_SERVER_ERROR;
-        }
-
-        ngx_http_hermes_name_backends(r, &list);
-
-        b = ngx_http_hermes_json_listing(r->pool, &list);
-        if (b == NULL) {
-            return NGX_HTTP_INTERNAL_SERVER_ERROR;
-        }
-
-        return ngx_http_hermes_response_send_buf(r, NGX_HTTP_OK,
-                                                 "application/json", b);
-    }
-
-    if (session.len == 0) {
-        return ngx_http_hermes_response_send_error(r, NGX_HTTP_BAD_REQUEST,
+    default: /* NGX_HTTP_HERMES_ROUTE_LIST */
+        if (r->method & NGX_HTTP_DELETE) {
+            return ngx_http_hermes_response_send_error(r, NGX_HTTP_BAD_REQUEST,
                                                    "invalid_session",
                                                    "DELETE <location>/SESSION");
+        }
+
+        return ngx_http_hermes_kernels_list(r, zone, &owner);
     }
+}
+
+
+/* GET <loc>: the caller's kernels */
+
+static ngx_int_t
+ngx_http_hermes_kernels_list(ngx_http_request_t *r,
+    ngx_http_hermes_zone_t *zone, ngx_str_t *owner)
+{
+    ngx_buf_t    *b;
+    ngx_array_t   list;
+
+    if (ngx_array_init(&list, r->pool, 8, sizeof(ngx_http_hermes_listing_t))
+        != NGX_OK)
+    {
+        return NGX_HTTP_INTERNAL_SERVER_ERROR;
+    }
+
+    if (ngx_http_hermes_registry_list(zone, owner, &list) != NGX_OK) {
+        return NGX_HTTP_INTERNAL_SERVER_ERROR;
+    }
+
+    ngx_http_hermes_name_backends(r, &list);
+
+    b = ngx_http_hermes_json_listing(r->pool, &list);
+    if (b == NULL) {
+        return NGX_HTTP_INTERNAL_SERVER_ERROR;
+    }
+
+    return ngx_http_hermes_response_send_buf(r, NGX_HTTP_OK,
+                                             "application/json", b);
+}
+
+
+/* DELETE <loc>/SESSION[?force=1]: the caller's kernel shut down */
+
+static ngx_int_t
+ngx_http_hermes_kernel_delete(ngx_http_request_t *r,
+    ngx_http_hermes_zone_t *zone, ngx_str_t *owner, ngx_str_t *session)
+{
+    ngx_int_t                    rc;
+    ngx_str_t                    value;
+    ngx_uint_t                   force;
+    ngx_http_hermes_victims_t    victims;
+    ngx_http_hermes_loc_conf_t  *hlcf;
+
+    hlcf = ngx_http_get_module_loc_conf(r, ngx_http_hermes_module);
 
     force = (ngx_http_arg(r, (u_char *) "force", 5, &value) == NGX_OK
              && value.len == 1 && value.data[0] == '1');
 
     victims.n = 0;
 
-    rc = ngx_http_hermes_registry_shutdown(zone, &owner, &session, force,
+    rc = ngx_http_hermes_registry_shutdown(zone, owner, session, force,
                                            &victims);
 
     ngx_http_hermes_kernel_kill_victims(hlcf->thread_pool, &victims,
@@ -964,15 +1020,17 @@ ngx_http_hermes_kernels_handler(ngx_http_request_t *r)
 
 
 /*
- * <loc>, <loc>/ (session empty) or <loc>/SESSION: only a "/" right after
- * the location's prefix starts a session, so "/v1/kernelszz" is nothing.
- * A regex location has no prefix: it only lists.  NGX_DECLINED: the
- * answer is under way and *rc is what the handler returns for it.
+ * The route of a kernels request: <loc> or <loc>/ (LIST), <loc>/SESSION
+ * (KERNEL), and below it /interrupt, /cells/ID and /files/PATH ("rest":
+ * "cells/ID", or PATH).  Only a "/" right after the location's prefix
+ * starts a session, so "/v1/kernelszz" is nothing.  A regex location has
+ * no prefix: it only lists.  NGX_DECLINED: the answer is under way and
+ * *rc is what the handler returns for it.
  */
 
 static ngx_int_t
 ngx_http_hermes_kernels_path(ngx_http_request_t *r, ngx_str_t *session,
-    ngx_uint_t *interrupt, ngx_str_t *file, ngx_int_t *rc)
+    ngx_http_hermes_route_e *route, ngx_str_t *rest, ngx_int_t *rc)
 {
     u_char                    *p, *last;
     size_t                     len;
@@ -981,8 +1039,8 @@ ngx_http_hermes_kernels_path(ngx_http_request_t *r, ngx_str_t *session,
     clcf = ngx_http_get_module_loc_conf(r, ngx_http_core_module);
 
     ngx_str_null(session);
-    ngx_str_null(file);
-    *interrupt = 0;
+    ngx_str_null(rest);
+    *route = NGX_HTTP_HERMES_ROUTE_LIST;
 
 #if (NGX_PCRE)
     if (clcf->regex) {
@@ -1027,7 +1085,11 @@ ngx_http_hermes_kernels_path(ngx_http_request_t *r, ngx_str_t *session,
 
     session->len = p - session->data;
 
-    /* below a session: /interrupt and /files/PATH */
+    if (session->len) {
+        *route = NGX_HTTP_HERMES_ROUTE_KERNEL;
+    }
+
+    /* below a session: /interrupt, /cells/ID and /files/PATH */
 
     if (p != last) {
         if (session->len == 0) {
@@ -1037,22 +1099,22 @@ ngx_http_hermes_kernels_path(ngx_http_request_t *r, ngx_str_t *session,
         if ((size_t) (last - p) > sizeof("/files/") - 1
             && ngx_strncmp(p, "/files/", sizeof("/files/") - 1) == 0)
         {
-            file->data = p + sizeof("/files/") - 1;
-            file->len = last - file->data;
+            rest->data = p + sizeof("/files/") - 1;
+            rest->len = last - rest->data;
+            *route = NGX_HTTP_HERMES_ROUTE_FILE;
 
         } else if ((size_t) (last - p) > sizeof("/cells/") - 1
                    && ngx_strncmp(p, "/cells/", sizeof("/cells/") - 1) == 0)
         {
-            /* a cell's stream: the caller tells it from a file by "cells" */
-            file->data = p + 1;
-            file->len = last - file->data;
-            *interrupt = 2;
+            rest->data = p + 1;
+            rest->len = last - rest->data;
+            *route = NGX_HTTP_HERMES_ROUTE_CELL;
 
         } else if ((size_t) (last - p) == sizeof("/interrupt") - 1
                    && ngx_strncmp(p, "/interrupt", sizeof("/interrupt") - 1)
                       == 0)
         {
-            *interrupt = 1;
+            *route = NGX_HTTP_HERMES_ROUTE_INTERRUPT;
 
         } else {
             goto not_found;
@@ -1493,26 +1555,26 @@ ngx_http_hermes_name_hosts(ngx_http_request_t *r, ngx_http_hermes_stats_t *st)
 
 static ngx_http_variable_t  ngx_http_hermes_vars[] = {
 
-    { ngx_string("hermes_session"), NULL, ngx_http_hermes_variable, 0,
+    { ngx_string("hermes_session"), NULL, ngx_http_hermes_variable_str,
+      offsetof(ngx_http_hermes_ctx_t, session), NGX_HTTP_VAR_NOCACHEABLE, 0 },
+
+    { ngx_string("hermes_kernel_id"), NULL,
+      ngx_http_hermes_variable_kernel_id, 0, NGX_HTTP_VAR_NOCACHEABLE, 0 },
+
+    { ngx_string("hermes_cell_status"), NULL,
+      ngx_http_hermes_variable_cell_status, 0, NGX_HTTP_VAR_NOCACHEABLE, 0 },
+
+    { ngx_string("hermes_cell_ms"), NULL, ngx_http_hermes_variable_cell_ms, 0,
       NGX_HTTP_VAR_NOCACHEABLE, 0 },
 
-    { ngx_string("hermes_kernel_id"), NULL, ngx_http_hermes_variable, 1,
-      NGX_HTTP_VAR_NOCACHEABLE, 0 },
+    { ngx_string("hermes_owner"), NULL, ngx_http_hermes_variable_str,
+      offsetof(ngx_http_hermes_ctx_t, owner), NGX_HTTP_VAR_NOCACHEABLE, 0 },
 
-    { ngx_string("hermes_cell_status"), NULL, ngx_http_hermes_variable, 2,
-      NGX_HTTP_VAR_NOCACHEABLE, 0 },
+    { ngx_string("hermes_queue_ms"), NULL, ngx_http_hermes_variable_queue_ms,
+      0, NGX_HTTP_VAR_NOCACHEABLE, 0 },
 
-    { ngx_string("hermes_cell_ms"), NULL, ngx_http_hermes_variable, 3,
-      NGX_HTTP_VAR_NOCACHEABLE, 0 },
-
-    { ngx_string("hermes_owner"), NULL, ngx_http_hermes_variable, 4,
-      NGX_HTTP_VAR_NOCACHEABLE, 0 },
-
-    { ngx_string("hermes_queue_ms"), NULL, ngx_http_hermes_variable, 5,
-      NGX_HTTP_VAR_NOCACHEABLE, 0 },
-
-    { ngx_string("hermes_lost_reason"), NULL, ngx_http_hermes_variable, 6,
-      NGX_HTTP_VAR_NOCACHEABLE, 0 },
+    { ngx_string("hermes_lost_reason"), NULL,
+      ngx_http_hermes_variable_lost_reason, 0, NGX_HTTP_VAR_NOCACHEABLE, 0 },
 
       ngx_http_null_variable
 };
@@ -1537,108 +1599,159 @@ ngx_http_hermes_add_variables(ngx_conf_t *cf)
 }
 
 
-static ngx_int_t
-ngx_http_hermes_variable(ngx_http_request_t *r, ngx_http_variable_value_t *v,
-    uintptr_t data)
+/* the request's ctx of ours, or NULL: the variable is not found */
+
+static ngx_http_hermes_ctx_t *
+ngx_http_hermes_variable_ctx(ngx_http_request_t *r,
+    ngx_http_variable_value_t *v)
 {
-    u_char                 *p;
-    ngx_http_hermes_ctx_t  *ctx;
-
-    ctx = ngx_http_get_module_ctx(r, ngx_http_hermes_module);
-
     v->not_found = 1;
 
-    if (ctx == NULL) {
-        return NGX_OK;
-    }
+    return ngx_http_get_module_ctx(r, ngx_http_hermes_module);
+}
 
-    switch (data) {
 
-    case 0:
-        if (ctx->session.len == 0) {
-            return NGX_OK;
-        }
-
-        v->data = ctx->session.data;
-        v->len = ctx->session.len;
-        break;
-
-    case 1:
-        if (!ctx->has_kernel) {
-            return NGX_OK;
-        }
-
-        v->data = ctx->kernel_id;
-        v->len = NGX_HTTP_HERMES_ID_LEN;
-        break;
-
-    case 2:
-        if (ctx->cell_status < 0) {
-            return NGX_OK;
-        }
-
-        v->data = ngx_http_hermes_cell_status_names[ctx->cell_status].data;
-        v->len = ngx_http_hermes_cell_status_names[ctx->cell_status].len;
-        break;
-
-    case 3:
-        if (ctx->cell_status < 0) {
-            return NGX_OK;
-        }
-
-        p = ngx_pnalloc(r->pool, NGX_INT_T_LEN);
-        if (p == NULL) {
-            return NGX_ERROR;
-        }
-
-        v->data = p;
-        v->len = ngx_sprintf(p, "%M", ctx->cell_ms) - p;
-        break;
-
-    case 4:
-        if (ctx->owner.len == 0) {
-            return NGX_OK;
-        }
-
-        v->data = ctx->owner.data;
-        v->len = ctx->owner.len;
-        break;
-
-    case 5:
-        if (!ctx->has_queue) {
-            return NGX_OK;
-        }
-
-        p = ngx_pnalloc(r->pool, NGX_INT_T_LEN);
-        if (p == NULL) {
-            return NGX_ERROR;
-        }
-
-        v->data = p;
-        v->len = ngx_sprintf(p, "%M", ctx->queue_ms) - p;
-        break;
-
-    default:
-        /* the kernel's state was lost before this cell; why comes later */
-        if (!ctx->state_lost) {
-            return NGX_OK;
-        }
-
-        if (ctx->lost_reason) {
-            v->data = ngx_http_hermes_lost_names[ctx->lost_reason].data;
-            v->len = ngx_http_hermes_lost_names[ctx->lost_reason].len;
-
-        } else {
-            v->data = (u_char *) "lost";
-            v->len = sizeof("lost") - 1;
-        }
-
-        break;
-    }
-
+static ngx_int_t
+ngx_http_hermes_variable_set(ngx_http_variable_value_t *v, u_char *data,
+    size_t len)
+{
+    v->data = data;
+    v->len = len;
     v->valid = 1;
     v->no_cacheable = 1;
     v->not_found = 0;
 
     return NGX_OK;
+}
+
+
+/* $hermes_session, $hermes_owner: an ngx_str_t of the ctx, at "data" */
+
+static ngx_int_t
+ngx_http_hermes_variable_str(ngx_http_request_t *r,
+    ngx_http_variable_value_t *v, uintptr_t data)
+{
+    ngx_str_t              *s;
+    ngx_http_hermes_ctx_t  *ctx;
+
+    ctx = ngx_http_hermes_variable_ctx(r, v);
+
+    if (ctx == NULL) {
+        return NGX_OK;
+    }
+
+    s = (ngx_str_t *) ((char *) ctx + data);
+
+    if (s->len == 0) {
+        return NGX_OK;
+    }
+
+    return ngx_http_hermes_variable_set(v, s->data, s->len);
+}
+
+
+static ngx_int_t
+ngx_http_hermes_variable_kernel_id(ngx_http_request_t *r,
+    ngx_http_variable_value_t *v, uintptr_t data)
+{
+    ngx_http_hermes_ctx_t  *ctx;
+
+    ctx = ngx_http_hermes_variable_ctx(r, v);
+
+    if (ctx == NULL || !ctx->has_kernel) {
+        return NGX_OK;
+    }
+
+    return ngx_http_hermes_variable_set(v, ctx->kernel_id,
+                                        NGX_HTTP_HERMES_ID_LEN);
+}
+
+
+static ngx_int_t
+ngx_http_hermes_variable_cell_status(ngx_http_request_t *r,
+    ngx_http_variable_value_t *v, uintptr_t data)
+{
+    ngx_http_hermes_ctx_t  *ctx;
+
+    ctx = ngx_http_hermes_variable_ctx(r, v);
+
+    if (ctx == NULL || ctx->cell_status < 0) {
+        return NGX_OK;
+    }
+
+    return ngx_http_hermes_variable_set(v,
+                       ngx_http_hermes_cell_status_names[ctx->cell_status].data,
+                       ngx_http_hermes_cell_status_names[ctx->cell_status].len);
+}
+
+
+static ngx_int_t
+ngx_http_hermes_variable_msec(ngx_http_request_t *r,
+    ngx_http_variable_value_t *v, ngx_msec_t ms)
+{
+    u_char  *p;
+
+    p = ngx_pnalloc(r->pool, NGX_INT_T_LEN);
+    if (p == NULL) {
+        return NGX_ERROR;
+    }
+
+    return ngx_http_hermes_variable_set(v, p, ngx_sprintf(p, "%M", ms) - p);
+}
+
+
+static ngx_int_t
+ngx_http_hermes_variable_cell_ms(ngx_http_request_t *r,
+    ngx_http_variable_value_t *v, uintptr_t data)
+{
+    ngx_http_hermes_ctx_t  *ctx;
+
+    ctx = ngx_http_hermes_variable_ctx(r, v);
+
+    if (ctx == NULL || ctx->cell_status < 0) {
+        return NGX_OK;
+    }
+
+    return ngx_http_hermes_variable_msec(r, v, ctx->cell_ms);
+}
+
+
+static ngx_int_t
+ngx_http_hermes_variable_queue_ms(ngx_http_request_t *r,
+    ngx_http_variable_value_t *v, uintptr_t data)
+{
+    ngx_http_hermes_ctx_t  *ctx;
+
+    ctx = ngx_http_hermes_variable_ctx(r, v);
+
+    if (ctx == NULL || !ctx->has_queue) {
+        return NGX_OK;
+    }
+
+    return ngx_http_hermes_variable_msec(r, v, ctx->queue_ms);
+}
+
+
+/* the kernel's state was lost before this cell; why comes later */
+
+static ngx_int_t
+ngx_http_hermes_variable_lost_reason(ngx_http_request_t *r,
+    ngx_http_variable_value_t *v, uintptr_t data)
+{
+    ngx_http_hermes_ctx_t  *ctx;
+
+    ctx = ngx_http_hermes_variable_ctx(r, v);
+
+    if (ctx == NULL || !ctx->state_lost) {
+        return NGX_OK;
+    }
+
+    if (ctx->lost_reason == NGX_HTTP_HERMES_LOST_NONE) {
+        return ngx_http_hermes_variable_set(v, (u_char *) "lost",
+                                            sizeof("lost") - 1);
+    }
+
+    return ngx_http_hermes_variable_set(v,
+                             ngx_http_hermes_lost_names[ctx->lost_reason].data,
+                             ngx_http_hermes_lost_names[ctx->lost_reason].len);
 }
