@@ -20,7 +20,6 @@ static char *ngx_http_hermes_max_output_check(ngx_conf_t *cf, void *post,
 static void *ngx_http_hermes_create_main_conf(ngx_conf_t *cf);
 static char *ngx_http_hermes_cell_timeout(ngx_conf_t *cf, ngx_command_t *cmd,
     void *conf);
-static char *ngx_http_hermes_local_check(ngx_conf_t *cf, ngx_str_t *root);
 static void *ngx_http_hermes_create_loc_conf(ngx_conf_t *cf);
 static char *ngx_http_hermes_merge_loc_conf(ngx_conf_t *cf, void *parent,
     void *child);
@@ -39,10 +38,6 @@ static char *ngx_http_hermes_schema(ngx_conf_t *cf, ngx_command_t *cmd,
 static char *ngx_http_hermes_max_tool_calls(ngx_conf_t *cf, void *post,
     void *data);
 static ngx_int_t ngx_http_hermes_postconfiguration(ngx_conf_t *cf);
-static ngx_http_hermes_backend_conf_t *ngx_http_hermes_backend_create(
-    ngx_conf_t *cf, ngx_http_hermes_backend_ops_t *ops, ngx_str_t *root);
-static void ngx_http_hermes_backend_tag(ngx_http_hermes_backend_conf_t *bcf,
-    ngx_str_t *spec);
 
 
 static char  *ngx_http_hermes_handler_names[] = {
@@ -287,9 +282,7 @@ ngx_http_hermes_init_process(ngx_cycle_t *cycle)
         return NGX_OK;
     }
 
-    if (ngx_http_hermes_ssh_init() != NGX_OK) {
-        ngx_log_error(NGX_LOG_ALERT, cycle->log, 0,
-                      "hermes: ssh_init() failed");
+    if (ngx_http_hermes_backend_init_process(cycle) != NGX_OK) {
         return NGX_ERROR;
     }
 
@@ -304,12 +297,11 @@ ngx_http_hermes_init_process(ngx_cycle_t *cycle)
 static void
 ngx_http_hermes_exit_master(ngx_cycle_t *cycle)
 {
-    /* the kills may go over ssh */
+    /* the kills go through the backends */
 
-    if (ngx_http_hermes_ssh_init() != NGX_OK) {
+    if (ngx_http_hermes_backend_init_process(cycle) != NGX_OK) {
         ngx_log_error(NGX_LOG_ALERT, cycle->log, 0,
-                      "hermes: ssh_init() failed: cannot kill the kernels "
-                      "at exit");
+                      "hermes: cannot kill the kernels at exit");
         return;
     }
 
@@ -405,53 +397,6 @@ ngx_http_hermes_cell_timeout(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
     }
 
     hlcf->cell_grace = t;
-
-    return NGX_CONF_OK;
-}
-
-
-/*
- * What the first spawn would find out, told by nginx -t instead: the
- * kernels root of a local backend is a directory that others cannot
- * write without the sticky bit, and python3 is there to run kernels.
- */
-
-static char *
-ngx_http_hermes_local_check(ngx_conf_t *cf, ngx_str_t *root)
-{
-    ngx_file_info_t  fi;
-
-    if (ngx_file_info(root->data, &fi) == NGX_FILE_ERROR) {
-        ngx_conf_log_error(NGX_LOG_EMERG, cf, ngx_errno,
-                           "hermes_backend local root \"%V\"", root);
-        return NGX_CONF_ERROR;
-    }
-
-    if (!ngx_is_dir(&fi)) {
-        ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
-                           "hermes_backend local root \"%V\" is not a "
-                           "directory", root);
-        return NGX_CONF_ERROR;
-    }
-
-    if ((fi.st_mode & (S_IWGRP|S_IWOTH)) && !(fi.st_mode & S_ISVTX)) {
-        ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
-                           "hermes_backend local root \"%V\" is writable by "
-                           "others without the sticky bit (chmod o-w,g-w, "
-                           "or 1777 as /tmp)", root);
-        return NGX_CONF_ERROR;
-    }
-
-    if (access("/usr/bin/python3", X_OK) != 0
-        && access("/usr/local/bin/python3", X_OK) != 0
-        && access("/bin/python3", X_OK) != 0)
-    {
-        ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
-                           "hermes_backend local: python3 is not installed "
-                           "in /usr/local/bin, /usr/bin or /bin, where "
-                           "kernels look for it");
-        return NGX_CONF_ERROR;
-    }
 
     return NGX_CONF_OK;
 }
@@ -1016,10 +961,8 @@ ngx_http_hermes_zone(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
 
 
 /*
- * hermes_backend local [root=PATH] [warm=N];
- * hermes_backend ssh host=HOST[:PORT] [host=...] user=NAME identity=FILE
- *                known_hosts=FILE [root=PATH] [connect_timeout=TIME]
- *                [warm=N];
+ * hermes_backend NAME [root=PATH] [warm=N] [PARAM...]: root= and warm= are
+ * every backend's, the rest its own (ngx_http_hermes_backends[]).
  */
 
 static char *
@@ -1027,15 +970,11 @@ ngx_http_hermes_backend(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
 {
     ngx_http_hermes_loc_conf_t *hlcf = conf;
 
-    char                             *why;
-    u_char                           *p, *host;
-    ngx_int_t                         port, warm;
-    ngx_str_t                        *value, root, name, v;
-    ngx_uint_t                        i;
-    ngx_file_info_t                   fi;
-    ngx_http_hermes_ssh_host_t      **h;
-    ngx_http_hermes_backend_ops_t    *ops;
-    ngx_http_hermes_backend_conf_t    ssh;
+    void                           *data;
+    ngx_int_t                       warm, rc;
+    ngx_str_t                      *value, root;
+    ngx_uint_t                      i;
+    ngx_http_hermes_backend_ops_t  *ops;
 
     if (hlcf->backend) {
         return "is duplicate";
@@ -1043,31 +982,26 @@ ngx_http_hermes_backend(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
 
     value = cf->args->elts;
 
-    if (ngx_strcmp(value[1].data, "local") == 0) {
-        ops = &ngx_http_hermes_backend_local_ops;
+    ops = ngx_http_hermes_backend_ops(&value[1]);
 
-    } else if (ngx_strcmp(value[1].data, "ssh") == 0) {
-        ops = &ngx_http_hermes_backend_ssh_ops;
-
-    } else {
+    if (ops == NULL) {
         ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
                            "unknown hermes_backend \"%V\": \"local\" or "
                            "\"ssh\" expected", &value[1]);
         return NGX_CONF_ERROR;
     }
 
-    ngx_str_set(&root, "/tmp");
-    ngx_memzero(&ssh, sizeof(ngx_http_hermes_backend_conf_t));
-    ssh.connect_timeout = 10000;
-    warm = 0;
+    data = NULL;
 
-    if (ops == &ngx_http_hermes_backend_ssh_ops) {
-        ssh.hosts = ngx_array_create(cf->pool, 2,
-                                     sizeof(ngx_http_hermes_ssh_host_t *));
-        if (ssh.hosts == NULL) {
+    if (ops->create_conf) {
+        data = ops->create_conf(cf);
+        if (data == NULL) {
             return NGX_CONF_ERROR;
         }
     }
+
+    ngx_str_set(&root, "/tmp");
+    warm = 0;
 
     for (i = 2; i < cf->args->nelts; i++) {
 
@@ -1093,101 +1027,18 @@ ngx_http_hermes_backend(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
             continue;
         }
 
-        if (ops != &ngx_http_hermes_backend_ssh_ops) {
-            goto invalid;
+        rc = ops->parse ? ops->parse(cf, data, &value[i]) : NGX_DECLINED;
+
+        if (rc == NGX_ERROR) {
+            return NGX_CONF_ERROR;
         }
 
-        if (ngx_strncmp(value[i].data, "host=", 5) == 0) {
-            name.data = value[i].data + 5;
-            name.len = value[i].len - 5;
-
-            p = ngx_strlchr(name.data, name.data + name.len, ':');
-            port = 22;
-
-            if (p) {
-                port = ngx_atoi(p + 1, name.data + name.len - p - 1);
-                if (port < 1 || port > 65535) {
-                    ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
-                                       "invalid hermes_backend host \"%V\": "
-                                       "bad port", &name);
-                    return NGX_CONF_ERROR;
-                }
-            }
-
-            v.data = name.data;
-            v.len = (p ? p : name.data + name.len) - name.data;
-
-            if (v.len == 0 || ssh.hosts->nelts == 64) {
-                ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
-                                   "invalid hermes_backend host \"%V\"",
-                                   &name);
-                return NGX_CONF_ERROR;
-            }
-
-            host = ngx_pnalloc(cf->pool, v.len + 1);
-            if (host == NULL) {
-                return NGX_CONF_ERROR;
-            }
-
-            ngx_memcpy(host, v.data, v.len);
-            host[v.len] = '\0';
-
-            h = ngx_array_push(ssh.hosts);
-            if (h == NULL) {
-                return NGX_CONF_ERROR;
-            }
-
-            *h = ngx_http_hermes_ssh_host_create(cf->pool, &v, host, port);
-            if (*h == NULL) {
-                return NGX_CONF_ERROR;
-            }
-
-            continue;
+        if (rc == NGX_DECLINED) {
+            ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                               "invalid hermes_backend parameter \"%V\"",
+                               &value[i]);
+            return NGX_CONF_ERROR;
         }
-
-        if (ngx_strncmp(value[i].data, "user=", 5) == 0) {
-            ssh.user.data = value[i].data + 5;
-            ssh.user.len = value[i].len - 5;
-            continue;
-        }
-
-        if (ngx_strncmp(value[i].data, "identity=", 9) == 0) {
-            ssh.identity.data = value[i].data + 9;
-            ssh.identity.len = value[i].len - 9;
-            continue;
-        }
-
-        if (ngx_strncmp(value[i].data, "known_hosts=", 12) == 0) {
-            ssh.known_hosts.data = value[i].data + 12;
-            ssh.known_hosts.len = value[i].len - 12;
-            continue;
-        }
-
-        if (ngx_strncmp(value[i].data, "connect_timeout=", 16) == 0) {
-            v.data = value[i].data + 16;
-            v.len = value[i].len - 16;
-
-            ssh.connect_timeout = ngx_parse_time(&v, 0);
-
-            if (ssh.connect_timeout == (ngx_msec_t) NGX_ERROR
-                || ssh.connect_timeout < 1000)
-            {
-                ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
-                                   "invalid hermes_backend connect_timeout "
-                                   "\"%V\": a time of at least 1s expected",
-                                   &v);
-                return NGX_CONF_ERROR;
-            }
-
-            continue;
-        }
-
-    invalid:
-
-        ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
-                           "invalid hermes_backend parameter \"%V\"",
-                           &value[i]);
-        return NGX_CONF_ERROR;
     }
 
     hlcf->backend = ngx_http_hermes_backend_create(cf, ops, &root);
@@ -1196,158 +1047,9 @@ ngx_http_hermes_backend(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
     }
 
     hlcf->backend->warm = warm;
+    hlcf->backend->data = data;
 
-    if (ops == &ngx_http_hermes_backend_local_ops) {
-        return ngx_http_hermes_local_check(cf, &root);
-    }
-
-    if (ssh.hosts->nelts == 0 || ssh.user.len == 0 || ssh.identity.len == 0
-        || ssh.known_hosts.len == 0)
-    {
-        ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
-                           "hermes_backend ssh needs host=, user=, "
-                           "identity= and known_hosts=");
-        return NGX_CONF_ERROR;
-    }
-
-    /* the files must be there now: a typo should fail nginx -t */
-
-    if (ngx_file_info(ssh.identity.data, &fi) == NGX_FILE_ERROR) {
-        ngx_conf_log_error(NGX_LOG_EMERG, cf, ngx_errno,
-                           "hermes_backend identity \"%V\"", &ssh.identity);
-        return NGX_CONF_ERROR;
-    }
-
-    if (ngx_file_info(ssh.known_hosts.data, &fi) == NGX_FILE_ERROR) {
-        ngx_conf_log_error(NGX_LOG_EMERG, cf, ngx_errno,
-                           "hermes_backend known_hosts \"%V\"",
-                           &ssh.known_hosts);
-        return NGX_CONF_ERROR;
-    }
-
-    why = ngx_http_hermes_ssh_check_files(&ssh.identity, &ssh.known_hosts);
-    if (why) {
-        ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
-                           "hermes_backend identity \"%V\", known_hosts "
-                           "\"%V\": %s", &ssh.identity, &ssh.known_hosts, why);
-        return NGX_CONF_ERROR;
-    }
-
-    hlcf->backend->hosts = ssh.hosts;
-    hlcf->backend->nhosts = ssh.hosts->nelts;
-    hlcf->backend->user = ssh.user;
-    hlcf->backend->identity = ssh.identity;
-    hlcf->backend->known_hosts = ssh.known_hosts;
-    hlcf->backend->connect_timeout = ssh.connect_timeout;
-
-    /* the tag: every argument that makes this a different place */
-
-    p = ngx_pnalloc(cf->pool, 1024);
-    if (p == NULL) {
-        return NGX_CONF_ERROR;
-    }
-
-    v.data = p;
-    p = ngx_slprintf(p, v.data + 1024, "ssh %V@%V", &ssh.user, &root);
-
-    for (i = 0; i < ssh.hosts->nelts; i++) {
-        p = ngx_slprintf(p, v.data + 1024, " %V",
-                         ngx_http_hermes_backend_host_name(hlcf->backend, i));
-    }
-
-    v.len = p - v.data;
-
-    ngx_http_hermes_backend_tag(hlcf->backend, &v);
-
-    return NGX_CONF_OK;
-}
-
-
-static void
-ngx_http_hermes_backend_tag(ngx_http_hermes_backend_conf_t *bcf,
-    ngx_str_t *spec)
-{
-    u_char  hash[NGX_HTTP_HERMES_BACKEND_TAG_LEN / 2];
-
-    crypto_generichash(hash, sizeof(hash), spec->data, spec->len, NULL, 0);
-    ngx_hex_dump(bcf->tag, hash, sizeof(hash));
-}
-
-
-static ngx_http_hermes_backend_conf_t *
-ngx_http_hermes_backend_create(ngx_conf_t *cf,
-    ngx_http_hermes_backend_ops_t *ops, ngx_str_t *root)
-{
-    u_char                           *p;
-    ngx_str_t                         spec;
-    ngx_http_hermes_main_conf_t      *hmcf;
-    ngx_http_hermes_backend_conf_t   *bcf, **b;
-
-    while (root->len > 1 && root->data[root->len - 1] == '/') {
-        root->len--;
-    }
-
-    if (root->len == 0 || root->data[0] != '/') {
-        ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
-                           "hermes_backend root \"%V\" must be an absolute "
-                           "path", root);
-        return NULL;
-    }
-
-    /* root goes into single-quoted shell words and fixed-size buffers */
-
-    for (p = root->data; p < root->data + root->len; p++) {
-        if (*p == '\'' || *p < 0x20 || *p == 0x7f) {
-            ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
-                               "hermes_backend root \"%V\" has a quote or a "
-                               "control character", root);
-            return NULL;
-        }
-    }
-
-    if (root->len > NGX_HTTP_HERMES_DIR_MAX - 128) {
-        ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
-                           "hermes_backend root \"%V\" is too long", root);
-        return NULL;
-    }
-
-    bcf = ngx_pcalloc(cf->pool, sizeof(ngx_http_hermes_backend_conf_t));
-    if (bcf == NULL) {
-        return NULL;
-    }
-
-    bcf->ops = ops;
-    bcf->nhosts = 1;
-
-    /* NUL-terminated: an argument of the host's scripts */
-
-    bcf->root.len = root->len;
-    bcf->root.data = ngx_pnalloc(cf->pool, root->len + 1);
-    if (bcf->root.data == NULL) {
-        return NULL;
-    }
-
-    *ngx_cpymem(bcf->root.data, root->data, root->len) = '\0';
-
-    spec.data = ngx_pnalloc(cf->pool, root->len + sizeof("local "));
-    if (spec.data == NULL) {
-        return NULL;
-    }
-
-    spec.len = ngx_sprintf(spec.data, "local %V", root) - spec.data;
-
-    ngx_http_hermes_backend_tag(bcf, &spec);
-
-    hmcf = ngx_http_conf_get_module_main_conf(cf, ngx_http_hermes_module);
-
-    b = ngx_array_push(&hmcf->backends);
-    if (b == NULL) {
-        return NULL;
-    }
-
-    *b = bcf;
-
-    return bcf;
+    return ops->init_conf ? ops->init_conf(cf, hlcf->backend) : NGX_CONF_OK;
 }
 
 

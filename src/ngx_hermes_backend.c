@@ -9,6 +9,51 @@
 
 #include "ngx_hermes.h"
 
+#include <sodium.h>
+
+
+/* every backend there is: hermes_backend names one of them */
+
+ngx_http_hermes_backend_ops_t  *ngx_http_hermes_backends[] = {
+    &ngx_http_hermes_backend_local_ops,
+    &ngx_http_hermes_backend_ssh_ops,
+    NULL
+};
+
+
+ngx_http_hermes_backend_ops_t *
+ngx_http_hermes_backend_ops(ngx_str_t *name)
+{
+    ngx_http_hermes_backend_ops_t  **o;
+
+    for (o = ngx_http_hermes_backends; *o; o++) {
+        if ((*o)->name.len == name->len
+            && ngx_strncmp((*o)->name.data, name->data, name->len) == 0)
+        {
+            return *o;
+        }
+    }
+
+    return NULL;
+}
+
+
+/* a worker, or the master before its last kills: each backend set up */
+
+ngx_int_t
+ngx_http_hermes_backend_init_process(ngx_cycle_t *cycle)
+{
+    ngx_http_hermes_backend_ops_t  **o;
+
+    for (o = ngx_http_hermes_backends; *o; o++) {
+        if ((*o)->init_process && (*o)->init_process(cycle) != NGX_OK) {
+            return NGX_ERROR;
+        }
+    }
+
+    return NGX_OK;
+}
+
 
 /* event loop: a connection for a thread pool task */
 
@@ -128,4 +173,94 @@ ngx_http_hermes_backend_by_tag(ngx_http_hermes_main_conf_t *hmcf, u_char *tag)
     }
 
     return NULL;
+}
+
+
+/* a backend's identity in registry keys: a hash of what makes its place */
+
+void
+ngx_http_hermes_backend_tag(ngx_http_hermes_backend_conf_t *bcf,
+    ngx_str_t *spec)
+{
+    u_char  hash[NGX_HTTP_HERMES_BACKEND_TAG_LEN / 2];
+
+    crypto_generichash(hash, sizeof(hash), spec->data, spec->len, NULL, 0);
+    ngx_hex_dump(bcf->tag, hash, sizeof(hash));
+}
+
+
+ngx_http_hermes_backend_conf_t *
+ngx_http_hermes_backend_create(ngx_conf_t *cf,
+    ngx_http_hermes_backend_ops_t *ops, ngx_str_t *root)
+{
+    u_char                           *p;
+    ngx_str_t                         spec;
+    ngx_http_hermes_main_conf_t      *hmcf;
+    ngx_http_hermes_backend_conf_t   *bcf, **b;
+
+    while (root->len > 1 && root->data[root->len - 1] == '/') {
+        root->len--;
+    }
+
+    if (root->len == 0 || root->data[0] != '/') {
+        ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                           "hermes_backend root \"%V\" must be an absolute "
+                           "path", root);
+        return NULL;
+    }
+
+    /* root goes into single-quoted shell words and fixed-size buffers */
+
+    for (p = root->data; p < root->data + root->len; p++) {
+        if (*p == '\'' || *p < 0x20 || *p == 0x7f) {
+            ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                               "hermes_backend root \"%V\" has a quote or a "
+                               "control character", root);
+            return NULL;
+        }
+    }
+
+    if (root->len > NGX_HTTP_HERMES_DIR_MAX - 128) {
+        ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                           "hermes_backend root \"%V\" is too long", root);
+        return NULL;
+    }
+
+    bcf = ngx_pcalloc(cf->pool, sizeof(ngx_http_hermes_backend_conf_t));
+    if (bcf == NULL) {
+        return NULL;
+    }
+
+    bcf->ops = ops;
+    bcf->nhosts = 1;
+
+    /* NUL-terminated: an argument of the host's scripts */
+
+    bcf->root.len = root->len;
+    bcf->root.data = ngx_pnalloc(cf->pool, root->len + 1);
+    if (bcf->root.data == NULL) {
+        return NULL;
+    }
+
+    *ngx_cpymem(bcf->root.data, root->data, root->len) = '\0';
+
+    spec.data = ngx_pnalloc(cf->pool, root->len + sizeof("local "));
+    if (spec.data == NULL) {
+        return NULL;
+    }
+
+    spec.len = ngx_sprintf(spec.data, "local %V", root) - spec.data;
+
+    ngx_http_hermes_backend_tag(bcf, &spec);
+
+    hmcf = ngx_http_conf_get_module_main_conf(cf, ngx_http_hermes_module);
+
+    b = ngx_array_push(&hmcf->backends);
+    if (b == NULL) {
+        return NULL;
+    }
+
+    *b = bcf;
+
+    return bcf;
 }

@@ -47,24 +47,14 @@ ngx_int_t ngx_http_hermes_proc_start(u_char *stat, size_t len,
 ngx_int_t ngx_http_hermes_local_proc_start(ngx_pid_t pid, uint64_t *start);
 
 
-/* the ssh backend: sessions per worker and host, commands, cell relays */
-
-ngx_int_t ngx_http_hermes_ssh_init(void);
-ngx_http_hermes_ssh_host_t *ngx_http_hermes_ssh_host_create(ngx_pool_t *pool,
-    ngx_str_t *name, u_char *host, ngx_uint_t port);
-ngx_int_t ngx_http_hermes_ssh_relay(ngx_http_hermes_conn_t *conn,
-    ngx_http_hermes_kernel_ref_t *ref, off_t out_limit, off_t res_limit,
-    ngx_msec_t timeout, u_char *req, size_t req_len, off_t offset,
-    ngx_socket_t fd, ngx_socket_t rpc_fd, ngx_log_t *log);
-char *ngx_http_hermes_ssh_check_files(ngx_str_t *identity,
-    ngx_str_t *known_hosts);
-
-
 /*
  * A backend: where kernels run, as the rest of the module sees it
- * (ngx_hermes_backend_local.c, ngx_hermes_backend_ssh.c).  Commands run in
- * thread pool tasks on a connection taken for the task; a cell's stream
- * goes through the backend's transport.
+ * (ngx_hermes_backend_local.c, ngx_hermes_backend_ssh.c), a plug-in as
+ * nginx's upstream balancers are: its conf is its own (bcf->data, made by
+ * create_conf, filled by parse, checked by init_conf), as is a task's
+ * connection (conn->data).  Commands run in thread pool tasks on a
+ * connection taken for the task; a cell's stream goes through the
+ * backend's transport.  ngx_http_hermes_backends[] lists them all.
  */
 
 struct ngx_http_hermes_backend_ops_s {
@@ -72,6 +62,17 @@ struct ngx_http_hermes_backend_ops_s {
     ngx_http_hermes_transport_t  *transport;
     /* bytes one command may take on stdin or give on stdout */
     size_t                        exec_max;
+
+    /* configuration: hermes_backend NAME [root=] [warm=] PARAM... */
+    void                       *(*create_conf)(ngx_conf_t *cf);
+    /* NGX_OK: taken; NGX_DECLINED: not one of its; NGX_ERROR: logged */
+    ngx_int_t                   (*parse)(ngx_conf_t *cf, void *conf,
+                                         ngx_str_t *param);
+    /* the parameters are all in: checks, nhosts, the tag */
+    char                       *(*init_conf)(ngx_conf_t *cf,
+                                    ngx_http_hermes_backend_conf_t *bcf);
+    /* each process that may use it, once, before any use */
+    ngx_int_t                   (*init_process)(ngx_cycle_t *cycle);
 
     /* thread pool tasks */
     void                        (*take)(ngx_http_hermes_conn_t *conn);
@@ -105,6 +106,14 @@ struct ngx_http_hermes_backend_ops_s {
 
 extern ngx_http_hermes_backend_ops_t  ngx_http_hermes_backend_local_ops;
 extern ngx_http_hermes_backend_ops_t  ngx_http_hermes_backend_ssh_ops;
+extern ngx_http_hermes_backend_ops_t *ngx_http_hermes_backends[];
+
+ngx_http_hermes_backend_ops_t *ngx_http_hermes_backend_ops(ngx_str_t *name);
+ngx_int_t ngx_http_hermes_backend_init_process(ngx_cycle_t *cycle);
+ngx_http_hermes_backend_conf_t *ngx_http_hermes_backend_create(
+    ngx_conf_t *cf, ngx_http_hermes_backend_ops_t *ops, ngx_str_t *root);
+void ngx_http_hermes_backend_tag(ngx_http_hermes_backend_conf_t *bcf,
+    ngx_str_t *spec);
 
 void ngx_http_hermes_backend_take(ngx_http_hermes_conn_t *conn,
     ngx_http_hermes_backend_conf_t *bcf, ngx_uint_t host);

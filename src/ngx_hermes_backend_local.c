@@ -41,6 +41,8 @@ static ngx_int_t ngx_http_hermes_local_conn_exec(ngx_http_hermes_conn_t *conn,
     ngx_http_hermes_cmd_t *cmd);
 static ngx_int_t ngx_http_hermes_local_ready(ngx_http_hermes_conn_t *conn,
     u_char *dir, ngx_pid_t pid, ngx_pid_t expect, uint64_t *start);
+static char *ngx_http_hermes_local_init_conf(ngx_conf_t *cf,
+    ngx_http_hermes_backend_conf_t *bcf);
 static ngx_uint_t ngx_http_hermes_local_root(
     ngx_http_hermes_backend_conf_t *bcf);
 static ngx_uint_t ngx_http_hermes_local_pick_host(
@@ -57,6 +59,10 @@ ngx_http_hermes_backend_ops_t  ngx_http_hermes_backend_local_ops = {
     ngx_string("local"),
     &ngx_http_hermes_transport_local,
     NGX_MAX_SIZE_T_VALUE,                   /* a pipe: no bound */
+    NULL,                                   /* create_conf: no params */
+    NULL,                                   /* parse */
+    ngx_http_hermes_local_init_conf,
+    NULL,                                   /* init_process */
     ngx_http_hermes_local_take,
     ngx_http_hermes_local_take,             /* give: nothing was taken */
     ngx_http_hermes_local_conn_exec,
@@ -68,6 +74,57 @@ ngx_http_hermes_backend_ops_t  ngx_http_hermes_backend_local_ops = {
     ngx_http_hermes_local_alive,
     NULL                                    /* exit_process */
 };
+
+
+/*
+ * What the first spawn would find out, told by nginx -t instead: the
+ * kernels root of a local backend is a directory that others cannot
+ * write without the sticky bit, and python3 is there to run kernels.
+ */
+
+static char *
+ngx_http_hermes_local_init_conf(ngx_conf_t *cf,
+    ngx_http_hermes_backend_conf_t *bcf)
+{
+    ngx_str_t        *root;
+    ngx_file_info_t   fi;
+
+    root = &bcf->root;
+
+    if (ngx_file_info(root->data, &fi) == NGX_FILE_ERROR) {
+        ngx_conf_log_error(NGX_LOG_EMERG, cf, ngx_errno,
+                           "hermes_backend local root \"%V\"", root);
+        return NGX_CONF_ERROR;
+    }
+
+    if (!ngx_is_dir(&fi)) {
+        ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                           "hermes_backend local root \"%V\" is not a "
+                           "directory", root);
+        return NGX_CONF_ERROR;
+    }
+
+    if ((fi.st_mode & (S_IWGRP|S_IWOTH)) && !(fi.st_mode & S_ISVTX)) {
+        ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                           "hermes_backend local root \"%V\" is writable by "
+                           "others without the sticky bit (chmod o-w,g-w, "
+                           "or 1777 as /tmp)", root);
+        return NGX_CONF_ERROR;
+    }
+
+    if (access("/usr/bin/python3", X_OK) != 0
+        && access("/usr/local/bin/python3", X_OK) != 0
+        && access("/bin/python3", X_OK) != 0)
+    {
+        ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                           "hermes_backend local: python3 is not installed "
+                           "in /usr/local/bin, /usr/bin or /bin, where "
+                           "kernels look for it");
+        return NGX_CONF_ERROR;
+    }
+
+    return NGX_CONF_OK;
+}
 
 
 static void

@@ -25,6 +25,7 @@
 
 
 #include "ngx_hermes.h"
+#include "ngx_hermes_ssh.h"
 
 #include <poll.h>
 #include <pthread.h>
@@ -67,6 +68,9 @@
  */
 #define NGX_HTTP_HERMES_SSH_QUIET       5000
 
+/* a host that failed is skipped for new kernels this long */
+#define NGX_HTTP_HERMES_SSH_RETRY       30000
+
 /*
  * python3 -c: reads a length line and that many bytes of stdin, the
  * agent's text, and runs it; the frames follow on the same stdin, once
@@ -76,6 +80,24 @@
 #define NGX_HTTP_HERMES_SSH_LOADER                                            \
     "import sys;i=sys.stdin.buffer;"                                          \
     "exec(compile(i.read(int(i.readline())),\"hermes_agent.py\",\"exec\"))"
+
+
+typedef struct ngx_http_hermes_ssh_host_s  ngx_http_hermes_ssh_host_t;
+typedef struct ngx_http_hermes_ssh_link_s  ngx_http_hermes_ssh_link_t;
+
+
+/* hermes_backend ssh's own configuration, its bcf->data */
+
+typedef struct {
+    ngx_array_t                  *hosts;        /* of host pointers */
+    ngx_str_t                     user;         /* NUL-terminated */
+    ngx_str_t                     identity;
+    ngx_str_t                     known_hosts;
+    ngx_msec_t                    connect_timeout;
+} ngx_http_hermes_ssh_conf_t;
+
+#define ngx_http_hermes_ssh_conf(bcf)                                         \
+    ((ngx_http_hermes_ssh_conf_t *) (bcf)->data)
 
 
 struct ngx_http_hermes_ssh_host_s {
@@ -154,6 +176,7 @@ struct ngx_http_hermes_ssh_link_s {
 
     /* the I/O thread's own */
     ngx_http_hermes_backend_conf_t  *bcf;
+    ngx_http_hermes_ssh_conf_t      *scf;       /* bcf->data */
     ngx_http_hermes_ssh_host_t      *h;
     ngx_log_t                       *log;
     ssh_session                      session;
@@ -188,6 +211,16 @@ struct ngx_http_hermes_ssh_link_s {
 };
 
 
+static void *ngx_http_hermes_ssh_create_conf(ngx_conf_t *cf);
+static ngx_int_t ngx_http_hermes_ssh_parse(ngx_conf_t *cf, void *conf,
+    ngx_str_t *param);
+static char *ngx_http_hermes_ssh_init_conf(ngx_conf_t *cf,
+    ngx_http_hermes_backend_conf_t *bcf);
+static ngx_int_t ngx_http_hermes_ssh_init_process(ngx_cycle_t *cycle);
+static ngx_http_hermes_ssh_host_t *ngx_http_hermes_ssh_host_create(
+    ngx_pool_t *pool, ngx_str_t *name, u_char *host, ngx_uint_t port);
+static char *ngx_http_hermes_ssh_check_files(ngx_str_t *identity,
+    ngx_str_t *known_hosts);
 static void ngx_http_hermes_ssh_take(ngx_http_hermes_conn_t *conn);
 static void ngx_http_hermes_ssh_give(ngx_http_hermes_conn_t *conn);
 static ngx_int_t ngx_http_hermes_ssh_exec(ngx_http_hermes_conn_t *conn,
@@ -252,6 +285,10 @@ ngx_http_hermes_backend_ops_t  ngx_http_hermes_backend_ssh_ops = {
     ngx_string("ssh"),
     &ngx_http_hermes_transport_ssh,
     NGX_HTTP_HERMES_SSH_EXEC_PIECE,
+    ngx_http_hermes_ssh_create_conf,
+    ngx_http_hermes_ssh_parse,
+    ngx_http_hermes_ssh_init_conf,
+    ngx_http_hermes_ssh_init_process,
     ngx_http_hermes_ssh_take,
     ngx_http_hermes_ssh_give,
     ngx_http_hermes_ssh_exec,
@@ -265,14 +302,219 @@ ngx_http_hermes_backend_ops_t  ngx_http_hermes_backend_ssh_ops = {
 };
 
 
-ngx_int_t
-ngx_http_hermes_ssh_init(void)
+/* libssh's own set-up, once a process */
+
+static ngx_int_t
+ngx_http_hermes_ssh_init_process(ngx_cycle_t *cycle)
 {
-    return (ssh_init() == SSH_OK) ? NGX_OK : NGX_ERROR;
+    if (ssh_init() != SSH_OK) {
+        ngx_log_error(NGX_LOG_ALERT, cycle->log, 0,
+                      "hermes: ssh_init() failed");
+        return NGX_ERROR;
+    }
+
+    return NGX_OK;
 }
 
 
-ngx_http_hermes_ssh_host_t *
+/* hermes_backend ssh's own parameters */
+
+static void *
+ngx_http_hermes_ssh_create_conf(ngx_conf_t *cf)
+{
+    ngx_http_hermes_ssh_conf_t  *scf;
+
+    scf = ngx_pcalloc(cf->pool, sizeof(ngx_http_hermes_ssh_conf_t));
+    if (scf == NULL) {
+        return NULL;
+    }
+
+    scf->hosts = ngx_array_create(cf->pool, 2,
+                                  sizeof(ngx_http_hermes_ssh_host_t *));
+    if (scf->hosts == NULL) {
+        return NULL;
+    }
+
+    scf->connect_timeout = 10000;
+
+    return scf;
+}
+
+
+/*
+ * host=HOST[:PORT] (one or more) user=NAME identity=FILE known_hosts=FILE
+ * [connect_timeout=TIME]
+ */
+
+static ngx_int_t
+ngx_http_hermes_ssh_parse(ngx_conf_t *cf, void *conf, ngx_str_t *param)
+{
+    ngx_http_hermes_ssh_conf_t *scf = conf;
+
+    u_char                       *p, *host;
+    ngx_int_t                     port;
+    ngx_str_t                     name, v;
+    ngx_http_hermes_ssh_host_t  **h;
+
+    if (ngx_strncmp(param->data, "host=", 5) == 0) {
+        name.data = param->data + 5;
+        name.len = param->len - 5;
+
+        p = ngx_strlchr(name.data, name.data + name.len, ':');
+        port = 22;
+
+        if (p) {
+            port = ngx_atoi(p + 1, name.data + name.len - p - 1);
+            if (port < 1 || port > 65535) {
+                ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                                   "invalid hermes_backend host \"%V\": "
+                                   "bad port", &name);
+                return NGX_ERROR;
+            }
+        }
+
+        v.data = name.data;
+        v.len = (p ? p : name.data + name.len) - name.data;
+
+        if (v.len == 0 || scf->hosts->nelts == NGX_HTTP_HERMES_HOSTS) {
+            ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                               "invalid hermes_backend host \"%V\"", &name);
+            return NGX_ERROR;
+        }
+
+        host = ngx_pnalloc(cf->pool, v.len + 1);
+        if (host == NULL) {
+            return NGX_ERROR;
+        }
+
+        ngx_memcpy(host, v.data, v.len);
+        host[v.len] = '\0';
+
+        h = ngx_array_push(scf->hosts);
+        if (h == NULL) {
+            return NGX_ERROR;
+        }
+
+        *h = ngx_http_hermes_ssh_host_create(cf->pool, &v, host, port);
+        if (*h == NULL) {
+            return NGX_ERROR;
+        }
+
+        return NGX_OK;
+    }
+
+    if (ngx_strncmp(param->data, "user=", 5) == 0) {
+        scf->user.data = param->data + 5;
+        scf->user.len = param->len - 5;
+        return NGX_OK;
+    }
+
+    if (ngx_strncmp(param->data, "identity=", 9) == 0) {
+        scf->identity.data = param->data + 9;
+        scf->identity.len = param->len - 9;
+        return NGX_OK;
+    }
+
+    if (ngx_strncmp(param->data, "known_hosts=", 12) == 0) {
+        scf->known_hosts.data = param->data + 12;
+        scf->known_hosts.len = param->len - 12;
+        return NGX_OK;
+    }
+
+    if (ngx_strncmp(param->data, "connect_timeout=", 16) == 0) {
+        v.data = param->data + 16;
+        v.len = param->len - 16;
+
+        scf->connect_timeout = ngx_parse_time(&v, 0);
+
+        if (scf->connect_timeout == (ngx_msec_t) NGX_ERROR
+            || scf->connect_timeout < 1000)
+        {
+            ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                               "invalid hermes_backend connect_timeout "
+                               "\"%V\": a time of at least 1s expected", &v);
+            return NGX_ERROR;
+        }
+
+        return NGX_OK;
+    }
+
+    return NGX_DECLINED;
+}
+
+
+/* what it needs, the key files readable now (a typo fails nginx -t), the tag */
+
+static char *
+ngx_http_hermes_ssh_init_conf(ngx_conf_t *cf,
+    ngx_http_hermes_backend_conf_t *bcf)
+{
+    char                        *why;
+    u_char                      *p;
+    ngx_str_t                    v;
+    ngx_uint_t                   i;
+    ngx_file_info_t              fi;
+    ngx_http_hermes_ssh_conf_t  *scf;
+
+    scf = bcf->data;
+
+    if (scf->hosts->nelts == 0 || scf->user.len == 0
+        || scf->identity.len == 0 || scf->known_hosts.len == 0)
+    {
+        ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                           "hermes_backend ssh needs host=, user=, "
+                           "identity= and known_hosts=");
+        return NGX_CONF_ERROR;
+    }
+
+    if (ngx_file_info(scf->identity.data, &fi) == NGX_FILE_ERROR) {
+        ngx_conf_log_error(NGX_LOG_EMERG, cf, ngx_errno,
+                           "hermes_backend identity \"%V\"", &scf->identity);
+        return NGX_CONF_ERROR;
+    }
+
+    if (ngx_file_info(scf->known_hosts.data, &fi) == NGX_FILE_ERROR) {
+        ngx_conf_log_error(NGX_LOG_EMERG, cf, ngx_errno,
+                           "hermes_backend known_hosts \"%V\"",
+                           &scf->known_hosts);
+        return NGX_CONF_ERROR;
+    }
+
+    why = ngx_http_hermes_ssh_check_files(&scf->identity, &scf->known_hosts);
+    if (why) {
+        ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                           "hermes_backend identity \"%V\", known_hosts "
+                           "\"%V\": %s", &scf->identity, &scf->known_hosts,
+                           why);
+        return NGX_CONF_ERROR;
+    }
+
+    bcf->nhosts = scf->hosts->nelts;
+
+    /* the tag: every argument that makes this a different place */
+
+    p = ngx_pnalloc(cf->pool, 1024);
+    if (p == NULL) {
+        return NGX_CONF_ERROR;
+    }
+
+    v.data = p;
+    p = ngx_slprintf(p, v.data + 1024, "ssh %V@%V", &scf->user, &bcf->root);
+
+    for (i = 0; i < scf->hosts->nelts; i++) {
+        p = ngx_slprintf(p, v.data + 1024, " %V",
+                         ngx_http_hermes_ssh_host_name(bcf, i));
+    }
+
+    v.len = p - v.data;
+
+    ngx_http_hermes_backend_tag(bcf, &v);
+
+    return NGX_CONF_OK;
+}
+
+
+static ngx_http_hermes_ssh_host_t *
 ngx_http_hermes_ssh_host_create(ngx_pool_t *pool, ngx_str_t *name,
     u_char *host, ngx_uint_t port)
 {
@@ -297,7 +539,7 @@ ngx_http_hermes_ssh_host_name(ngx_http_hermes_backend_conf_t *bcf,
 {
     ngx_http_hermes_ssh_host_t  **hosts;
 
-    hosts = bcf->hosts->elts;
+    hosts = ngx_http_hermes_ssh_conf(bcf)->hosts->elts;
 
     return &hosts[host]->name;
 }
@@ -315,10 +557,10 @@ ngx_http_hermes_ssh_pick_host(ngx_http_hermes_backend_conf_t *bcf,
     ngx_uint_t                    i, best;
     ngx_http_hermes_ssh_host_t  **hosts;
 
-    hosts = bcf->hosts->elts;
+    hosts = ngx_http_hermes_ssh_conf(bcf)->hosts->elts;
     best = NGX_CONF_UNSET_UINT;
 
-    for (i = 0; i < bcf->hosts->nelts; i++) {
+    for (i = 0; i < ngx_http_hermes_ssh_conf(bcf)->hosts->nelts; i++) {
 
         /* the link's thread found the host away */
 
@@ -344,7 +586,7 @@ ngx_http_hermes_ssh_pick_host(ngx_http_hermes_backend_conf_t *bcf,
     if (best == NGX_CONF_UNSET_UINT) {
         best = 0;
 
-        for (i = 1; i < bcf->hosts->nelts; i++) {
+        for (i = 1; i < ngx_http_hermes_ssh_conf(bcf)->hosts->nelts; i++) {
             if (hosts[i]->failed_at < hosts[best]->failed_at) {
                 best = i;
             }
@@ -362,9 +604,9 @@ ngx_http_hermes_ssh_take(ngx_http_hermes_conn_t *conn)
 {
     ngx_http_hermes_ssh_host_t  **hosts;
 
-    hosts = conn->bcf->hosts->elts;
+    hosts = ngx_http_hermes_ssh_conf(conn->bcf)->hosts->elts;
 
-    conn->link = ngx_http_hermes_ssh_link_get(conn->bcf, hosts[conn->host]);
+    conn->data = ngx_http_hermes_ssh_link_get(conn->bcf, hosts[conn->host]);
 }
 
 
@@ -373,10 +615,12 @@ ngx_http_hermes_ssh_take(ngx_http_hermes_conn_t *conn)
 static void
 ngx_http_hermes_ssh_give(ngx_http_hermes_conn_t *conn)
 {
+    ngx_http_hermes_ssh_link_t   *l;
     ngx_http_hermes_ssh_host_t  **hosts, *h;
 
-    hosts = conn->bcf->hosts->elts;
+    hosts = ngx_http_hermes_ssh_conf(conn->bcf)->hosts->elts;
     h = hosts[conn->host];
+    l = conn->data;
 
     if (conn->unavailable) {
         h->failed = 1;
@@ -386,12 +630,12 @@ ngx_http_hermes_ssh_give(ngx_http_hermes_conn_t *conn)
         /* it answered, or a chore's failure is not to be held against it */
         h->failed = 0;
 
-        if (conn->link) {
-            conn->link->down = 0;
+        if (l) {
+            l->down = 0;
         }
     }
 
-    conn->link = NULL;
+    conn->data = NULL;
 }
 
 
@@ -413,6 +657,7 @@ ngx_http_hermes_ssh_link_get(ngx_http_hermes_backend_conf_t *bcf,
     }
 
     l->bcf = bcf;
+    l->scf = bcf->data;
     l->h = h;
     l->log = ngx_cycle->log;
     l->next = 1;
@@ -493,9 +738,9 @@ ngx_http_hermes_ssh_exit_process(ngx_http_hermes_backend_conf_t *bcf)
     ngx_http_hermes_ssh_link_t   *l;
     ngx_http_hermes_ssh_host_t  **hosts;
 
-    hosts = bcf->hosts->elts;
+    hosts = ngx_http_hermes_ssh_conf(bcf)->hosts->elts;
 
-    for (i = 0; i < bcf->hosts->nelts; i++) {
+    for (i = 0; i < ngx_http_hermes_ssh_conf(bcf)->hosts->nelts; i++) {
         l = hosts[i]->link;
         if (l == NULL) {
             continue;
@@ -543,7 +788,7 @@ ngx_http_hermes_ssh_exec(ngx_http_hermes_conn_t *conn,
     cmd->out_len = 0;
     cmd->err = 0;
 
-    if (conn->link == NULL) {
+    if (conn->data == NULL) {
         return ngx_http_hermes_ssh_request(conn, NULL, cmd);
     }
 
@@ -592,7 +837,8 @@ ngx_http_hermes_ssh_exec(ngx_http_hermes_conn_t *conn,
         *ngx_http_hermes_cmd_text(text, text + sizeof(text) - 1, cmd) = '\0';
 
         ngx_log_debug2(NGX_LOG_DEBUG_HTTP, ngx_cycle->log, 0,
-                       "hermes: ssh exec on %V: %s", &conn->link->h->name,
+                       "hermes: ssh exec on %V: %s",
+                       &((ngx_http_hermes_ssh_link_t *) conn->data)->h->name,
                        text);
     }
 
@@ -620,7 +866,7 @@ ngx_http_hermes_ssh_request(ngx_http_hermes_conn_t *conn,
     cmd->out_len = 0;
     cmd->err = 0;
 
-    l = conn->link;
+    l = conn->data;
 
     if (l == NULL) {
         ngx_free(s);
@@ -633,7 +879,7 @@ ngx_http_hermes_ssh_request(ngx_http_hermes_conn_t *conn,
     s->rfd = (ngx_socket_t) -1;
     s->exec = &x;
     s->deadline = ngx_http_hermes_ssh_now() + cmd->timeout
-                  + conn->bcf->connect_timeout
+                  + ngx_http_hermes_ssh_conf(conn->bcf)->connect_timeout
                   + NGX_HTTP_HERMES_SSH_EXEC_SLACK;
 
     x.conn = conn;
@@ -700,7 +946,7 @@ ngx_http_hermes_ssh_ready(ngx_http_hermes_conn_t *conn, u_char *dir,
 
     s = NULL;
 
-    if (conn->link) {
+    if (conn->data) {
         len = ngx_strlen(dir);
 
         s = ngx_calloc(sizeof(ngx_http_hermes_ssh_stream_t)
@@ -752,11 +998,11 @@ ngx_http_hermes_ssh_interrupt(ngx_http_hermes_backend_conf_t *bcf,
     ngx_http_hermes_ssh_host_t   **hosts;
     ngx_http_hermes_ssh_stream_t  *s;
 
-    if (v->host >= bcf->hosts->nelts) {
+    if (v->host >= ngx_http_hermes_ssh_conf(bcf)->hosts->nelts) {
         return NGX_DECLINED;
     }
 
-    hosts = bcf->hosts->elts;
+    hosts = ngx_http_hermes_ssh_conf(bcf)->hosts->elts;
 
     l = ngx_http_hermes_ssh_link_get(bcf, hosts[v->host]);
     if (l == NULL) {
@@ -789,7 +1035,11 @@ ngx_http_hermes_ssh_interrupt(ngx_http_hermes_backend_conf_t *bcf,
 static ngx_uint_t
 ngx_http_hermes_ssh_root(ngx_http_hermes_backend_conf_t *bcf)
 {
-    return bcf->user.len == 4 && ngx_strncmp(bcf->user.data, "root", 4) == 0;
+    ngx_http_hermes_ssh_conf_t  *scf;
+
+    scf = bcf->data;
+
+    return scf->user.len == 4 && ngx_strncmp(scf->user.data, "root", 4) == 0;
 }
 
 
@@ -797,7 +1047,8 @@ ngx_http_hermes_ssh_root(ngx_http_hermes_backend_conf_t *bcf)
  * Event loop: relay cell "id" of the kernel "ref" into fd, for at most
  * "timeout" ms (the cell's): no more than "out_limit" bytes of cell_out
  * and a result of "res_limit" bytes at most.  "offset" -1 ships the
- * request first; another offset streams a shipped cell again from there.  The link's I/O thread owns
+ * request first; another offset streams a shipped cell again from there.
+ * The link's I/O thread owns
  * the fd and a copy of the request from here on, and closes the fd once
  * the cell is relayed, or ended.
  */
@@ -812,7 +1063,7 @@ ngx_http_hermes_ssh_relay(ngx_http_hermes_conn_t *conn,
     ngx_http_hermes_ssh_link_t    *l;
     ngx_http_hermes_ssh_stream_t  *s;
 
-    l = conn->link;
+    l = conn->data;
 
     if (l == NULL || ref->dir_len >= NGX_HTTP_HERMES_DIR_MAX) {
         return NGX_ERROR;
@@ -971,7 +1222,7 @@ ngx_http_hermes_ssh_thread(void *data)
         }
 
         if (l->ready && l->pinged
-            && now - l->pinged >= l->bcf->connect_timeout)
+            && now - l->pinged >= l->scf->connect_timeout)
         {
             l->broken = "no answer to a ping";
         }
@@ -1001,7 +1252,7 @@ ngx_http_hermes_ssh_thread(void *data)
             }
 
             left = l->pinged
-                   ? l->pinged + l->bcf->connect_timeout - now
+                   ? l->pinged + l->scf->connect_timeout - now
                    : l->heard + NGX_HTTP_HERMES_SSH_QUIET - now;
             next = ngx_min(next, left);
         }
@@ -1234,7 +1485,7 @@ ngx_http_hermes_ssh_start(ngx_http_hermes_ssh_link_t *l, ngx_uint_t urgent)
     u_char                         head[NGX_INT64_LEN + 2];
 
     now = ngx_http_hermes_ssh_now();
-    timeout = l->bcf->connect_timeout;
+    timeout = l->scf->connect_timeout;
 
     if (!urgent) {
         /* no longer than the first cell waiting to resume may wait */
@@ -2394,10 +2645,10 @@ ngx_http_hermes_ssh_connect(ngx_http_hermes_ssh_link_t *l, ngx_msec_t timeout)
     ssh_key                          key;
     ssh_session                      s;
     ngx_http_hermes_ssh_host_t      *h;
-    ngx_http_hermes_backend_conf_t  *bcf;
+    ngx_http_hermes_ssh_conf_t      *scf;
     enum ssh_known_hosts_e           known;
 
-    bcf = l->bcf;
+    scf = l->scf;
     h = l->h;
 
     s = ssh_new();
@@ -2414,11 +2665,11 @@ ngx_http_hermes_ssh_connect(ngx_http_hermes_ssh_link_t *l, ngx_msec_t timeout)
     if (ssh_options_set(s, SSH_OPTIONS_PROCESS_CONFIG, &no) != SSH_OK
         || ssh_options_set(s, SSH_OPTIONS_HOST, h->host) != SSH_OK
         || ssh_options_set(s, SSH_OPTIONS_PORT, &h->port) != SSH_OK
-        || ssh_options_set(s, SSH_OPTIONS_USER, bcf->user.data) != SSH_OK
-        || ssh_options_set(s, SSH_OPTIONS_KNOWNHOSTS, bcf->known_hosts.data)
+        || ssh_options_set(s, SSH_OPTIONS_USER, scf->user.data) != SSH_OK
+        || ssh_options_set(s, SSH_OPTIONS_KNOWNHOSTS, scf->known_hosts.data)
            != SSH_OK
         || ssh_options_set(s, SSH_OPTIONS_GLOBAL_KNOWNHOSTS,
-                           bcf->known_hosts.data)
+                           scf->known_hosts.data)
            != SSH_OK
         || ssh_options_set(s, SSH_OPTIONS_TIMEOUT, &sec) != SSH_OK
         || ssh_options_set(s, SSH_OPTIONS_TIMEOUT_USEC, &usec) != SSH_OK
@@ -2450,18 +2701,18 @@ ngx_http_hermes_ssh_connect(ngx_http_hermes_ssh_link_t *l, ngx_msec_t timeout)
                      : known == SSH_KNOWN_HOSTS_OTHER ? "of another type"
                      : known == SSH_KNOWN_HOSTS_ERROR ? "unreadable"
                      : "unknown",
-                     &bcf->known_hosts);
+                     &scf->known_hosts);
         ssh_disconnect(s);
         ssh_free(s);
         return NGX_ERROR;
     }
 
-    if (ssh_pki_import_privkey_file((char *) bcf->identity.data, NULL, NULL,
+    if (ssh_pki_import_privkey_file((char *) scf->identity.data, NULL, NULL,
                                     NULL, &key)
         != SSH_OK)
     {
         ngx_snprintf(l->err, sizeof(l->err),
-                     "ssh identity \"%V\" unreadable%Z", &bcf->identity);
+                     "ssh identity \"%V\" unreadable%Z", &scf->identity);
         ssh_disconnect(s);
         ssh_free(s);
         return NGX_ERROR;
@@ -2473,17 +2724,17 @@ ngx_http_hermes_ssh_connect(ngx_http_hermes_ssh_link_t *l, ngx_msec_t timeout)
     if (rc != SSH_AUTH_SUCCESS) {
         ngx_snprintf(l->err, sizeof(l->err),
                      "ssh public key auth as %V at %V:%ui refused%Z",
-                     &bcf->user, &h->name, h->port);
+                     &scf->user, &h->name, h->port);
         ssh_disconnect(s);
         ssh_free(s);
         return NGX_ERROR;
     }
 
-    if (timeout != bcf->connect_timeout) {
+    if (timeout != scf->connect_timeout) {
         /* a kept session's later calls get the configured bound */
 
-        sec = (long) (bcf->connect_timeout / 1000);
-        usec = (long) (bcf->connect_timeout % 1000) * 1000;
+        sec = (long) (scf->connect_timeout / 1000);
+        usec = (long) (scf->connect_timeout % 1000) * 1000;
 
         if (ssh_options_set(s, SSH_OPTIONS_TIMEOUT, &sec) != SSH_OK
             || ssh_options_set(s, SSH_OPTIONS_TIMEOUT_USEC, &usec) != SSH_OK)
@@ -2509,7 +2760,7 @@ ngx_http_hermes_ssh_connect(ngx_http_hermes_ssh_link_t *l, ngx_msec_t timeout)
  * then every host is unknown, and refused).  NULL, or why not.
  */
 
-char *
+static char *
 ngx_http_hermes_ssh_check_files(ngx_str_t *identity, ngx_str_t *known_hosts)
 {
     char        line[16384], *p, *tok, *save;

@@ -12,7 +12,6 @@
 #include "ngx_hermes.h"
 
 
-typedef struct ngx_http_hermes_ssh_host_s  ngx_http_hermes_ssh_host_t;
 typedef struct ngx_http_hermes_backend_ops_s  ngx_http_hermes_backend_ops_t;
 typedef struct ngx_http_hermes_transport_s  ngx_http_hermes_transport_t;
 typedef struct ngx_http_hermes_rpc_s  ngx_http_hermes_rpc_t;
@@ -24,30 +23,20 @@ typedef struct {
     ngx_uint_t                    warm;         /* idle kernels kept per host */
     /* identifies the backend in registry keys: a hash of its arguments */
     u_char                        tag[NGX_HTTP_HERMES_BACKEND_TAG_LEN];
-
-    /* ssh */
-    ngx_array_t                  *hosts;        /* ngx_http_hermes_ssh_host_t * */
-    ngx_str_t                     user;         /* NUL-terminated */
-    ngx_str_t                     identity;
-    ngx_str_t                     known_hosts;
-    ngx_msec_t                    connect_timeout;
+    void                         *data;         /* the backend's own conf */
 } ngx_http_hermes_backend_conf_t;
 
 
-typedef struct ngx_http_hermes_ssh_link_s  ngx_http_hermes_ssh_link_t;
-
-/* a backend connection for one thread pool task (ssh: the host's link) */
+/* a backend connection for one thread pool task */
 
 typedef struct {
     ngx_http_hermes_backend_conf_t *bcf;
     ngx_uint_t                    host;
-    ngx_http_hermes_ssh_link_t   *link;
+    void                         *data;         /* the backend's (ssh: the
+                                                   host's link) */
     u_char                        err[256];
     unsigned                      unavailable:1;
 } ngx_http_hermes_conn_t;
-
-/* a host that failed is skipped for new kernels this long */
-#define NGX_HTTP_HERMES_SSH_RETRY     30000
 
 
 typedef struct ngx_http_hermes_sh_s  ngx_http_hermes_sh_t;

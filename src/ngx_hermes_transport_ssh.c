@@ -18,6 +18,7 @@
 
 
 #include "ngx_hermes.h"
+#include "ngx_hermes_ssh.h"
 
 
 #define NGX_HTTP_HERMES_RELAY_CHUNK    (128 * 1024)
