@@ -32,11 +32,15 @@ GEN        := build/gen/ngx_hermes_remote.c
 # the status page (?format=html) and its Content-Security-Policy
 STATUS_PAGE := src/status/hermes_status.html
 GEN_STATUS  := build/gen/ngx_hermes_status_page.c
+# the version (VERSION, the one source of it) and the commit built
+VERSION     := $(shell cat VERSION)
+GEN_VERSION := build/gen/ngx_hermes_version.c
 
 MODULE      = build/ngx_http_hermes_module.so
 ASAN_MODULE = build-asan/ngx_http_hermes_module.so
 
-.PHONY: all deps test-deps module asan run test test-asan unit bench deb clean
+.PHONY: all deps test-deps module asan run test test-asan unit bench deb clean \
+        FORCE
 
 all: module
 
@@ -77,6 +81,13 @@ $(GEN_STATUS): $(STATUS_PAGE) src/status/embed.pl
 	@mkdir -p $(@D)
 	src/status/embed.pl $@ $(STATUS_PAGE)
 
+# run at every build: the commit changes without any file of ours changing;
+# the file itself only when what it says changes
+$(GEN_VERSION): FORCE
+	@src/version.sh $@
+
+FORCE:
+
 # configure DIR "EXTRA_CFLAGS": Debian's own flags (threads on) plus ours.
 define configure
 	rm -rf $(1)/src $(1)/nginx && mkdir -p $(1)/src && cp -a $(NGX_SRC)/. $(1)/src/
@@ -94,12 +105,13 @@ build/nginx/Makefile: config .deps-ok
 build-asan/nginx/Makefile: config .deps-ok
 	$(call configure,build-asan,-fsanitize=address -fno-omit-frame-pointer -O1,-fsanitize=address)
 
-$(MODULE): build/nginx/Makefile $(SRCS) $(GEN) $(GEN_STATUS)
+$(MODULE): build/nginx/Makefile $(SRCS) $(GEN) $(GEN_STATUS) $(GEN_VERSION)
 	$(MAKE) -s -f $(TOP)/build/nginx/Makefile -C build/src modules
 	@# a new inode: a running nginx keeps its mapping of the old file
 	cp build/nginx/ngx_http_hermes_module.so $@.tmp && mv -f $@.tmp $@
 
-$(ASAN_MODULE): build-asan/nginx/Makefile $(SRCS) $(GEN) $(GEN_STATUS)
+$(ASAN_MODULE): build-asan/nginx/Makefile $(SRCS) $(GEN) $(GEN_STATUS) \
+                $(GEN_VERSION)
 	$(MAKE) -s -f $(TOP)/build-asan/nginx/Makefile -C build-asan/src modules
 	cp build-asan/nginx/ngx_http_hermes_module.so $@.tmp && mv -f $@.tmp $@
 

@@ -253,6 +253,15 @@ ngx_http_hermes_init_module(ngx_cycle_t *cycle)
         return NGX_ERROR;
     }
 
+    /*
+     * nginx -V cannot name a dynamic module: say which one is loaded, as
+     * nginx says its own version when it starts
+     */
+
+    ngx_log_error(NGX_LOG_NOTICE, cycle->log, 0,
+                  "hermes: " NGX_HTTP_HERMES_NAME "/%V (commit %V)",
+                  &ngx_http_hermes_version, &ngx_http_hermes_commit);
+
     return NGX_OK;
 }
 
