@@ -153,8 +153,10 @@ bench: module
 
 # The package: debian/rules builds with the targets above (nginx-dev, a
 # package of PKGS, brings debhelper and dpkg-dev); -nc keeps build/, so
-# only what changed is rebuilt, and the packages stay in build/.
-DEB_VERSION := $(shell sed -n '1s/^[^(]*(\([^)]*\)).*/\1/p' debian/changelog)
+# only what changed is rebuilt, and the packages stay in build/.  Its
+# version is VERSION, as debian/changelog's newest entry (made from
+# CHANGELOG.md, below) is.
+DEB_VERSION := $(VERSION)
 DEB_ARCH    := $(shell dpkg --print-architecture)
 DEB_NAME    := libnginx-mod-http-hermes_$(DEB_VERSION)_$(DEB_ARCH)
 DEB         := build/$(DEB_NAME).deb
@@ -174,6 +176,11 @@ $(DEB): $(MODULE) $(REMOTE_PY) $(DEB_SRCS) README.md $(wildcard docs/*.md)
 	@echo "$@ (log: build/deb.log)"
 
 deb: deps $(DEB)
+
+# generated, and kept in git for a plain dpkg-buildpackage: edit CHANGELOG.md
+debian/changelog: CHANGELOG.md VERSION debian/control debian/gen-changelog
+	debian/gen-changelog CHANGELOG.md VERSION debian/control >$@.tmp
+	mv -f $@.tmp $@
 
 clean:
 	rm -rf build build-asan run .deps-ok .test-deps-ok t/unit/build
