@@ -5,6 +5,7 @@
 #   make test-asan  the suite again with the module built with AddressSanitizer
 #   make bench      side-by-side benchmark against jupyter-server (bench/)
 #   make deb        the Debian package libnginx-mod-http-hermes, in build/
+#   make dist       the source tarball of the tag vVERSION, in build/
 
 SHELL      := /bin/bash
 TOP        := $(CURDIR)
@@ -39,8 +40,8 @@ GEN_VERSION := build/gen/ngx_hermes_version.c
 MODULE      = build/ngx_http_hermes_module.so
 ASAN_MODULE = build-asan/ngx_http_hermes_module.so
 
-.PHONY: all deps test-deps module asan run test test-asan unit bench deb clean \
-        FORCE
+.PHONY: all deps test-deps module asan run test test-asan unit bench deb dist \
+        clean FORCE
 
 all: module
 
@@ -181,6 +182,29 @@ deb: deps $(DEB)
 debian/changelog: CHANGELOG.md VERSION debian/control debian/gen-changelog
 	debian/gen-changelog CHANGELOG.md VERSION debian/control >$@.tmp
 	mv -f $@.tmp $@
+
+# The source tarball: git archive of a tag, never of the work tree, so it
+# holds what was released and nothing else (no build/: the build embeds
+# the remote and status files again from their sources, which are in it).
+# git archive gives every file the commit's time and writes the commit
+# into src/version.sh (.gitattributes); gzip -n stores no name or time:
+# the same tag gives the same bytes.
+DIST_TAG ?= v$(VERSION)
+
+dist:
+	@set -eu -o pipefail; tag='$(DIST_TAG)'; \
+	git rev-parse -q --verify "refs/tags/$$tag^{commit}" >/dev/null || { \
+	    echo "make dist: no tag $$tag; tag the release first:" \
+	         "git tag -a $$tag -m 'ngx_hermes $${tag#v}'" >&2; exit 1; }; \
+	v=$$(git show "$$tag:VERSION"); \
+	[ "$$tag" = "v$$v" ] || { \
+	    echo "make dist: $$tag's VERSION says $$v" >&2; exit 1; }; \
+	out=build/ngx_hermes-$$v.tar.gz; mkdir -p build; \
+	git archive --format=tar --prefix="ngx_hermes-$$v/" "$$tag" \
+	    | gzip -n -9 >"$$out.tmp"; \
+	mv -f "$$out.tmp" "$$out"; \
+	(cd build && sha256sum "$${out#build/}" >"$${out#build/}.sha256"); \
+	echo "$$out ($$tag, $$(git rev-parse "$$tag^{commit}"))"
 
 clean:
 	rm -rf build build-asan run .deps-ok .test-deps-ok t/unit/build
