@@ -19,8 +19,8 @@ PKGS       := nginx nginx-dev libssh-dev libyajl-dev libsodium-dev \
               dpkg-dev debhelper fakeroot
 # Only the test suite's: t/076 renders the status page in a real browser
 # (chromium brings about 135 MB of downloads, 470 MB installed); t/024
-# draws a matplotlib figure in a kernel.
-TEST_PKGS  := chromium python3-matplotlib
+# draws a matplotlib figure in a kernel; t/095 runs lintian on the .deb.
+TEST_PKGS  := chromium python3-matplotlib lintian
 
 SRCS       := config ngx_hermes_module.c $(wildcard src/*.c src/*.h)
 # shipped into each kernel's directory, and carried only (see embed.sh)
