@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: BSD-2-Clause
 # ngx_hermes: build, run and test against Debian's nginx.
 #
 #   make run        build, then start a gateway on 127.0.0.1:8088 (foreground)

@@ -1,5 +1,7 @@
 
 /*
+ * SPDX-License-Identifier: BSD-2-Clause
+ *
  * ngx_hermes: an nginx module that runs Python cells for AI agents on
  * persistent kernels.  This file wires the parts together: the module,
  * its directives and their configuration.

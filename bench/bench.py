@@ -1,4 +1,5 @@
 #!/usr/bin/python3
+# SPDX-License-Identifier: BSD-2-Clause
 """ngx_hermes benchmark: hermes (local and ssh backends) side by side with
 jupyter-server.
 

@@ -1,4 +1,5 @@
 #!/bin/bash
+# SPDX-License-Identifier: BSD-2-Clause
 # `make bench`: ngx_hermes (local and ssh backends) side by side with
 # jupyter-server, in one run, on loopback.
 #

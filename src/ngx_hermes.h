@@ -1,5 +1,7 @@
 
 /*
+ * SPDX-License-Identifier: BSD-2-Clause
+ *
  * ngx_hermes: the module's parts, one header each, as ngx_http.h is over
  * ngx_http_request.h and ngx_http_upstream.h.
  */

@@ -1,5 +1,7 @@
 
 /*
+ * SPDX-License-Identifier: BSD-2-Clause
+ *
  * ngx_hermes: JSON in and out, with yajl.
  *
  * Inputs (request bodies, the runner's result files) are read with yajl's

@@ -1,4 +1,5 @@
 #!/bin/sh
+# SPDX-License-Identifier: BSD-2-Clause
 # The module's version and commit as C, for the build: version.sh OUT.c
 #
 # VERSION at the top of the tree is the one source of the version (the

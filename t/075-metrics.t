@@ -1,4 +1,5 @@
 #!/usr/bin/perl
+# SPDX-License-Identifier: BSD-2-Clause
 # Metrics: hermes_status in Prometheus text and in JSON after known
 # traffic (successes, an error cell, a timeout, a 415, a 429 queue_full,
 # failed spawns on local and ssh backends): exact counter deltas,

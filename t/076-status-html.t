@@ -1,4 +1,5 @@
 #!/usr/bin/perl
+# SPDX-License-Identifier: BSD-2-Clause
 # The status page, ?format=html, in a real browser: Debian's chromium,
 # headless, loads it from a live gateway with known traffic (two owners,
 # one of them named like an HTML injection, a running cell with one more

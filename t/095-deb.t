@@ -1,4 +1,5 @@
 #!/usr/bin/perl
+# SPDX-License-Identifier: BSD-2-Clause
 # The Debian package: `make deb` builds libnginx-mod-http-hermes; unpacked
 # into a throwaway root it has the module, its load snippet, the docs and
 # the kernel-host Python, depends on the nginx ABI this nginx provides, and

@@ -1,4 +1,5 @@
 #!/usr/bin/perl
+# SPDX-License-Identifier: BSD-2-Clause
 # The release tarball: `make dist` in a throwaway clone tagged vVERSION at
 # this checkout's HEAD gives the same bytes twice (the work tree changed
 # in between: it archives the tag), holds every file of the tag under
@@ -6,7 +7,9 @@
 # missing tag or one whose VERSION is another; unpacked where no .git is,
 # it builds the module, which says the tag's version and commit in the
 # status JSON, hermes_build_info and error.log, and runs a few tests of
-# its own suite. Needs git and a git checkout (skipped in a tarball).
+# its own suite. And the license: LICENSE is BSD-2-Clause, and every
+# source file of the tree names it (SPDX) in its first comment. Needs git
+# and a git checkout (skipped in a tarball).
 
 use strict;
 use warnings;
@@ -28,6 +31,26 @@ plan skip_all => 'not a git checkout (a release tarball?)'
 # a make or an ASan run above us is not the tarball's
 delete @ENV{qw(MAKEFLAGS MFLAGS MAKELEVEL HERMES_MODULE HERMES_NGINX_PRELOAD
                HERMES_NO_MODULE)};
+
+# --- the license, in LICENSE and in every source file's first comment
+
+like(slurp("$root/LICENSE") // '',
+     qr/^Redistribution and use in source and binary forms, with or without$/m,
+     'LICENSE: BSD-2-Clause');
+
+my @sources = grep {
+    my $f = $_;
+    -f "$root/$f" && !-l "$root/$f"
+    && ($f =~ /\.(?:c|h|py|sh|pl|pm|t|html)$/
+        || $f =~ m{(?:^|/)(?:Makefile|config)$}
+        || (slurp("$root/$f") // '') =~ /\A#!/)
+} split /\n/, `git -C '$root' ls-files`;
+my @unnamed = grep {
+    my ($head) = (slurp("$root/$_") // '') =~ /\A((?:.*\n){0,6})/;
+    ($head // '') !~ /^(?:#|<!--|\s\*) SPDX-License-Identifier: BSD-2-Clause(?: -->)?$/m
+} @sources;
+is_deeply(\@unnamed, [], 'every source file names BSD-2-Clause (SPDX) in its '
+          . 'first comment (' . scalar(@sources) . ' files)');
 
 my $version = slurp("$root/VERSION");
 $version =~ s/\s+\z//;
