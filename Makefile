@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: BSD-2-Clause
 # ngx_hermes: build, run and test against Debian's nginx.
 #
 #   make run        build, then start a gateway on 127.0.0.1:8088 (foreground)
@@ -5,6 +6,7 @@
 #   make test-asan  the suite again with the module built with AddressSanitizer
 #   make bench      side-by-side benchmark against jupyter-server (bench/)
 #   make deb        the Debian package libnginx-mod-http-hermes, in build/
+#   make dist       the source tarball of the tag vVERSION, in build/
 
 SHELL      := /bin/bash
 TOP        := $(CURDIR)
@@ -18,8 +20,8 @@ PKGS       := nginx nginx-dev libssh-dev libyajl-dev libsodium-dev \
               dpkg-dev debhelper fakeroot
 # Only the test suite's: t/076 renders the status page in a real browser
 # (chromium brings about 135 MB of downloads, 470 MB installed); t/024
-# draws a matplotlib figure in a kernel.
-TEST_PKGS  := chromium python3-matplotlib
+# draws a matplotlib figure in a kernel; t/095 runs lintian on the .deb.
+TEST_PKGS  := chromium python3-matplotlib lintian
 
 SRCS       := config ngx_hermes_module.c $(wildcard src/*.c src/*.h)
 # shipped into each kernel's directory, and carried only (see embed.sh)
@@ -32,11 +34,15 @@ GEN        := build/gen/ngx_hermes_remote.c
 # the status page (?format=html) and its Content-Security-Policy
 STATUS_PAGE := src/status/hermes_status.html
 GEN_STATUS  := build/gen/ngx_hermes_status_page.c
+# the version (VERSION, the one source of it) and the commit built
+VERSION     := $(shell cat VERSION)
+GEN_VERSION := build/gen/ngx_hermes_version.c
 
 MODULE      = build/ngx_http_hermes_module.so
 ASAN_MODULE = build-asan/ngx_http_hermes_module.so
 
-.PHONY: all deps test-deps module asan run test test-asan unit bench deb clean
+.PHONY: all deps test-deps module asan run test test-asan unit bench deb dist \
+        clean FORCE
 
 all: module
 
@@ -77,6 +83,13 @@ $(GEN_STATUS): $(STATUS_PAGE) src/status/embed.pl
 	@mkdir -p $(@D)
 	src/status/embed.pl $@ $(STATUS_PAGE)
 
+# run at every build: the commit changes without any file of ours changing;
+# the file itself only when what it says changes
+$(GEN_VERSION): FORCE
+	@src/version.sh $@
+
+FORCE:
+
 # configure DIR "EXTRA_CFLAGS": Debian's own flags (threads on) plus ours.
 define configure
 	rm -rf $(1)/src $(1)/nginx && mkdir -p $(1)/src && cp -a $(NGX_SRC)/. $(1)/src/
@@ -94,12 +107,13 @@ build/nginx/Makefile: config .deps-ok
 build-asan/nginx/Makefile: config .deps-ok
 	$(call configure,build-asan,-fsanitize=address -fno-omit-frame-pointer -O1,-fsanitize=address)
 
-$(MODULE): build/nginx/Makefile $(SRCS) $(GEN) $(GEN_STATUS)
+$(MODULE): build/nginx/Makefile $(SRCS) $(GEN) $(GEN_STATUS) $(GEN_VERSION)
 	$(MAKE) -s -f $(TOP)/build/nginx/Makefile -C build/src modules
 	@# a new inode: a running nginx keeps its mapping of the old file
 	cp build/nginx/ngx_http_hermes_module.so $@.tmp && mv -f $@.tmp $@
 
-$(ASAN_MODULE): build-asan/nginx/Makefile $(SRCS) $(GEN) $(GEN_STATUS)
+$(ASAN_MODULE): build-asan/nginx/Makefile $(SRCS) $(GEN) $(GEN_STATUS) \
+                $(GEN_VERSION)
 	$(MAKE) -s -f $(TOP)/build-asan/nginx/Makefile -C build-asan/src modules
 	cp build-asan/nginx/ngx_http_hermes_module.so $@.tmp && mv -f $@.tmp $@
 
@@ -141,8 +155,10 @@ bench: module
 
 # The package: debian/rules builds with the targets above (nginx-dev, a
 # package of PKGS, brings debhelper and dpkg-dev); -nc keeps build/, so
-# only what changed is rebuilt, and the packages stay in build/.
-DEB_VERSION := $(shell sed -n '1s/^[^(]*(\([^)]*\)).*/\1/p' debian/changelog)
+# only what changed is rebuilt, and the packages stay in build/.  Its
+# version is VERSION, as debian/changelog's newest entry (made from
+# CHANGELOG.md, below) is.
+DEB_VERSION := $(VERSION)
 DEB_ARCH    := $(shell dpkg --print-architecture)
 DEB_NAME    := libnginx-mod-http-hermes_$(DEB_VERSION)_$(DEB_ARCH)
 DEB         := build/$(DEB_NAME).deb
@@ -162,6 +178,34 @@ $(DEB): $(MODULE) $(REMOTE_PY) $(DEB_SRCS) README.md $(wildcard docs/*.md)
 	@echo "$@ (log: build/deb.log)"
 
 deb: deps $(DEB)
+
+# generated, and kept in git for a plain dpkg-buildpackage: edit CHANGELOG.md
+debian/changelog: CHANGELOG.md VERSION debian/control debian/gen-changelog
+	debian/gen-changelog CHANGELOG.md VERSION debian/control >$@.tmp
+	mv -f $@.tmp $@
+
+# The source tarball: git archive of a tag, never of the work tree, so it
+# holds what was released and nothing else (no build/: the build embeds
+# the remote and status files again from their sources, which are in it).
+# git archive gives every file the commit's time and writes the commit
+# into src/version.sh (.gitattributes); gzip -n stores no name or time:
+# the same tag gives the same bytes.
+DIST_TAG ?= v$(VERSION)
+
+dist:
+	@set -eu -o pipefail; tag='$(DIST_TAG)'; \
+	git rev-parse -q --verify "refs/tags/$$tag^{commit}" >/dev/null || { \
+	    echo "make dist: no tag $$tag; tag the release first:" \
+	         "git tag -a $$tag -m 'ngx_hermes $${tag#v}'" >&2; exit 1; }; \
+	v=$$(git show "$$tag:VERSION"); \
+	[ "$$tag" = "v$$v" ] || { \
+	    echo "make dist: $$tag's VERSION says $$v" >&2; exit 1; }; \
+	out=build/ngx_hermes-$$v.tar.gz; mkdir -p build; \
+	git archive --format=tar --prefix="ngx_hermes-$$v/" "$$tag" \
+	    | gzip -n -9 >"$$out.tmp"; \
+	mv -f "$$out.tmp" "$$out"; \
+	(cd build && sha256sum "$${out#build/}" >"$${out#build/}.sha256"); \
+	echo "$$out ($$tag, $$(git rev-parse "$$tag^{commit}"))"
 
 clean:
 	rm -rf build build-asan run .deps-ok .test-deps-ok t/unit/build

@@ -1,5 +1,7 @@
 
 /*
+ * SPDX-License-Identifier: BSD-2-Clause
+ *
  * ngx_hermes: an nginx module that runs Python cells for AI agents on
  * persistent kernels.  This file wires the parts together: the module,
  * its directives and their configuration.
@@ -247,6 +249,15 @@ ngx_http_hermes_init_module(ngx_cycle_t *cycle)
                       "hermes: sodium_init() failed");
         return NGX_ERROR;
     }
+
+    /*
+     * nginx -V cannot name a dynamic module: say which one is loaded, as
+     * nginx says its own version when it starts
+     */
+
+    ngx_log_error(NGX_LOG_NOTICE, cycle->log, 0,
+                  "hermes: " NGX_HTTP_HERMES_NAME "/%V (commit %V)",
+                  &ngx_http_hermes_version, &ngx_http_hermes_commit);
 
     return NGX_OK;
 }

@@ -1,4 +1,5 @@
 #!/usr/bin/python3
+# SPDX-License-Identifier: BSD-2-Clause
 """ngx_hermes benchmark: hermes (local and ssh backends) side by side with
 jupyter-server.
 
@@ -11,7 +12,8 @@ every socket in time; only 127.0.0.1 is contacted.
         [--hermes-ssh URL --hermes-ssh-rc URL | --ssh-why TEXT]
         [--hermes-warm URL --warm N | --warm-why TEXT]
         [--hermes-ssh-warm URL | --ssh-warm-why TEXT]
-        [--jupyter-stock URL] [--jupyter-par N] [--out results.json]
+        [--jupyter-stock URL] [--jupyter-par N] [--hermes-status URL]
+        [--out results.json]
 
 The jupyter token comes from the environment (JUPYTER_TOKEN).
 """
@@ -869,6 +871,27 @@ def machine():
             "ipykernel": deb("python3-ipykernel")}
 
 
+def gateway_build(url):
+    """What the measured gateway runs, from its status location: module,
+    version and commit (the tree's commit above may differ from the .so
+    that nginx loaded)."""
+    if not url:
+        return {"error": "no status location"}
+    u = urllib.parse.urlsplit(url)
+    try:
+        conn = http.client.HTTPConnection(u.hostname, u.port, timeout=10)
+        conn.request("GET", u.path + "?format=json")
+        r = conn.getresponse()
+        data = r.read()
+        conn.close()
+        if r.status != 200:
+            return {"error": f"status {r.status}"}
+        j = json.loads(data)
+        return {k: j.get(k) for k in ("module", "version", "commit")}
+    except (OSError, ValueError, http.client.HTTPException) as e:
+        return {"error": f"{type(e).__name__}: {e}"}
+
+
 def log(msg):
     print(f"[{time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
 
@@ -1184,6 +1207,8 @@ def main():
     ap.add_argument("--jupyter")
     ap.add_argument("--jupyter-stock")
     ap.add_argument("--jupyter-par", type=int, default=0)
+    ap.add_argument("--hermes-status",
+                    help="the gateway's hermes_status location (its version)")
     ap.add_argument("--hermes-log")
     ap.add_argument("--hermes-pid", type=int, help="nginx master pid (CPU diagnostics)")
     ap.add_argument("--out")
@@ -1204,6 +1229,7 @@ def main():
 
     t_start = time.perf_counter()
     res = {"date": time.strftime("%Y-%m-%d %H:%M:%S %z"), "machine": machine(),
+           "hermes": gateway_build(a.hermes_status),
            "params": {"profiles": PROFILES, "min_n": MIN_N,
                       "trivial_stock_n": N_TRIVIAL_STOCK,
                       "max_stream": MAX_STREAM, "trivial_code": TRIVIAL,
@@ -1289,6 +1315,9 @@ def report(res):
           f"nginx {m['nginx']}, openssh {m['openssh']}, libssh {m['libssh']}, "
           f"jupyter-server {m['jupyter_server']}, ipykernel {m['ipykernel']}; "
           f"tree {m['commit']}")
+    h = res.get("hermes") or {"error": "not recorded"}
+    print(f"hermes: {h['module']} {h['version']}, commit {h['commit']}"
+          if "error" not in h else f"hermes: version unknown ({h['error']})")
     print(f"CPU busy in the second before the run: {100 * busy0:.0f}%; load average "
           f"at start {m['loadavg_at_start']}, at end {m['loadavg_at_end']}"
           + ("  (WARNING: machine busy, figures unreliable)" if busy0 > 0.15 else ""))

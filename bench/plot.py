@@ -1,4 +1,5 @@
 #!/usr/bin/python3
+# SPDX-License-Identifier: BSD-2-Clause
 """Plot bench/results.json: the latency distributions of each backend.
 
     /usr/bin/python3 bench/plot.py bench/results.json docs/benchmarks-latency.png

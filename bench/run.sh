@@ -1,4 +1,5 @@
 #!/bin/bash
+# SPDX-License-Identifier: BSD-2-Clause
 # `make bench`: ngx_hermes (local and ssh backends) side by side with
 # jupyter-server, in one run, on loopback.
 #
@@ -15,8 +16,9 @@
 #     backend through that sshd as each user), /v1/execute-warm (the local
 #     backend with warm=N, when the module takes it: nginx -t says),
 #     /v1/execute-ssh-warm (the ssh backend as the dedicated user, its own
-#     kernels root, warm=N) and, with BENCH_TMPFS=1, /v1/execute-tmpfs (a
-#     kernels root on /dev/shm);
+#     kernels root, warm=N), with BENCH_TMPFS=1, /v1/execute-tmpfs (a
+#     kernels root on /dev/shm), and /v1/status, whose version and commit
+#     of the module go into the results;
 #   - Debian's jupyter-server with TCP_NODELAY set on the kernel websocket
 #     (set_nodelay(True) in ZMQChannelsHandler.open, from a
 #     jupyter_server_config.py), the variant the targets compare with;
@@ -428,6 +430,11 @@ http {
         }
 $shm_location$ssh_locations$1
 
+        # the build measured: its version and commit go into the results
+        location = /v1/status {
+            hermes_status;
+        }
+
         # tool calls: a subrequest through a real proxy hop
         location /tools {
             internal;
@@ -571,6 +578,7 @@ timeout --kill-after=10 "${BENCH_TIMEOUT:-480}" "$PY" "$top/bench/bench.py" \
     ${stock_arg[@]+"${stock_arg[@]}"} \
     "${extra[@]}" \
     --jupyter-par "${BENCH_JUPYTER_PAR:-0}" \
+    --hermes-status "http://127.0.0.1:$hport/v1/status" \
     --hermes-log "$prefix/nginx/logs/error.log" --hermes-pid "$nginx_pid" \
     --out "$top/bench/results.json" &
 bench_pid=$!

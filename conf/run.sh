@@ -1,4 +1,5 @@
 #!/bin/bash
+# SPDX-License-Identifier: BSD-2-Clause
 # `make run`: a gateway on 127.0.0.1:PORT with the local backend, its
 # prefix in ./run of the checkout, in the foreground.
 set -eu

@@ -1,5 +1,7 @@
 
 /*
+ * SPDX-License-Identifier: BSD-2-Clause
+ *
  * ngx_hermes: what the rest of the module asks of a backend, through its
  * operations table (ngx_http_hermes_backend_ops_t), and where a new kernel
  * goes: host placement takes the kernels per host from the registry and

@@ -1,5 +1,7 @@
 
 /*
+ * SPDX-License-Identifier: BSD-2-Clause
+ *
  * ngx_hermes: backends: where kernels run (local, ssh), their commands and
  * their ops.
  */

@@ -1,5 +1,7 @@
 
 /*
+ * SPDX-License-Identifier: BSD-2-Clause
+ *
  * ngx_hermes: the local backend, kernels on the nginx host.
  *
  * Commands run under /bin/sh with their payload on stdin (never on the

@@ -1,5 +1,7 @@
 
 /*
+ * SPDX-License-Identifier: BSD-2-Clause
+ *
  * ngx_hermes: the ssh backend, kernels on remote hosts over libssh.
  *
  * Each worker keeps one link per host of a backend: one ssh connection,

@@ -1,5 +1,7 @@
 
 /*
+ * SPDX-License-Identifier: BSD-2-Clause
+ *
  * ngx_hermes: one cell's turn on its kernel, a state machine: acquire the
  * turn (queueing behind other cells of the session), spawn the kernel when
  * there is none, run the cell through the backend's transport, then take

@@ -1,5 +1,7 @@
 
 /*
+ * SPDX-License-Identifier: BSD-2-Clause
+ *
  * ngx_hermes: configuration: the module's main, zone and location confs,
  * backends' confs, warm pools.
  */

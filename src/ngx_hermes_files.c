@@ -1,5 +1,7 @@
 
 /*
+ * SPDX-License-Identifier: BSD-2-Clause
+ *
  * ngx_hermes: files into and out of a kernel's working directory, its
  * kernel dir: PUT and GET <kernels location>/SESSION/files/PATH.  The path
  * is checked here, then again on the kernel's host by hermes_files.py,

@@ -1,5 +1,7 @@
 
 /*
+ * SPDX-License-Identifier: BSD-2-Clause
+ *
  * ngx_hermes: HTTP handlers.  The execute endpoint reads and checks the
  * request, then hands it to a cell (ngx_hermes_cell.c); the kernels and
  * status endpoints answer from the registry.  What is written back is

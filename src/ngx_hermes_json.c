@@ -1,5 +1,7 @@
 
 /*
+ * SPDX-License-Identifier: BSD-2-Clause
+ *
  * ngx_hermes: JSON in and out, with yajl.
  *
  * Inputs (request bodies, the runner's result files) are read with yajl's
@@ -1852,6 +1854,16 @@ ngx_http_hermes_json_stats(ngx_pool_t *pool, ngx_http_hermes_stats_t *st,
     ngx_http_hermes_gen_number(g, v)
 
     yajl_gen_map_open(g);
+
+    /* what answers: as Prometheus' hermes_build_info */
+    ngx_http_hermes_gen_key(g, "module");
+    yajl_gen_string(g, (u_char *) NGX_HTTP_HERMES_NAME,
+                    sizeof(NGX_HTTP_HERMES_NAME) - 1);
+    ngx_http_hermes_gen_key(g, "version");
+    ngx_http_hermes_gen_str(g, &ngx_http_hermes_version);
+    ngx_http_hermes_gen_key(g, "commit");
+    ngx_http_hermes_gen_str(g, &ngx_http_hermes_commit);
+
     ngx_http_hermes_gen_counter("kernels", st->kernels);
     ngx_http_hermes_gen_counter("running", st->running);
     ngx_http_hermes_gen_counter("warm_kernels", st->warm);
@@ -2074,7 +2086,7 @@ ngx_http_hermes_prometheus_stats(ngx_pool_t *pool,
 
     /* HELP and TYPE lines, then a sample line at most this long each */
 
-    size = 8192;
+    size = 8192 + ngx_http_hermes_version.len + ngx_http_hermes_commit.len;
 
     for (i = 0; i < st->nhosts; i++) {
         if (ngx_http_hermes_prom_label(pool, &names[i], &st->hosts[i].name)
@@ -2107,6 +2119,17 @@ ngx_http_hermes_prometheus_stats(ngx_pool_t *pool,
     ngx_http_hermes_prom_family(name, type, help);                            \
     p = ngx_sprintf(p, "hermes_" name "{zone=\"%V\"} %ui\n", &z,            \
                     (ngx_uint_t) (v))
+
+    /*
+     * the gateway's, not the zone's: no zone label; its values need no
+     * escaping (src/version.sh lets no backslash, quote or newline in)
+     */
+
+    ngx_http_hermes_prom_family("build_info", "gauge",
+                                "The module's version and the commit it "
+                                "was built from; always 1.");
+    p = ngx_sprintf(p, "hermes_build_info{version=\"%V\",commit=\"%V\"} "
+                    "1\n", &ngx_http_hermes_version, &ngx_http_hermes_commit);
 
     ngx_http_hermes_prom("kernels", "gauge",
                          "Kernels in the registry (starting, idle or "

@@ -1,5 +1,7 @@
 
 /*
+ * SPDX-License-Identifier: BSD-2-Clause
+ *
  * ngx_hermes: kernel lifecycle, spawn and kill.
  *
  * Both run in the thread pool: they wait on commands.  Spawn follows the

@@ -1,5 +1,7 @@
 
 /*
+ * SPDX-License-Identifier: BSD-2-Clause
+ *
  * ngx_hermes: kernel lifecycle: spawn, kill, interrupt, warm pools, crash
  * recovery.
  */

@@ -1,5 +1,7 @@
 
 /*
+ * SPDX-License-Identifier: BSD-2-Clause
+ *
  * ngx_hermes: the MCP client.  A tool call to an MCP server (hermes_tools_pass
  * ... protocol=mcp) goes over the streamable HTTP transport through the
  * same subrequests as a hermes one: initialize and notifications/initialized

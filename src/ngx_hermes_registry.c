@@ -1,5 +1,7 @@
 
 /*
+ * SPDX-License-Identifier: BSD-2-Clause
+ *
  * ngx_hermes: the kernel registry in the hermes_zone shared memory.
  *
  * An rbtree keyed by a crc32 of "owner \0 backend \0 session" (collisions

@@ -1,5 +1,7 @@
 
 /*
+ * SPDX-License-Identifier: BSD-2-Clause
+ *
  * ngx_hermes: the registry: the kernels of a zone in shared memory, as the
  * rest of the module sees it (its own layout is in
  * ngx_hermes_registry_zone.h).

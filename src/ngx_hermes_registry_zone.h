@@ -1,5 +1,7 @@
 
 /*
+ * SPDX-License-Identifier: BSD-2-Clause
+ *
  * ngx_hermes: the registry's own layout in shared memory, private to
  * ngx_hermes_registry.c (and its unit tests), as limit_req keeps its node
  * type inside its .c.

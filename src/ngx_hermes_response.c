@@ -1,5 +1,7 @@
 
 /*
+ * SPDX-License-Identifier: BSD-2-Clause
+ *
  * ngx_hermes: everything written to a client.  A cell's NDJSON stream
  * (the kernel line, event lines at the client's pace, the result line)
  * or its one JSON answer; JSON error bodies; and a filter that turns the

@@ -1,5 +1,7 @@
 
 /*
+ * SPDX-License-Identifier: BSD-2-Clause
+ *
  * ngx_hermes: a cell's stream again, for a client that lost it:
  * GET <kernels location>/SESSION/cells/ID?offset=N.  The files are the
  * truth: the kernel's transport reads cells/cell_out_ID from byte N

@@ -1,5 +1,7 @@
 
 /*
+ * SPDX-License-Identifier: BSD-2-Clause
+ *
  * ngx_hermes: tool calls from a cell's code, over its kernel's file RPC.
  *
  * hermes_tools.py writes rpc/req_N ({"tool","args","seq","token"}).  Each

@@ -1,5 +1,7 @@
 
 /*
+ * SPDX-License-Identifier: BSD-2-Clause
+ *
  * ngx_hermes: a tool call as the RPC channel (ngx_hermes_rpc.c), the MCP
  * client (ngx_hermes_mcp.c) and hermes_schema (ngx_hermes_schema.c) share
  * it; private to those three.

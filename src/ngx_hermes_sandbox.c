@@ -1,5 +1,7 @@
 
 /*
+ * SPDX-License-Identifier: BSD-2-Clause
+ *
  * ngx_hermes: each kernel in its own sandbox.
  *
  * The start step of a spawn runs the runner under bubblewrap: new user,

@@ -1,5 +1,7 @@
 
 /*
+ * SPDX-License-Identifier: BSD-2-Clause
+ *
  * ngx_hermes: sandboxes: bwrap, a user that is not root, cgroups or rlimits.
  */
 

@@ -1,5 +1,7 @@
 
 /*
+ * SPDX-License-Identifier: BSD-2-Clause
+ *
  * ngx_hermes: a cell's run and its stream on a kernel, through a backend's
  * transport.
  */

@@ -1,5 +1,7 @@
 
 /*
+ * SPDX-License-Identifier: BSD-2-Clause
+ *
  * ngx_hermes: a cell's stream on a kernel of this host.  The worker is
  * its own kernel-host agent here: it ships cells/cell_req_N.json, wakes
  * the runner through its FIFO, then reads cells/cell_out_N and

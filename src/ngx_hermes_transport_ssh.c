@@ -1,5 +1,7 @@
 
 /*
+ * SPDX-License-Identifier: BSD-2-Clause
+ *
  * ngx_hermes: a cell's stream on a kernel of an ssh host.  The carrier
  * (ngx_hermes_backend_ssh.c: the host's link to its kernel-host agent)
  * ships the cell and writes what the agent sends into a socketpair read

@@ -1,4 +1,5 @@
 #!/usr/bin/perl
+# SPDX-License-Identifier: BSD-2-Clause
 # Self-test of t/lib/Hermes/Test.pm, without the hermes module.
 
 use strict;

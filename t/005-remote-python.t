@@ -1,4 +1,5 @@
 #!/usr/bin/perl
+# SPDX-License-Identifier: BSD-2-Clause
 # The kernel host's Python (src/remote), tested as Python: the runner, the
 # tools client, the kernel-host agent and the file helper driven through
 # their files and frames.

@@ -1,4 +1,5 @@
 #!/usr/bin/perl
+# SPDX-License-Identifier: BSD-2-Clause
 # Execute on the local backend: state, streaming, results, answers.
 
 use strict;

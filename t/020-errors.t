@@ -1,4 +1,5 @@
 #!/usr/bin/perl
+# SPDX-License-Identifier: BSD-2-Clause
 # Bad input gets a clear JSON error and loses nothing.
 
 use strict;

@@ -1,4 +1,5 @@
 #!/usr/bin/perl
+# SPDX-License-Identifier: BSD-2-Clause
 # Exact parsing, from the attacker's side: media types, UTF-8 and escapes,
 # duplicate and look-alike keys, the kernels URI, the unset owner, nginx's
 # own errors as JSON, and no client text forging a line in error.log.

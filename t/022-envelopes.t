@@ -1,4 +1,5 @@
 #!/usr/bin/perl
+# SPDX-License-Identifier: BSD-2-Clause
 # Agent envelopes (OpenAI tool calls with string or object arguments,
 # Anthropic tool_use blocks), errors answered as tool messages, and the
 # session taken from hermes_session (a header, a URL capture).

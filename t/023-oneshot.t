@@ -1,4 +1,5 @@
 #!/usr/bin/perl
+# SPDX-License-Identifier: BSD-2-Clause
 # One-shot cells: a request without a session (or "ephemeral": true) runs
 # in a fresh kernel, discarded after the cell.  And heartbeats: a silent
 # stream gets {"type":"heartbeat"} lines every hermes_heartbeat.

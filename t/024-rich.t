@@ -1,4 +1,5 @@
 #!/usr/bin/perl
+# SPDX-License-Identifier: BSD-2-Clause
 # Output from anywhere in a cell and rich results, on the local backend
 # and over ssh: what a subprocess, os.system or os.write(1, ...) writes
 # joins the cell's stream in order with its prints (bytes after the cell

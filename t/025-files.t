@@ -1,4 +1,5 @@
 #!/usr/bin/perl
+# SPDX-License-Identifier: BSD-2-Clause
 # Files into and out of a kernel's working directory: PUT and GET
 # <kernels>/SESSION/files/PATH, owner-scoped, confined to the kernel dir
 # (no "..", no absolute path, no symlink out, no FIFO), bounded by

@@ -1,4 +1,5 @@
 #!/usr/bin/perl
+# SPDX-License-Identifier: BSD-2-Clause
 # Cells that survive the client: the kernel line names the cell; a client
 # that lost the stream gets the rest with GET <kernels>/SESSION/cells/ID
 # ?offset=N (N: the bytes of the kernel's event lines it got), live while

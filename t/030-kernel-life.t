@@ -1,4 +1,5 @@
 #!/usr/bin/perl
+# SPDX-License-Identifier: BSD-2-Clause
 # Kernel lifecycle: timeouts kill the process group, dead kernels are
 # replaced with state_lost, a client that goes away does not stop its cell.
 

@@ -1,4 +1,5 @@
 #!/usr/bin/perl
+# SPDX-License-Identifier: BSD-2-Clause
 # No orphans: `nginx -s quit` and `nginx -s stop` shut every kernel down
 # (process groups killed, directories removed), a running cell's too; a
 # reload keeps them.

@@ -1,4 +1,5 @@
 #!/usr/bin/perl
+# SPDX-License-Identifier: BSD-2-Clause
 # A start after a crash: the kernels an earlier run of this gateway left
 # in its root are killed and removed, with a log line; another gateway's
 # kernel dirs, and anything else there, are not touched; a reload (the

@@ -1,4 +1,5 @@
 #!/usr/bin/perl
+# SPDX-License-Identifier: BSD-2-Clause
 # src/remote/hermes_kernel.sh alone, run as the module runs it (sh -c
 # SCRIPT hermes VERB ARG...), with hostile arguments and a hostile root:
 # an id that is not exactly 32 lowercase hex is refused before any use,

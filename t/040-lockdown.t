@@ -1,4 +1,5 @@
 #!/usr/bin/perl
+# SPDX-License-Identifier: BSD-2-Clause
 # The lockdown invariants (docs/security.md) on the local backend: modes on
 # disk, kernel.env gone, the token in no argv, no outer environment and no
 # log line, code never on a command line, a failed directory step ships

@@ -1,4 +1,5 @@
 #!/usr/bin/perl
+# SPDX-License-Identifier: BSD-2-Clause
 # The kernel directory is the gateway's own or nothing starts: a co-tenant
 # who reads a kernel directory's name (from ps) and makes it first, as the
 # same user or another, or as a symlink, never gets a runner started in it;

@@ -1,4 +1,5 @@
 #!/usr/bin/perl
+# SPDX-License-Identifier: BSD-2-Clause
 # A cell's code is an adversary with the kernel's uid: it replaces the
 # files of its own kernel dir with FIFOs, symlinks, directories and huge
 # sparse files.  The worker never blocks on one (one worker: a status

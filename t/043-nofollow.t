@@ -1,4 +1,5 @@
 #!/usr/bin/perl
+# SPDX-License-Identifier: BSD-2-Clause
 # The module never follows a symlink a cell plants in its kernel dir: a
 # cell that makes its own result file a symlink to a file elsewhere
 # holding a valid-looking result gets status "error" (an unreadable

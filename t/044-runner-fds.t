@@ -1,4 +1,5 @@
 #!/usr/bin/perl
+# SPDX-License-Identifier: BSD-2-Clause
 # A local kernel holds nothing of the worker's: no listening or client
 # socket, no epoll, eventfd or inotify fd, no log file.  The runner's fds
 # are only what it opened itself: 0 on /dev/null, 1 and 2 on pipes it

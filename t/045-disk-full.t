@@ -1,4 +1,5 @@
 #!/usr/bin/perl
+# SPDX-License-Identifier: BSD-2-Clause
 # The kernel host's disk fills up (a cell writes until it cannot): the
 # cell ends at once with status "error" and a clear message, not at its
 # timeout; a cell that swallows the errors ends too; a cell shipped while

@@ -1,4 +1,5 @@
 #!/usr/bin/perl
+# SPDX-License-Identifier: BSD-2-Clause
 # The thread pool's queue is full: a request that needs a thread gets 503
 # busy with Retry-After, and nothing is lost: kernels are left alone, a
 # kill that could not be queued happens at the next sweep.

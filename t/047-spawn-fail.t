@@ -1,4 +1,5 @@
 #!/usr/bin/perl
+# SPDX-License-Identifier: BSD-2-Clause
 # A spawn that fails at any step leaves nothing behind and says why in one
 # honest error.log line.  The kernel host is the test sshd, whose sessions
 # find fake mkdir, head and python3 first on PATH; each fake does its real

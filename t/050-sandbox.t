@@ -1,4 +1,5 @@
 #!/usr/bin/perl
+# SPDX-License-Identifier: BSD-2-Clause
 # Every kernel in its own sandbox (hermes_sandbox bwrap, the default):
 # written from the side of a cell of owner mallory that goes after the
 # kernels of owner alice on the same kernel host, as the same unix user.

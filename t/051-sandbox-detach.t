@@ -1,4 +1,5 @@
 #!/usr/bin/perl
+# SPDX-License-Identifier: BSD-2-Clause
 # A sandboxed kernel outlives the shell that started it, however late that
 # shell exits.  bwrap --die-with-parent kills the kernel when bwrap's
 # parent dies; the spawn's shell (echo $! && id -u, after starting the

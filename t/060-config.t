@@ -1,4 +1,5 @@
 #!/usr/bin/perl
+# SPDX-License-Identifier: BSD-2-Clause
 # Bad directive arguments fail `nginx -t` with a message naming the reason.
 
 use strict;

@@ -1,4 +1,5 @@
 #!/usr/bin/perl
+# SPDX-License-Identifier: BSD-2-Clause
 # The registry: the cap never evicts a running kernel, one spawn per key,
 # the queue limit, owner isolation on list/delete/execute, the counters;
 # max_kernels_per_owner: an owner makes room among its own kernels only.

@@ -1,4 +1,5 @@
 #!/usr/bin/perl
+# SPDX-License-Identifier: BSD-2-Clause
 # The registry over time: idle kernels are reaped (never a running one), a
 # worker killed mid-cell or while its cell waits in the queue leaves no mark
 # that pins its kernel, reload keeps kernels and lets a streaming cell

@@ -1,4 +1,5 @@
 #!/usr/bin/perl
+# SPDX-License-Identifier: BSD-2-Clause
 # Warm pools (hermes_backend ... warm=N): N spawned, sandboxed, idle
 # kernels of no one; a new session takes one and runs at once, the pool
 # refills.  Pool kernels are no owner's (limit, listing), are replaced when

@@ -1,4 +1,5 @@
 #!/usr/bin/perl
+# SPDX-License-Identifier: BSD-2-Clause
 # Metrics: hermes_status in Prometheus text and in JSON after known
 # traffic (successes, an error cell, a timeout, a 415, a 429 queue_full,
 # failed spawns on local and ssh backends): exact counter deltas,
@@ -6,7 +7,8 @@
 # from the cell's duration), the queue-depth gauge, per-host kernels and
 # spawn failures, answers by HTTP status and error code; every line parses
 # as Prometheus text (a strict parser below); both formats carry the same
-# figures; a bad ?format= is a 400; the access-log variables.
+# figures; a bad ?format= is a 400; the access-log variables; the module's
+# version and commit (hermes_build_info, the JSON's, error.log's).
 
 use strict;
 use warnings;
@@ -265,6 +267,33 @@ is($r->{status}, 200, '?format=json: 200');
 ok(defined $r->{json}{kernels}, '... JSON');
 
 ###############################################################################
+# what answers: the module's name, VERSION's version and the commit, in
+# both forms and in error.log's line at the start
+
+my $version = do {
+    open my $fh, '<', Hermes::Test::repo_root() . '/VERSION' or die "VERSION: $!";
+    local $/;
+    my $v = <$fh>;
+    $v =~ s/\s+\z//;
+    $v;
+};
+my $jb = json_status();
+is($jb->{module}, 'ngx_http_hermes_module', 'JSON module: the name');
+is($jb->{version}, $version, "JSON version: VERSION's ($version)");
+like($jb->{commit}, qr/^(?:[0-9a-f]{40}(?:-dirty)?|unknown)$/,
+     "JSON commit: a commit or unknown ($jb->{commit})");
+my $fb = eval { parse_prom(prom_status()->{content}) };
+my @bi = @{ $fb->{hermes_build_info}{list} || [] };
+is(scalar @bi, 1, 'one hermes_build_info sample');
+is_deeply($bi[0]{labels}, { version => $version, commit => $jb->{commit} },
+          'hermes_build_info{version,commit}: as the JSON says');
+is($bi[0]{value}, 1, 'hermes_build_info is 1');
+is($fb->{hermes_build_info}{type}, 'gauge', 'hermes_build_info is a gauge');
+like($t->error_log,
+     qr/\[notice\] \d+#\d+: hermes: ngx_http_hermes_module\/\Q$version\E \(commit \Q$jb->{commit}\E\)$/m,
+     'error.log names the module, its version and commit at the start');
+
+###############################################################################
 # known traffic between two scrapes of each format
 
 my $n1 = $scrapes;
@@ -440,6 +469,9 @@ for my $family (sort keys %$f2) {
             $v = $j2->{$jname}{buckets}{ $l{le} };
         } elsif ($s->{name} =~ /_(sum|count)$/ && $f2->{$family}{type} eq 'histogram') {
             $v = $j2->{$jname}{$1};
+        } elsif ($family eq 'hermes_build_info') {
+            $v = 1 if ($j2->{version} // '') eq $l{version}
+                      && ($j2->{commit} // '') eq $l{commit};
         } elsif ($family eq 'hermes_responses_total') {
             $v = $j2->{$jname}{ $l{code} }{ $l{error} };
             # the Prometheus scrape itself is a 200 the JSON one counts

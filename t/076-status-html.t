@@ -1,11 +1,13 @@
 #!/usr/bin/perl
+# SPDX-License-Identifier: BSD-2-Clause
 # The status page, ?format=html, in a real browser: Debian's chromium,
 # headless, loads it from a live gateway with known traffic (two owners,
 # one of them named like an HTML injection, a running cell with one more
 # waiting behind it, a failed spawn, a 415) and dumps the DOM it rendered
 # from the JSON form; the figures in that DOM (kernels, running, queue
 # depth, per host, per owner, the running cell and its age, answers, the
-# histograms' buckets) match the JSON fetched around it, the hostile owner
+# histograms' buckets, the build in the header) match the JSON fetched
+# around it, the hostile owner
 # is text (no <img> made), the page refreshes every
 # ?refresh= seconds, and its headers: text/html, no-store, a CSP that lets
 # only the page's own script run (by its hash). A bad refresh is a 400.
@@ -227,6 +229,10 @@ for my $k (qw(kernels running queue_depth owners)) {
 }
 is($j1->{kernels}, 4, 'JSON kernels: a1, a2, x1 and the long cell\'s');
 is($j1->{owners}, 2, 'JSON owners: alice and the hostile one');
+
+(my $short = $j1->{commit} // '') =~ s/^([0-9a-f]{12})[0-9a-f]{28}/$1/;
+like($dom, qr{<span id="build" title="commit \Q$j1->{commit}\E">ngx_http_hermes_module \Q$j1->{version}\E \(\Q$short\E\)</span>},
+     "the header: the module, its version and commit ($j1->{version}, $short)");
 
 is(card($dom, 'sum-kernels'), $j1->{kernels}, "page kernels = JSON ($j1->{kernels})");
 is(card($dom, 'sum-running'), $j1->{running}, "page running = JSON ($j1->{running})");

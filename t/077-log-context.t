@@ -1,4 +1,5 @@
 #!/usr/bin/perl
+# SPDX-License-Identifier: BSD-2-Clause
 # error.log lines about a cell name its owner, session and kernel, the
 # owner escaped (it is the operator's variable, any byte but a control).
 

@@ -1,4 +1,5 @@
 #!/usr/bin/perl
+# SPDX-License-Identifier: BSD-2-Clause
 # State loss is always announced: after a session's kernel was reaped
 # (idle), evicted (cap), deleted, died or killed at a timeout, the next
 # call says state_lost: true and lost_reason, in the kernel line, the

@@ -1,4 +1,5 @@
 #!/usr/bin/perl
+# SPDX-License-Identifier: BSD-2-Clause
 # The kernel registry at scale (with 100,000 entries, the lookup cost
 # stays flat, O(log n), and an entry takes at most 512 bytes of zone):
 # builds and runs t/unit/registry_scale, the real src/ngx_hermes_registry.c

@@ -1,4 +1,5 @@
 #!/usr/bin/perl
+# SPDX-License-Identifier: BSD-2-Clause
 # More than one gateway: a front tier of plain nginx hashes the session
 # (from the URL, by a map) over two gateways, which read it with
 # hermes_session.  Sessions stick to one gateway, spread over both, and

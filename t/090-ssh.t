@@ -1,4 +1,5 @@
 #!/usr/bin/perl
+# SPDX-License-Identifier: BSD-2-Clause
 # The ssh backend against a real OpenSSH sshd on 127.0.0.1 (the "remote"
 # kernel host is this machine, its root under KROOT): cells, state,
 # streaming, the lockdown invariants over ssh, host-key checking, hosts

@@ -1,4 +1,5 @@
 #!/usr/bin/perl
+# SPDX-License-Identifier: BSD-2-Clause
 # The spawn commands of docs/protocol.md ("Spawn"), which the module sends
 # to the kernel host's shell (over ssh: the login shell's `-c`), replayed
 # through real shells under a temp root, payloads on stdin.

@@ -1,4 +1,5 @@
 #!/usr/bin/perl
+# SPDX-License-Identifier: BSD-2-Clause
 # The ssh connection to the kernel host goes away mid-cell (sshd stopped, its
 # connections killed, then started again on the same port): an outage
 # shorter than the cell's remaining timeout loses nothing, every line

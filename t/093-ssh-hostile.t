@@ -1,4 +1,5 @@
 #!/usr/bin/perl
+# SPDX-License-Identifier: BSD-2-Clause
 # The ssh backend's kernel-host agent against a cell (same uid as the
 # kernel) and a co-tenant on the kernel host: nothing the module runs comes
 # from the kernel directory; a cell is shipped only into its own kernel's

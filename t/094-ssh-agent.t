@@ -1,4 +1,5 @@
 #!/usr/bin/perl
+# SPDX-License-Identifier: BSD-2-Clause
 # One ssh connection and one kernel-host agent per worker and host: the
 # login shell's rc runs once for a spawn, ten cells and a kill; twenty
 # sessions' cells run at once over that one connection, answered exactly,

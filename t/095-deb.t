@@ -1,4 +1,5 @@
 #!/usr/bin/perl
+# SPDX-License-Identifier: BSD-2-Clause
 # The Debian package: `make deb` builds libnginx-mod-http-hermes; unpacked
 # into a throwaway root it has the module, its load snippet, the docs and
 # the kernel-host Python, depends on the nginx ABI this nginx provides, and
@@ -25,7 +26,16 @@ plan skip_all => 'debhelper missing (Debian package debhelper)'
 plan skip_all => 'dh-sequence-nginx missing (Debian package nginx-dev)'
     unless -e '/usr/share/perl5/Debian/Debhelper/Sequence/nginx.pm';
 
-chomp(my $version = `cd '$root' && dpkg-parsechangelog -S Version`);
+# the version: VERSION's, in debian/changelog made from CHANGELOG.md
+my $version = slurp("$root/VERSION") // '';
+$version =~ s/\s+\z//;
+like($version, qr/^\d+\.\d+\.\d+$/, "VERSION: $version");
+my $made = `cd '$root' && debian/gen-changelog CHANGELOG.md VERSION debian/control`;
+is($?, 0, 'debian/gen-changelog runs');
+ok($made eq (slurp("$root/debian/changelog") // ''),
+   'debian/changelog is what CHANGELOG.md makes (make debian/changelog)');
+chomp(my $dv = `cd '$root' && dpkg-parsechangelog -S Version`);
+is($dv, $version, "debian/changelog's version is VERSION's");
 chomp(my $arch = `dpkg --print-architecture`);
 my $deb = "$root/build/libnginx-mod-http-hermes_${version}_$arch.deb";
 
@@ -58,8 +68,17 @@ is(slurp($snippet), "load_module modules/ngx_http_hermes_module.so;\n",
 for my $f (qw(README.md directives.md operations.md protocol.md security.md)) {
     ok(-f "$doc/$f" || -f "$doc/$f.gz", "doc $f");
 }
-ok(-f "$doc/copyright", 'copyright');
+my $copyright = slurp("$doc/copyright") // '';
+like($copyright, qr/^Files: \*\n(?:.+\n)*License: BSD-2-Clause\n/m,
+     'copyright: every file is BSD-2-Clause');
+like($copyright, qr/^License: BSD-2-Clause\n Redistribution and use/m,
+     'copyright: with its text');
 ok(-f "$doc/changelog.gz", 'changelog');
+like(scalar `gzip -dc '$doc/changelog.gz'`,
+     qr/\Alibnginx-mod-http-hermes \(\Q$version\E\) /,
+     "changelog: its newest entry is $version");
+chomp(my $debv = `dpkg-deb -f '$deb' Version`);
+is($debv, $version, "the package's version: $version");
 ok(-f "$doc/examples/hermes.conf", 'example configuration');
 
 # the runtime Python as data, the same bytes as the tree's; no tests

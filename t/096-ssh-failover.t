@@ -1,4 +1,5 @@
 #!/usr/bin/perl
+# SPDX-License-Identifier: BSD-2-Clause
 # A kernel host that dies while a spawn's first command is on its way to
 # it (sent, not yet answered, the worker's link not yet aware the host is
 # gone): the new session goes to the other host instead of failing with

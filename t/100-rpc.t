@@ -1,4 +1,5 @@
 #!/usr/bin/perl
+# SPDX-License-Identifier: BSD-2-Clause
 # Tool calls from cells (local backend): code calls hermes_tools.NAME(),
 # the module checks each rpc/req_N and dispatches it as a subrequest to
 # hermes_tools_pass, a real HTTP tool endpoint here that logs every hit.

@@ -1,4 +1,5 @@
 #!/usr/bin/perl
+# SPDX-License-Identifier: BSD-2-Clause
 # Tool calls to an MCP server: hermes_tools_pass URI protocol=mcp speaks
 # MCP's streamable HTTP transport (JSON-RPC 2.0: initialize,
 # notifications/initialized, tools/call, tools/list for "hermes_tools

@@ -1,4 +1,5 @@
 #!/usr/bin/perl
+# SPDX-License-Identifier: BSD-2-Clause
 # Pure logic as units (cmocka), each built from the real src/ file with
 # nginx's own core code: t/unit/rpc_checks.c (the RPC checks of a
 # request's JSON, token, seq and replay, each rejection with its reason)

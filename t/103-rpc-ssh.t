@@ -1,4 +1,5 @@
 #!/usr/bin/perl
+# SPDX-License-Identifier: BSD-2-Clause
 # Tool calls from cells on an ssh kernel: the kernel-host agent watches
 # rpc/ and brings each request whole over its channel; the module checks
 # it (token, seq, replay: the same checks as on the local backend, never

@@ -1,4 +1,5 @@
 #!/usr/bin/perl
+# SPDX-License-Identifier: BSD-2-Clause
 # One MCP session per kernel, never shared across owners: a stateful MCP
 # server (remember/recall, as a memory or browser server keeps state per
 # session) gives each kernel its own state; one owner's kernel never sees

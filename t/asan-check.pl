@@ -1,4 +1,5 @@
 #!/usr/bin/perl
+# SPDX-License-Identifier: BSD-2-Clause
 # Reads AddressSanitizer logs (make test-asan) and fails on any memory
 # error, and on any leak whose stack passes through the module or the
 # libraries it calls. nginx itself does not free its worker arrays at exit;

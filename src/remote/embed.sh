@@ -1,4 +1,5 @@
 #!/bin/sh
+# SPDX-License-Identifier: BSD-2-Clause
 # Turns the kernel host's Python files into one C file, so the .so carries
 # them and they stay real, testable .py files in the tree.
 # usage: embed.sh OUT.c shipped.py... [-- other.py...] [-- script.sh...]

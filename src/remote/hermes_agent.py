@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: BSD-2-Clause
 """The kernel-host agent: one per connection, many cells and commands.
 
 The module runs it once per (worker, kernel host) connection, from its own

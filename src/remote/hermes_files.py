@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: BSD-2-Clause
 """Moves a file, or a piece of one, into or out of a kernel's directory.
 
 The module runs it from its own copy (never from the kernel directory, which

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: BSD-2-Clause
 """Tool calls from cell code, over the kernel's file RPC channel.
 
     import hermes_tools

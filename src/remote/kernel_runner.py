@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: BSD-2-Clause
 """ngx_hermes kernel runner: one persistent Python kernel in one directory.
 
 The nginx module makes the kernel dir D, copies this file and hermes_tools.py

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: BSD-2-Clause
 """Tests for hermes_agent.py, run as the module runs it: a loader on the
 command line, the agent's text then frames on stdin, frames on stdout,
 against real kernel dirs with real runners (test_remote.Kernel).

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: BSD-2-Clause
 """Tests for hermes_files.py, run as the module runs it: the script on
 stdin after its length, its arguments on argv, a piece of a file at a time.
 

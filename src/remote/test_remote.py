@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: BSD-2-Clause
 """Tests for kernel_runner.py and hermes_tools.py.
 
 Each test starts the real runner in a temp kernel dir and drives it through

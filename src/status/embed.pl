@@ -1,4 +1,5 @@
 #!/usr/bin/perl
+# SPDX-License-Identifier: BSD-2-Clause
 # Turns the status page into one C file, so the .so carries it and it stays
 # a real .html file in the tree, with the Content-Security-Policy it is
 # sent with: its one inline <script> and one inline <style> are allowed by

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: BSD-2-Clause
 """A minimal MCP server (streamable HTTP transport) for the tests:
 python3 hermes_mcp_server.py PORT HITLOG
 

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: BSD-2-Clause
 """A tool endpoint for the tests: python3 hermes_tool_server.py PORT HITLOG
 
 Every request is logged to HITLOG (one JSON line: path, tool, owner,

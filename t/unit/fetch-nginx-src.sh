@@ -1,4 +1,5 @@
 #!/bin/sh
+# SPDX-License-Identifier: BSD-2-Clause
 # nginx-dev ships headers only; the unit tests compile a few nginx core .c
 # files. Fetch them from Debian's source package (upstream nginx_1.22.1
 # orig tarball) into the build dir, with apt's own tools, from the mirrors

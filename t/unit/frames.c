@@ -1,5 +1,7 @@
 
 /*
+ * SPDX-License-Identifier: BSD-2-Clause
+ *
  * The frames of the kernel-host agent protocol (src/ngx_hermes_frames.c,
  * docs/protocol.md): encoded as the agent decodes them, decoded as the
  * agent encodes them, and every bad length refused.

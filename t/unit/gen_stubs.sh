@@ -1,4 +1,5 @@
 #!/bin/sh
+# SPDX-License-Identifier: BSD-2-Clause
 # gen_stubs.sh OBJ... > stubs.c
 #
 # The registry calls into other parts of the module (the ssh backend's host

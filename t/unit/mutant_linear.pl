@@ -1,4 +1,5 @@
 #!/usr/bin/perl
+# SPDX-License-Identifier: BSD-2-Clause
 # Prints src/ngx_hermes_registry.c with the body of
 # ngx_http_hermes_registry_lookup() replaced by a linear walk of the LRU
 # queue: the same answers, O(n) per lookup.  registry_scale over this copy

@@ -1,5 +1,7 @@
 
 /*
+ * SPDX-License-Identifier: BSD-2-Clause
+ *
  * The few symbols of nginx's core that the registry and the nginx core
  * files compiled beside it (see Makefile) need at link time, and that
  * live in files of nginx we do not compile (nginx.c, ngx_cycle.c,

@@ -1,5 +1,7 @@
 
 /*
+ * SPDX-License-Identifier: BSD-2-Clause
+ *
  * The unit tests' stand-in for nginx's startup: see ngx_unit_shim.c.
  */
 

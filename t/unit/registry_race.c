@@ -1,5 +1,7 @@
 
 /*
+ * SPDX-License-Identifier: BSD-2-Clause
+ *
  * The kernel registry under contention: two concurrent first requests for
  * one key spawn exactly one kernel.
  *

@@ -1,5 +1,7 @@
 
 /*
+ * SPDX-License-Identifier: BSD-2-Clause
+ *
  * The kernel registry at scale: with 100,000 entries, the lookup cost
  * stays flat (O(log n)) and an entry takes at most 512 bytes of zone.
  *

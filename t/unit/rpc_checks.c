@@ -1,5 +1,7 @@
 
 /*
+ * SPDX-License-Identifier: BSD-2-Clause
+ *
  * The checks every rpc/req_N passes before anything else (docs/protocol.md,
  * "Tool calls"): a well-formed JSON object; the kernel's token, compared
  * in constant time; seq a JSON integer (not "1", 1.5, 1e0, true) equal to the file's

@@ -1,5 +1,6 @@
 package Hermes::Sshd;
 
+# SPDX-License-Identifier: BSD-2-Clause
 # A real OpenSSH sshd on 127.0.0.1 for the ssh backend's tests.
 #
 #   use Hermes::Sshd;

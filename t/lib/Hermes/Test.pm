@@ -1,5 +1,6 @@
 package Hermes::Test;
 
+# SPDX-License-Identifier: BSD-2-Clause
 # Test harness for ngx_hermes, in the style of nginx-tests' Test::Nginx.
 # Perl core modules only.
 #
