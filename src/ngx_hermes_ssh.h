@@ -1,5 +1,7 @@
 
 /*
+ * SPDX-License-Identifier: BSD-2-Clause
+ *
  * ngx_hermes: the ssh backend's own, shared by its two files only
  * (ngx_hermes_backend_ssh.c, ngx_hermes_transport_ssh.c).
  */
