@@ -42,23 +42,12 @@ typedef enum {
 } ngx_http_hermes_route_e;
 
 
-/* the status location's ?format= */
-
-typedef enum {
-    NGX_HTTP_HERMES_STATUS_JSON = 0,
-    NGX_HTTP_HERMES_STATUS_PROMETHEUS,
-    NGX_HTTP_HERMES_STATUS_HTML
-} ngx_http_hermes_status_format_e;
-
-
 static ngx_int_t ngx_http_hermes_owner(ngx_http_request_t *r,
     ngx_str_t *owner, ngx_int_t *rc);
 static ngx_int_t ngx_http_hermes_session(ngx_http_request_t *r,
     ngx_http_hermes_request_t *req, ngx_int_t *rc);
 static void ngx_http_hermes_execute_body(ngx_http_request_t *r);
 static void ngx_http_hermes_read_body_handler(ngx_http_request_t *r);
-static void ngx_http_hermes_name_backends(ngx_http_request_t *r,
-    ngx_array_t *list);
 static ngx_http_hermes_ctx_t *ngx_http_hermes_variable_ctx(
     ngx_http_request_t *r, ngx_http_variable_value_t *v);
 static ngx_int_t ngx_http_hermes_variable_set(ngx_http_variable_value_t *v,
@@ -97,9 +86,6 @@ static ngx_int_t ngx_http_hermes_kernel_interrupt_cell(ngx_http_request_t *r,
     ngx_str_t *owner, ngx_str_t *session);
 static ngx_int_t ngx_http_hermes_kernel_get(ngx_http_request_t *r,
     ngx_str_t *owner, ngx_str_t *session);
-static void ngx_http_hermes_name_hosts(ngx_http_request_t *r,
-    ngx_http_hermes_stats_t *st);
-static ngx_int_t ngx_http_hermes_status_page_send(ngx_http_request_t *r);
 
 
 ngx_int_t
@@ -814,7 +800,7 @@ ngx_http_hermes_accepts_json(ngx_http_request_t *r)
 
 /* "local"/"localhost", or "ssh" and the host, from the entry's backend tag */
 
-static void
+void
 ngx_http_hermes_name_backends(ngx_http_request_t *r, ngx_array_t *list)
 {
     ngx_uint_t                       i;
@@ -1317,243 +1303,6 @@ ngx_http_hermes_kernel_get(ngx_http_request_t *r, ngx_str_t *owner,
                                              b);
 }
 
-
-ngx_int_t
-ngx_http_hermes_status_handler(ngx_http_request_t *r)
-{
-    ngx_int_t                    rc, refresh;
-    ngx_str_t                    value;
-    ngx_buf_t                   *b;
-    ngx_uint_t                   format;
-    ngx_array_t                  owners, cells;
-    ngx_http_hermes_zone_t      *zone;
-    ngx_http_hermes_stats_t      st;
-    ngx_http_hermes_loc_conf_t  *hlcf;
-
-    if (!(r->method & (NGX_HTTP_GET|NGX_HTTP_HEAD))) {
-        return NGX_HTTP_NOT_ALLOWED;
-    }
-
-    rc = ngx_http_discard_request_body(r);
-    if (rc != NGX_OK) {
-        return rc;
-    }
-
-    format = NGX_HTTP_HERMES_STATUS_JSON;
-
-    if (ngx_http_arg(r, (u_char *) "format", 6, &value) == NGX_OK) {
-
-        if (value.len == 10 && ngx_strncmp(value.data, "prometheus", 10) == 0)
-        {
-            format = NGX_HTTP_HERMES_STATUS_PROMETHEUS;
-
-        } else if (value.len == 4 && ngx_strncmp(value.data, "html", 4) == 0)
-        {
-            format = NGX_HTTP_HERMES_STATUS_HTML;
-
-        } else if (value.len != 4 || ngx_strncmp(value.data, "json", 4) != 0)
-        {
-            return ngx_http_hermes_response_send_error(r, NGX_HTTP_BAD_REQUEST,
-                                                       "invalid_format",
-                                                       "format must be "
-                                                       "\"json\", "
-                                                       "\"prometheus\" or "
-                                                       "\"html\"");
-        }
-    }
-
-    if (format == NGX_HTTP_HERMES_STATUS_HTML) {
-
-        /* the page reads it from its own URL: refused here, not there */
-
-        if (ngx_http_arg(r, (u_char *) "refresh", 7, &value) == NGX_OK) {
-            refresh = ngx_atoi(value.data, value.len);
-
-            if (refresh < 1 || refresh > 60) {
-                return ngx_http_hermes_response_send_error(r,
-                                                   NGX_HTTP_BAD_REQUEST,
-                                                   "invalid_refresh",
-                                                   "refresh must be seconds "
-                                                   "from 1 to 60");
-            }
-        }
-
-        return ngx_http_hermes_status_page_send(r);
-    }
-
-    hlcf = ngx_http_get_module_loc_conf(r, ngx_http_hermes_module);
-    zone = hlcf->shm_zone->data;
-
-    if (ngx_array_init(&owners, r->pool, 8,
-                       sizeof(ngx_http_hermes_owner_stats_t))
-        != NGX_OK
-        || ngx_array_init(&cells, r->pool, 8,
-                          sizeof(ngx_http_hermes_listing_t))
-           != NGX_OK)
-    {
-        return NGX_HTTP_INTERNAL_SERVER_ERROR;
-    }
-
-    if (ngx_http_hermes_registry_stats(zone, &st, &owners,
-                                       format == NGX_HTTP_HERMES_STATUS_JSON
-                                       ? &cells : NULL)
-        != NGX_OK)
-    {
-        return NGX_HTTP_INTERNAL_SERVER_ERROR;
-    }
-
-    ngx_http_hermes_name_hosts(r, &st);
-
-    if (format == NGX_HTTP_HERMES_STATUS_PROMETHEUS) {
-        b = ngx_http_hermes_prometheus_stats(r->pool, &st, zone->max_kernels,
-                                             &hlcf->shm_zone->shm.name);
-        if (b == NULL) {
-            return NGX_HTTP_INTERNAL_SERVER_ERROR;
-        }
-
-        return ngx_http_hermes_response_send_buf(r, NGX_HTTP_OK,
-                                                 "text/plain; version=0.0.4",
-                                                 b);
-    }
-
-    ngx_http_hermes_name_backends(r, &cells);
-
-    b = ngx_http_hermes_json_stats(r->pool, &st, zone->max_kernels, &owners,
-                                   &cells);
-    if (b == NULL) {
-        return NGX_HTTP_INTERNAL_SERVER_ERROR;
-    }
-
-    return ngx_http_hermes_response_send_buf(r, NGX_HTTP_OK, "application/json",
-                                             b);
-}
-
-
-/*
- * The status page: a constant that renders the JSON form it fetches, so
- * nothing of the registry is ever written into HTML here.
- */
-
-static ngx_int_t
-ngx_http_hermes_status_page_send(ngx_http_request_t *r)
-{
-    ngx_buf_t  *b;
-
-    b = ngx_calloc_buf(r->pool);
-    if (b == NULL) {
-        return NGX_HTTP_INTERNAL_SERVER_ERROR;
-    }
-
-    b->pos = ngx_http_hermes_status_page.data;
-    b->last = b->pos + ngx_http_hermes_status_page.len;
-    b->memory = 1;
-
-    if (ngx_http_hermes_response_add_header(r, "Cache-Control", "no-store")
-        != NGX_OK
-        || ngx_http_hermes_response_add_header(r, "Content-Security-Policy",
-                                  (char *) ngx_http_hermes_status_csp.data)
-           != NGX_OK
-        || ngx_http_hermes_response_add_header(r, "X-Content-Type-Options",
-                                               "nosniff")
-           != NGX_OK)
-    {
-        return NGX_HTTP_INTERNAL_SERVER_ERROR;
-    }
-
-    return ngx_http_hermes_response_send_buf(r, NGX_HTTP_OK,
-                                             "text/html; charset=utf-8", b);
-}
-
-
-/*
- * The hosts of the figures by name: "localhost" for local backends, the
- * configured host of ssh ones, "unknown" for a backend no longer in the
- * configuration, "other" for failures past the zone's table.  Hosts of one
- * name (local backends with other roots, one ssh host of two backends)
- * are summed; every configured host is listed, with zeros if need be.
- */
-
-static void
-ngx_http_hermes_name_hosts(ngx_http_request_t *r, ngx_http_hermes_stats_t *st)
-{
-    ngx_str_t                         name, *hn;
-    ngx_uint_t                        i, j, k;
-    ngx_http_hermes_host_stats_t     *h;
-    ngx_http_hermes_main_conf_t      *hmcf;
-    ngx_http_hermes_backend_conf_t  **bcfs, *bcf;
-
-    hmcf = ngx_http_get_module_main_conf(r, ngx_http_hermes_module);
-    bcfs = hmcf->backends.elts;
-
-    for (i = 0; i < st->nhosts; i++) {
-        h = &st->hosts[i];
-
-        if (h->host == NGX_HTTP_HERMES_HOSTS) {
-            ngx_str_set(&h->name, "other");
-            continue;
-        }
-
-        ngx_str_set(&h->name, "unknown");
-
-        bcf = ngx_http_hermes_backend_by_tag(hmcf, h->tag);
-
-        if (bcf && h->host < bcf->nhosts) {
-            h->name = *ngx_http_hermes_backend_host_name(bcf, h->host);
-        }
-    }
-
-    /* the configured hosts that have no figures yet */
-
-    for (i = 0; i < hmcf->backends.nelts; i++) {
-        bcf = bcfs[i];
-
-        for (j = 0; j < bcf->nhosts && st->nhosts <= NGX_HTTP_HERMES_HOSTS;
-             j++)
-        {
-            name = *ngx_http_hermes_backend_host_name(bcf, j);
-
-            for (k = 0; k < st->nhosts; k++) {
-                hn = &st->hosts[k].name;
-
-                if (hn->len == name.len
-                    && ngx_strncmp(hn->data, name.data, name.len) == 0)
-                {
-                    break;
-                }
-            }
-
-            if (k == st->nhosts) {
-                h = &st->hosts[st->nhosts++];
-                ngx_memzero(h, sizeof(ngx_http_hermes_host_stats_t));
-                h->name = name;
-            }
-        }
-    }
-
-    /* one entry a name */
-
-    for (i = 0; i < st->nhosts; i++) {
-        for (j = i + 1; j < st->nhosts; /* void */) {
-            if (st->hosts[j].name.len != st->hosts[i].name.len
-                || ngx_strncmp(st->hosts[j].name.data, st->hosts[i].name.data,
-                               st->hosts[i].name.len) != 0)
-            {
-                j++;
-                continue;
-            }
-
-            st->hosts[i].kernels += st->hosts[j].kernels;
-            st->hosts[i].spawn_failures += st->hosts[j].spawn_failures;
-            st->hosts[j] = st->hosts[--st->nhosts];
-        }
-    }
-}
-
-
-/*
- * $hermes_session, $hermes_kernel_id, $hermes_cell_status, $hermes_cell_ms,
- * $hermes_owner, $hermes_queue_ms, $hermes_lost_reason
- */
 
 static ngx_http_variable_t  ngx_http_hermes_vars[] = {
 

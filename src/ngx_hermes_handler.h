@@ -17,6 +17,7 @@ ngx_int_t ngx_http_hermes_execute_handler(ngx_http_request_t *r);
 ngx_int_t ngx_http_hermes_kernels_handler(ngx_http_request_t *r);
 ngx_int_t ngx_http_hermes_status_handler(ngx_http_request_t *r);
 ngx_int_t ngx_http_hermes_add_variables(ngx_conf_t *cf);
+void ngx_http_hermes_name_backends(ngx_http_request_t *r, ngx_array_t *list);
 
 
 #endif /* _NGX_HERMES_HANDLER_H_INCLUDED_ */

@@ -71,11 +71,6 @@ ngx_buf_t *ngx_http_hermes_json_tool_message(ngx_pool_t *pool,
 ngx_buf_t *ngx_http_hermes_json_listing(ngx_pool_t *pool, ngx_array_t *list);
 ngx_buf_t *ngx_http_hermes_json_kernel(ngx_pool_t *pool,
     ngx_http_hermes_listing_t *l);
-ngx_buf_t *ngx_http_hermes_json_stats(ngx_pool_t *pool,
-    ngx_http_hermes_stats_t *st, ngx_uint_t max_kernels, ngx_array_t *owners,
-    ngx_array_t *cells);
-ngx_buf_t *ngx_http_hermes_prometheus_stats(ngx_pool_t *pool,
-    ngx_http_hermes_stats_t *st, ngx_uint_t max_kernels, ngx_str_t *zone);
 ngx_buf_t *ngx_http_hermes_json_cell_request(ngx_pool_t *pool, uint32_t id,
     ngx_http_hermes_request_t *req, size_t max_output, size_t max_stream,
     ngx_array_t *tools, ngx_uint_t tools_any);
