@@ -604,7 +604,7 @@ ngx_http_hermes_merge_loc_conf(ngx_conf_t *cf, void *parent, void *child)
     }
 
     if (conf->handler == NGX_HTTP_HERMES_HANDLER_EXECUTE) {
-        return ngx_http_hermes_kernel_warm_conf(cf, conf);
+        return ngx_http_hermes_warm_conf(cf, conf);
     }
 
     return NGX_CONF_OK;

@@ -30,6 +30,8 @@ void ngx_http_hermes_kernel_victim(ngx_http_hermes_victim_t *v,
 ngx_int_t ngx_http_hermes_kernel_kill(ngx_thread_pool_t *tp,
     ngx_http_hermes_backend_conf_t *bcf, ngx_http_hermes_victim_t *v,
     ngx_log_t *log);
+ngx_http_hermes_backend_conf_t *ngx_http_hermes_kernel_backend(
+    ngx_http_hermes_victim_t *v);
 ngx_int_t ngx_http_hermes_kernel_interrupt(ngx_http_hermes_victim_t *v,
     uint32_t cell, ngx_log_t *log);
 void ngx_http_hermes_kernel_kill_victims(ngx_thread_pool_t *tp,
@@ -38,10 +40,19 @@ ngx_int_t ngx_http_hermes_kernel_init_process(ngx_cycle_t *cycle,
     ngx_http_hermes_main_conf_t *hmcf);
 void ngx_http_hermes_kernel_exit_process(ngx_cycle_t *cycle);
 void ngx_http_hermes_kernel_exit_master(ngx_cycle_t *cycle);
-char *ngx_http_hermes_kernel_warm_conf(ngx_conf_t *cf,
-    ngx_http_hermes_loc_conf_t *hlcf);
 u_char *ngx_http_hermes_log_escape(u_char *dst, u_char *last, u_char *src,
     size_t len, ngx_uint_t quoted);
+
+
+
+/* warm pools (ngx_hermes_warm.c) */
+
+char *ngx_http_hermes_warm_conf(ngx_conf_t *cf,
+    ngx_http_hermes_loc_conf_t *hlcf);
+ngx_int_t ngx_http_hermes_warm_init_process(ngx_http_hermes_zone_t *zone,
+    ngx_cycle_t *cycle);
+void ngx_http_hermes_warm_upkeep(ngx_http_hermes_zone_t *zone,
+    ngx_log_t *log);
 
 
 #endif /* _NGX_HERMES_KERNEL_H_INCLUDED_ */
