@@ -198,8 +198,8 @@ ngx_http_hermes_cell_start(ngx_http_request_t *r,
     st->hlcf = hlcf;
     st->ref = &cell->ref;
     /* event lines escape what the runner caps at max_stream: up to 6x */
-    st->out_limit = 6 * (off_t) hlcf->max_stream + 65536;
-    st->res_limit = 6 * hlcf->max_output + 65536;
+    st->out_limit = NGX_HTTP_HERMES_ESCAPED_MAX((off_t) hlcf->max_stream);
+    st->res_limit = NGX_HTTP_HERMES_ESCAPED_MAX(hlcf->max_output);
     st->timeout = cell->timeout;
     st->client = r->connection;
     st->quiet = req->json_answer;

@@ -159,8 +159,8 @@ ngx_http_hermes_resume_handler(ngx_http_request_t *r,
     st->hlcf = lc;
     st->ref = &rm->ref;
     st->offset = offset;
-    st->out_limit = 6 * (off_t) hlcf->max_stream + 65536;
-    st->res_limit = 7 * hlcf->max_output + 65536;
+    st->out_limit = NGX_HTTP_HERMES_ESCAPED_MAX((off_t) hlcf->max_stream);
+    st->res_limit = NGX_HTTP_HERMES_ESCAPED_MAX(hlcf->max_output);
     st->timeout = hlcf->cell_timeout;
     st->client = r->connection;
     st->data = rm;

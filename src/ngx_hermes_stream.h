@@ -21,6 +21,17 @@ ngx_int_t ngx_http_hermes_cell_start(ngx_http_request_t *r,
 
 
 /*
+ * ESCAPED_MAX: the most a cell's output file (of hermes_max_stream) or
+ * its result (of hermes_max_output) holds as the module reads it: JSON
+ * escapes a byte into six at most, and 64 KiB more for the rest of a line
+ * or of the result.  kernel_runner.py writes its results within the same
+ * bound, of the same name; docs/protocol.md says it once.
+ */
+
+#define NGX_HTTP_HERMES_ESCAPED_MAX(max)  (6 * (max) + 65536)
+
+
+/*
  * A cell's stream on its kernel, as the cell and a backend's transport
  * share it: the cell fills in what to run and its callbacks, the transport
  * ships the request and calls back, in this order: shipped, output (event

@@ -77,6 +77,13 @@ RESERVE_KEEP = 64 * 1024     # kept between cells, for a disk already full
 RESERVE_RETRY = 0.5          # seconds between tries to keep it, while idle
 RESULT_SLACK = 32 * 1024     # the result's fields and error, escaped
 ERROR_MAX = 2000             # chars of the error line kept in the result
+
+
+def ESCAPED_MAX(limit):
+    """The module's bound on a result (limit: max_output) or an output
+    file (max_stream): JSON escapes a byte into six at most, 64 KiB more
+    for the rest; NGX_HTTP_HERMES_ESCAPED_MAX in C, docs/protocol.md."""
+    return 6 * limit + 65536
 KICK_EVERY = 0.1             # a cell that outlives a full disk is re-interrupted
 DISK_FULL = "the kernel host's disk is full"
 _FULL = (errno.ENOSPC, errno.EDQUOT)
@@ -1518,7 +1525,8 @@ def _process(n, path, names=None):
            "duration_seconds": round(time.monotonic() - t0, 6), "displays": []}
     if sink.shown or sink.shown_omitted:
         # within max_output, and the result within the module's bound
-        room = min(max_output, 6 * max_output + 65536 - 4096 - len(_dumps(res)))
+        room = min(max_output,
+                   ESCAPED_MAX(max_output) - 4096 - len(_dumps(res)))
         res["displays"] = _shown_for_result(sink, room)
     _write_result(n, res, resv)
     if ended:
