@@ -1151,7 +1151,7 @@ static void
 ngx_http_hermes_kernel_recover(ngx_http_hermes_zone_t *zone, ngx_log_t *log)
 {
     ngx_uint_t                        i, j, h;
-    ngx_http_hermes_recover_t        *rc;
+    ngx_http_hermes_recover_t        *rec;
     ngx_http_hermes_backend_conf_t  **bcfs;
 
     bcfs = ngx_http_hermes_main_conf->backends.elts;
@@ -1173,35 +1173,35 @@ ngx_http_hermes_kernel_recover(ngx_http_hermes_zone_t *zone, ngx_log_t *log)
         }
 
         for (h = 0; h < bcfs[i]->nhosts; h++) {
-            rc = ngx_calloc(sizeof(ngx_http_hermes_recover_t), log);
-            if (rc == NULL) {
+            rec = ngx_calloc(sizeof(ngx_http_hermes_recover_t), log);
+            if (rec == NULL) {
                 return;
             }
 
-            rc->root = bcfs[i]->root;
+            rec->root = bcfs[i]->root;
 
-            *ngx_cpymem(rc->gateway, zone->gateway, NGX_HTTP_HERMES_TAG_HEX)
+            *ngx_cpymem(rec->gateway, zone->gateway, NGX_HTTP_HERMES_TAG_HEX)
                 = '\0';
-            *ngx_cpymem(rc->instance, ngx_http_hermes_registry_instance(zone),
+            *ngx_cpymem(rec->instance, ngx_http_hermes_registry_instance(zone),
                         NGX_HTTP_HERMES_TAG_HEX) = '\0';
 
-            rc->args[0] = "recover";
-            rc->args[1] = (char *) rc->root.data;
-            rc->args[2] = (char *) rc->gateway;
-            rc->args[3] = (char *) rc->instance;
-            rc->args[4] = NULL;
+            rec->args[0] = "recover";
+            rec->args[1] = (char *) rec->root.data;
+            rec->args[2] = (char *) rec->gateway;
+            rec->args[3] = (char *) rec->instance;
+            rec->args[4] = NULL;
 
-            ngx_http_hermes_backend_take(&rc->conn, bcfs[i], h);
+            ngx_http_hermes_backend_take(&rec->conn, bcfs[i], h);
 
-            rc->task.ctx = rc;
-            rc->task.handler = ngx_http_hermes_recover_thread;
-            rc->task.event.handler = ngx_http_hermes_recover_event;
-            rc->task.event.data = rc;
-            rc->task.event.log = log;
+            rec->task.ctx = rec;
+            rec->task.handler = ngx_http_hermes_recover_thread;
+            rec->task.event.handler = ngx_http_hermes_recover_event;
+            rec->task.event.data = rec;
+            rec->task.event.log = log;
 
-            if (ngx_thread_task_post(zone->thread_pool, &rc->task) != NGX_OK) {
-                ngx_http_hermes_backend_give(&rc->conn);
-                ngx_free(rc);
+            if (ngx_thread_task_post(zone->thread_pool, &rec->task) != NGX_OK) {
+                ngx_http_hermes_backend_give(&rec->conn);
+                ngx_free(rec);
                 return;
             }
         }
@@ -1212,71 +1212,71 @@ ngx_http_hermes_kernel_recover(ngx_http_hermes_zone_t *zone, ngx_log_t *log)
 static void
 ngx_http_hermes_recover_thread(void *data, ngx_log_t *log)
 {
-    ngx_http_hermes_recover_t *rc = data;
+    ngx_http_hermes_recover_t *rec = data;
 
     ngx_http_hermes_cmd_t  c;
 
     ngx_memzero(&c, sizeof(ngx_http_hermes_cmd_t));
     c.cmd = ngx_http_hermes_script_kernel;
-    c.args = rc->args;
-    c.out = rc->out;
-    c.out_size = sizeof(rc->out) - 1;
+    c.args = rec->args;
+    c.out = rec->out;
+    c.out_size = sizeof(rec->out) - 1;
     c.timeout = 3 * NGX_HTTP_HERMES_CMD_TIMEOUT;
 
-    if (ngx_http_hermes_backend_exec(&rc->conn, &c) != NGX_OK
+    if (ngx_http_hermes_backend_exec(&rec->conn, &c) != NGX_OK
         || c.status != 0)
     {
-        rc->failed = 1;
+        rec->failed = 1;
     }
 
-    rc->out_len = c.out_len;
+    rec->out_len = c.out_len;
 }
 
 
 static void
 ngx_http_hermes_recover_event(ngx_event_t *ev)
 {
-    ngx_http_hermes_recover_t *rc = ev->data;
+    ngx_http_hermes_recover_t *rec = ev->data;
 
     u_char      *p, *last, *e;
     ngx_str_t   *host;
     ngx_uint_t   n;
     u_char       text[1024];
 
-    host = ngx_http_hermes_backend_host_name(rc->conn.bcf, rc->conn.host);
+    host = ngx_http_hermes_backend_host_name(rec->conn.bcf, rec->conn.host);
 
     /* what the host printed is escaped: it is not ours to trust */
 
     n = 0;
-    last = rc->out + rc->out_len;
+    last = rec->out + rec->out_len;
 
-    for (p = rc->out; p < last; p++) {
+    for (p = rec->out; p < last; p++) {
         if (*p == '\n') {
             n++;
             *p = ' ';
         }
     }
 
-    e = ngx_http_hermes_log_escape(text, text + sizeof(text), rc->out,
-                                   rc->out_len, 0);
+    e = ngx_http_hermes_log_escape(text, text + sizeof(text), rec->out,
+                                   rec->out_len, 0);
 
-    if (rc->failed) {
+    if (rec->failed) {
         ngx_log_error(NGX_LOG_ERR, ev->log, 0,
                       "hermes: could not look for leftover kernels in "
-                      "\"%V\" on %V: %*s", &rc->root, host, e - text, text);
+                      "\"%V\" on %V: %*s", &rec->root, host, e - text, text);
 
     } else if (n) {
         ngx_log_error(NGX_LOG_NOTICE, ev->log, 0,
                       "hermes: removed %ui kernel(s) left by an earlier run of "
-                      "this gateway in \"%V\" on %V: %*s", n, &rc->root, host,
+                      "this gateway in \"%V\" on %V: %*s", n, &rec->root, host,
                       e - text, text);
     }
 
     /* a chore at start: a host down now is no reason to avoid it later */
-    rc->conn.unavailable = 0;
+    rec->conn.unavailable = 0;
 
-    ngx_http_hermes_backend_give(&rc->conn);
-    ngx_free(rc);
+    ngx_http_hermes_backend_give(&rec->conn);
+    ngx_free(rec);
 }
 
 
