@@ -247,6 +247,16 @@ static ngx_http_hermes_ssh_link_t *ngx_http_hermes_ssh_link_get(
 static void ngx_http_hermes_ssh_post(ngx_http_hermes_ssh_link_t *l,
     ngx_http_hermes_ssh_stream_t *s);
 static void *ngx_http_hermes_ssh_thread(void *data);
+static ngx_int_t ngx_http_hermes_ssh_posted(ngx_http_hermes_ssh_link_t *l);
+static ngx_msec_t ngx_http_hermes_ssh_start_streams(
+    ngx_http_hermes_ssh_link_t *l);
+static ngx_msec_t ngx_http_hermes_ssh_deadlines(ngx_http_hermes_ssh_link_t *l,
+    ngx_msec_t now);
+static ngx_uint_t ngx_http_hermes_ssh_poll(ngx_http_hermes_ssh_link_t *l,
+    ngx_msec_t next);
+static void ngx_http_hermes_ssh_io(ngx_http_hermes_ssh_link_t *l,
+    ngx_uint_t nfd);
+static void ngx_http_hermes_ssh_quit(ngx_http_hermes_ssh_link_t *l);
 static ngx_int_t ngx_http_hermes_ssh_connect(ngx_http_hermes_ssh_link_t *l,
     ngx_msec_t timeout);
 static void ngx_http_hermes_ssh_start(ngx_http_hermes_ssh_link_t *l,
@@ -1138,304 +1148,390 @@ ngx_http_hermes_ssh_thread(void *data)
 {
     ngx_http_hermes_ssh_link_t *l = data;
 
-    int                            timeout, events;
-    u_char                        *p;
-    uint64_t                       v;
-    ngx_uint_t                     i, nfd, quit, urgent, size;
-    ngx_msec_t                     now, next, left;
-    ngx_queue_t                   *q, *nq;
-    struct pollfd                 *pfd;
-    ngx_http_hermes_ssh_stream_t  *s, **pfs;
-    u_char                         ping[NGX_HTTP_HERMES_FRAME_HEADER];
+    ngx_uint_t  nfd;
+    ngx_msec_t  now, next;
 
-    for ( ;; ) {
+    while (ngx_http_hermes_ssh_posted(l) == NGX_OK) {
 
-        /* what other threads posted */
-
-        pthread_mutex_lock(&l->mutex);
-
-        quit = l->quit;
-
-        while (!ngx_queue_empty(&l->posted)) {
-            q = ngx_queue_head(&l->posted);
-            ngx_queue_remove(q);
-
-            s = ngx_queue_data(q, ngx_http_hermes_ssh_stream_t, queue);
-
-            if (s->note && ngx_http_hermes_ssh_noted(l, s)) {
-                ngx_free(s);
-                continue;
-            }
-
-            s->id = l->next++;
-
-            if (l->next == 0) {
-                l->next = 1;
-            }
-
-            ngx_queue_insert_tail(&l->streams, q);
-            l->nstreams++;
-        }
-
-        pthread_mutex_unlock(&l->mutex);
-
-        if (quit) {
-            break;
-        }
-
-        /* new streams go out at once; without an agent, one is started */
-
-        urgent = 0;
-
-        for (q = ngx_queue_head(&l->streams);
-             q != ngx_queue_sentinel(&l->streams);
-             q = nq)
-        {
-            nq = ngx_queue_next(q);
-            s = ngx_queue_data(q, ngx_http_hermes_ssh_stream_t, queue);
-
-            if (s->sent || s->ended) {
-                continue;
-            }
-
-            if (l->ready) {
-                /* a shipped one: a resume (a client's, or after a break) */
-                ngx_http_hermes_ssh_send(l, s);
-
-            } else if (s->exec || !s->shipped) {
-                /* shipped ones wait for the link's own retry */
-                urgent = 1;
-            }
-        }
-
-        now = ngx_http_hermes_ssh_now();
-
-        if (l->session == NULL && !ngx_queue_empty(&l->streams)
-            && (urgent || (ngx_msec_int_t) (now - l->retry) >= 0))
-        {
-            ngx_http_hermes_ssh_start(l, urgent);
-            now = ngx_http_hermes_ssh_now();
-        }
-
-        if (l->session && !l->ready
-            && now - l->started >= NGX_HTTP_HERMES_SSH_START)
-        {
-            l->broken = "the agent did not start in time";
-        }
-
-        if (l->ready && l->pinged
-            && now - l->pinged >= l->scf->connect_timeout)
-        {
-            l->broken = "no answer to a ping";
-        }
-
-        /* deadlines: the poll sleeps until the nearest */
-
-        next = NGX_TIMER_INFINITE;
-
-        if (l->session == NULL && !ngx_queue_empty(&l->streams)) {
-            next = ((ngx_msec_int_t) (l->retry - now) > 0) ? l->retry - now
-                                                           : 0;
-        }
-
-        if (l->session && !l->ready) {
-            left = (now - l->started < NGX_HTTP_HERMES_SSH_START)
-                   ? l->started + NGX_HTTP_HERMES_SSH_START - now : 0;
-            next = ngx_min(next, left);
-        }
-
-        if (l->ready && !ngx_queue_empty(&l->streams) && !l->broken) {
-            if (l->pinged == 0
-                && now - l->heard >= NGX_HTTP_HERMES_SSH_QUIET)
-            {
-                p = ngx_http_hermes_frames_header(ping, 0, 'P', 0);
-                (void) ngx_http_hermes_ssh_append(l, ping, p - ping);
-                l->pinged = now;
-            }
-
-            left = l->pinged
-                   ? l->pinged + l->scf->connect_timeout - now
-                   : l->heard + NGX_HTTP_HERMES_SSH_QUIET - now;
-            next = ngx_min(next, left);
-        }
-
-        for (q = ngx_queue_head(&l->streams);
-             q != ngx_queue_sentinel(&l->streams);
-             q = nq)
-        {
-            nq = ngx_queue_next(q);
-            s = ngx_queue_data(q, ngx_http_hermes_ssh_stream_t, queue);
-
-            if (s->exec) {
-                if ((ngx_msec_int_t) (now - s->deadline) >= 0) {
-                    s->exec->cmd->err = NGX_ETIMEDOUT;
-                    ngx_snprintf(s->exec->conn->err,
-                                 sizeof(s->exec->conn->err),
-                                 "ssh command timed out%Z");
-                    ngx_http_hermes_ssh_exec_done(l, s, NGX_ERROR);
-                    continue;
-                }
-
-                next = ngx_min(next, s->deadline - now);
-                continue;
-            }
-
-            if (s->sent || !s->shipped || s->ended) {
-                /* the cell's own timer ends it */
-                continue;
-            }
-
-            if ((ngx_msec_int_t) (now - s->deadline) >= 0) {
-                ngx_http_hermes_ssh_give_up(l, s, now);
-                continue;
-            }
-
-            next = ngx_min(next, s->deadline - now);
-        }
+        now = ngx_http_hermes_ssh_start_streams(l);
+        next = ngx_http_hermes_ssh_deadlines(l, now);
 
         if (l->broken) {
             ngx_http_hermes_ssh_break(l, now);
             continue;
         }
 
-        /* the poll set: the eventfd, the connection, the cells */
+        nfd = ngx_http_hermes_ssh_poll(l, next);
 
-        size = 2 + 2 * l->nstreams;
-
-        if (l->npfd < size) {
-            size = ngx_max(size, 2 * l->npfd);
-
-            pfd = ngx_alloc(size * sizeof(struct pollfd), l->log);
-            pfs = ngx_alloc(size * sizeof(ngx_http_hermes_ssh_stream_t *),
-                            l->log);
-
-            if (pfd == NULL || pfs == NULL) {
-                ngx_free(pfd);
-                ngx_free(pfs);
-                (void) poll(NULL, 0, 100);
-                continue;
-            }
-
-            ngx_free(l->pfd);
-            ngx_free(l->pfs);
-            l->pfd = pfd;
-            l->pfs = pfs;
-            l->npfd = size;
-        }
-
-        pfd = l->pfd;
-        pfs = l->pfs;
-
-        pfd[0].fd = l->wake;
-        pfd[0].events = POLLIN;
-        pfd[0].revents = 0;
-
-        pfd[1].fd = -1;
-        pfd[1].events = 0;
-        pfd[1].revents = 0;
-
-        if (l->session) {
-            pfd[1].fd = ssh_get_fd(l->session);
-            pfd[1].events = POLLIN;
-
-            if ((ssh_get_poll_flags(l->session) & SSH_WRITE_PENDING)
-                || l->out_pos < l->out_len)
-            {
-                pfd[1].events |= POLLOUT;
-            }
-
-            /*
-             * what libssh holds already is not on the socket; stdout last:
-             * polling stderr may read packets of stdout into libssh's
-             * buffer, and the reverse costs a complaint's delay only
-             */
-
-            if (ssh_channel_poll(l->channel, 1) != 0
-                || ssh_channel_poll(l->channel, 0) != 0)
-            {
-                next = 0;
-            }
-        }
-
-        nfd = 2;
-
-        for (q = ngx_queue_head(&l->streams);
-             q != ngx_queue_sentinel(&l->streams);
-             q = ngx_queue_next(q))
-        {
-            s = ngx_queue_data(q, ngx_http_hermes_ssh_stream_t, queue);
-
-            if (s->exec) {
-                continue;
-            }
-
-            events = (s->hdr || s->out_pos < s->out_len || s->res)
-                     ? POLLOUT : POLLIN;
-
-            pfs[nfd] = s;
-            pfd[nfd].fd = s->fd;
-            pfd[nfd].events = events;
-            pfd[nfd].revents = 0;
-            nfd++;
-
-            if (s->rfd != (ngx_socket_t) -1) {
-                pfs[nfd] = NULL;
-                pfd[nfd].fd = s->rfd;
-                pfd[nfd].events = POLLIN
-                                  | (s->rq_pos < s->rq_len ? POLLOUT : 0);
-                pfd[nfd].revents = 0;
-                nfd++;
-            }
-        }
-
-        timeout = (next == NGX_TIMER_INFINITE) ? -1 : (int) next;
-
-        if (poll(pfd, nfd, timeout) == -1 && ngx_errno != NGX_EINTR) {
-            ngx_log_error(NGX_LOG_ALERT, l->log, ngx_errno,
-                          "hermes: poll() failed");
-            (void) poll(NULL, 0, 100);
-        }
-
-        if (pfd[0].revents && read(l->wake, &v, sizeof(v)) == -1) {
-            /* EAGAIN: another read took it */
-        }
-
-        if (l->session) {
-            ngx_http_hermes_ssh_read(l);
-        }
-
-        /* each cell: what came for it, or its end going away */
-
-        for (i = 2; i < nfd; i++) {
-            s = pfs[i];
-
-            if (s == NULL) {
-                continue;       /* the rpc of the stream before */
-            }
-
-            if (s->rfd != (ngx_socket_t) -1 && i + 1 < nfd
-                && pfs[i + 1] == NULL && pfd[i + 1].revents)
-            {
-                ngx_http_hermes_ssh_rpc_io(l, s);
-            }
-
-            if (pfd[i].revents
-                || s->hdr || s->out_pos < s->out_len || s->res)
-            {
-                (void) ngx_http_hermes_ssh_cell_write(l, s);
-            }
-        }
-
-        if (l->session && !l->broken) {
-            ngx_http_hermes_ssh_flush(l);
-        }
-
-        if (l->broken) {
-            ngx_http_hermes_ssh_break(l, ngx_http_hermes_ssh_now());
+        if (nfd) {
+            ngx_http_hermes_ssh_io(l, nfd);
         }
     }
 
-    /* the worker exits: every stream ends here */
+    ngx_http_hermes_ssh_quit(l);
+
+    return NULL;
+}
+
+
+/* what other threads posted, taken; NGX_DONE: the worker exits */
+
+static ngx_int_t
+ngx_http_hermes_ssh_posted(ngx_http_hermes_ssh_link_t *l)
+{
+    ngx_uint_t                     quit;
+    ngx_queue_t                   *q;
+    ngx_http_hermes_ssh_stream_t  *s;
+
+    pthread_mutex_lock(&l->mutex);
+
+    quit = l->quit;
+
+    while (!ngx_queue_empty(&l->posted)) {
+        q = ngx_queue_head(&l->posted);
+        ngx_queue_remove(q);
+
+        s = ngx_queue_data(q, ngx_http_hermes_ssh_stream_t, queue);
+
+        if (s->note && ngx_http_hermes_ssh_noted(l, s)) {
+            ngx_free(s);
+            continue;
+        }
+
+        s->id = l->next++;
+
+        if (l->next == 0) {
+            l->next = 1;
+        }
+
+        ngx_queue_insert_tail(&l->streams, q);
+        l->nstreams++;
+    }
+
+    pthread_mutex_unlock(&l->mutex);
+
+    return quit ? NGX_DONE : NGX_OK;
+}
+
+
+/*
+ * New streams go out at once; without an agent, one is started (at once
+ * for those that asked, after the back-off for those to resume).  The
+ * time after it all.
+ */
+
+static ngx_msec_t
+ngx_http_hermes_ssh_start_streams(ngx_http_hermes_ssh_link_t *l)
+{
+    ngx_uint_t                     urgent;
+    ngx_msec_t                     now;
+    ngx_queue_t                   *q, *nq;
+    ngx_http_hermes_ssh_stream_t  *s;
+
+    urgent = 0;
+
+    for (q = ngx_queue_head(&l->streams);
+         q != ngx_queue_sentinel(&l->streams);
+         q = nq)
+    {
+        nq = ngx_queue_next(q);
+        s = ngx_queue_data(q, ngx_http_hermes_ssh_stream_t, queue);
+
+        if (s->sent || s->ended) {
+            continue;
+        }
+
+        if (l->ready) {
+            /* a shipped one: a resume (a client's, or after a break) */
+            ngx_http_hermes_ssh_send(l, s);
+
+        } else if (s->exec || !s->shipped) {
+            /* shipped ones wait for the link's own retry */
+            urgent = 1;
+        }
+    }
+
+    now = ngx_http_hermes_ssh_now();
+
+    if (l->session == NULL && !ngx_queue_empty(&l->streams)
+        && (urgent || (ngx_msec_int_t) (now - l->retry) >= 0))
+    {
+        ngx_http_hermes_ssh_start(l, urgent);
+        now = ngx_http_hermes_ssh_now();
+    }
+
+    if (l->session && !l->ready
+        && now - l->started >= NGX_HTTP_HERMES_SSH_START)
+    {
+        l->broken = "the agent did not start in time";
+    }
+
+    if (l->ready && l->pinged
+        && now - l->pinged >= l->scf->connect_timeout)
+    {
+        l->broken = "no answer to a ping";
+    }
+
+    return now;
+}
+
+
+/*
+ * Deadlines: commands past theirs fail, cells whose host stays away past
+ * theirs hear so, a quiet connection is pinged; the poll sleeps until the
+ * nearest (the ms returned).
+ */
+
+static ngx_msec_t
+ngx_http_hermes_ssh_deadlines(ngx_http_hermes_ssh_link_t *l, ngx_msec_t now)
+{
+    u_char                        *p;
+    ngx_msec_t                     next, left;
+    ngx_queue_t                   *q, *nq;
+    ngx_http_hermes_ssh_stream_t  *s;
+    u_char                         ping[NGX_HTTP_HERMES_FRAME_HEADER];
+
+    next = NGX_TIMER_INFINITE;
+
+    if (l->session == NULL && !ngx_queue_empty(&l->streams)) {
+        next = ((ngx_msec_int_t) (l->retry - now) > 0) ? l->retry - now
+                                                       : 0;
+    }
+
+    if (l->session && !l->ready) {
+        left = (now - l->started < NGX_HTTP_HERMES_SSH_START)
+               ? l->started + NGX_HTTP_HERMES_SSH_START - now : 0;
+        next = ngx_min(next, left);
+    }
+
+    if (l->ready && !ngx_queue_empty(&l->streams) && !l->broken) {
+        if (l->pinged == 0
+            && now - l->heard >= NGX_HTTP_HERMES_SSH_QUIET)
+        {
+            p = ngx_http_hermes_frames_header(ping, 0, 'P', 0);
+            (void) ngx_http_hermes_ssh_append(l, ping, p - ping);
+            l->pinged = now;
+        }
+
+        left = l->pinged
+               ? l->pinged + l->scf->connect_timeout - now
+               : l->heard + NGX_HTTP_HERMES_SSH_QUIET - now;
+        next = ngx_min(next, left);
+    }
+
+    for (q = ngx_queue_head(&l->streams);
+         q != ngx_queue_sentinel(&l->streams);
+         q = nq)
+    {
+        nq = ngx_queue_next(q);
+        s = ngx_queue_data(q, ngx_http_hermes_ssh_stream_t, queue);
+
+        if (s->exec) {
+            if ((ngx_msec_int_t) (now - s->deadline) >= 0) {
+                s->exec->cmd->err = NGX_ETIMEDOUT;
+                ngx_snprintf(s->exec->conn->err,
+                             sizeof(s->exec->conn->err),
+                             "ssh command timed out%Z");
+                ngx_http_hermes_ssh_exec_done(l, s, NGX_ERROR);
+                continue;
+            }
+
+            next = ngx_min(next, s->deadline - now);
+            continue;
+        }
+
+        if (s->sent || !s->shipped || s->ended) {
+            /* the cell's own timer ends it */
+            continue;
+        }
+
+        if ((ngx_msec_int_t) (now - s->deadline) >= 0) {
+            ngx_http_hermes_ssh_give_up(l, s, now);
+            continue;
+        }
+
+        next = ngx_min(next, s->deadline - now);
+    }
+
+    return next;
+}
+
+
+/*
+ * The poll set (the eventfd, the connection, the cells and their tool
+ * calls), slept on until something comes or "next" ms pass; the number of
+ * its entries, 0 when there was no memory for it.
+ */
+
+static ngx_uint_t
+ngx_http_hermes_ssh_poll(ngx_http_hermes_ssh_link_t *l, ngx_msec_t next)
+{
+    int                            timeout, events;
+    uint64_t                       v;
+    ngx_uint_t                     nfd, size;
+    ngx_queue_t                   *q;
+    struct pollfd                 *pfd;
+    ngx_http_hermes_ssh_stream_t  *s, **pfs;
+
+    size = 2 + 2 * l->nstreams;
+
+    if (l->npfd < size) {
+        size = ngx_max(size, 2 * l->npfd);
+
+        pfd = ngx_alloc(size * sizeof(struct pollfd), l->log);
+        pfs = ngx_alloc(size * sizeof(ngx_http_hermes_ssh_stream_t *),
+                        l->log);
+
+        if (pfd == NULL || pfs == NULL) {
+            ngx_free(pfd);
+            ngx_free(pfs);
+            (void) poll(NULL, 0, 100);
+            return 0;
+        }
+
+        ngx_free(l->pfd);
+        ngx_free(l->pfs);
+        l->pfd = pfd;
+        l->pfs = pfs;
+        l->npfd = size;
+    }
+
+    pfd = l->pfd;
+    pfs = l->pfs;
+
+    pfd[0].fd = l->wake;
+    pfd[0].events = POLLIN;
+    pfd[0].revents = 0;
+
+    pfd[1].fd = -1;
+    pfd[1].events = 0;
+    pfd[1].revents = 0;
+
+    if (l->session) {
+        pfd[1].fd = ssh_get_fd(l->session);
+        pfd[1].events = POLLIN;
+
+        if ((ssh_get_poll_flags(l->session) & SSH_WRITE_PENDING)
+            || l->out_pos < l->out_len)
+        {
+            pfd[1].events |= POLLOUT;
+        }
+
+        /*
+         * what libssh holds already is not on the socket; stdout last:
+         * polling stderr may read packets of stdout into libssh's
+         * buffer, and the reverse costs a complaint's delay only
+         */
+
+        if (ssh_channel_poll(l->channel, 1) != 0
+            || ssh_channel_poll(l->channel, 0) != 0)
+        {
+            next = 0;
+        }
+    }
+
+    nfd = 2;
+
+    for (q = ngx_queue_head(&l->streams);
+         q != ngx_queue_sentinel(&l->streams);
+         q = ngx_queue_next(q))
+    {
+        s = ngx_queue_data(q, ngx_http_hermes_ssh_stream_t, queue);
+
+        if (s->exec) {
+            continue;
+        }
+
+        events = (s->hdr || s->out_pos < s->out_len || s->res)
+                 ? POLLOUT : POLLIN;
+
+        pfs[nfd] = s;
+        pfd[nfd].fd = s->fd;
+        pfd[nfd].events = events;
+        pfd[nfd].revents = 0;
+        nfd++;
+
+        if (s->rfd != (ngx_socket_t) -1) {
+            pfs[nfd] = NULL;
+            pfd[nfd].fd = s->rfd;
+            pfd[nfd].events = POLLIN
+                              | (s->rq_pos < s->rq_len ? POLLOUT : 0);
+            pfd[nfd].revents = 0;
+            nfd++;
+        }
+    }
+
+    timeout = (next == NGX_TIMER_INFINITE) ? -1 : (int) next;
+
+    if (poll(pfd, nfd, timeout) == -1 && ngx_errno != NGX_EINTR) {
+        ngx_log_error(NGX_LOG_ALERT, l->log, ngx_errno,
+                      "hermes: poll() failed");
+        (void) poll(NULL, 0, 100);
+    }
+
+    if (pfd[0].revents && read(l->wake, &v, sizeof(v)) == -1) {
+        /* EAGAIN: another read took it */
+    }
+
+    return nfd;
+}
+
+
+/* what came: from the agent, for each cell, then what goes out */
+
+static void
+ngx_http_hermes_ssh_io(ngx_http_hermes_ssh_link_t *l, ngx_uint_t nfd)
+{
+    ngx_uint_t                     i;
+    struct pollfd                 *pfd;
+    ngx_http_hermes_ssh_stream_t  *s, **pfs;
+
+    pfd = l->pfd;
+    pfs = l->pfs;
+
+    if (l->session) {
+        ngx_http_hermes_ssh_read(l);
+    }
+
+    /* each cell: what came for it, or its end going away */
+
+    for (i = 2; i < nfd; i++) {
+        s = pfs[i];
+
+        if (s == NULL) {
+            continue;       /* the rpc of the stream before */
+        }
+
+        if (s->rfd != (ngx_socket_t) -1 && i + 1 < nfd
+            && pfs[i + 1] == NULL && pfd[i + 1].revents)
+        {
+            ngx_http_hermes_ssh_rpc_io(l, s);
+        }
+
+        if (pfd[i].revents
+            || s->hdr || s->out_pos < s->out_len || s->res)
+        {
+            (void) ngx_http_hermes_ssh_cell_write(l, s);
+        }
+    }
+
+    if (l->session && !l->broken) {
+        ngx_http_hermes_ssh_flush(l);
+    }
+
+    if (l->broken) {
+        ngx_http_hermes_ssh_break(l, ngx_http_hermes_ssh_now());
+    }
+}
+
+
+/* the worker exits: every stream ends here, and the connection */
+
+static void
+ngx_http_hermes_ssh_quit(ngx_http_hermes_ssh_link_t *l)
+{
+    ngx_queue_t                   *q;
+    ngx_http_hermes_ssh_stream_t  *s;
 
     while (!ngx_queue_empty(&l->streams)) {
         q = ngx_queue_head(&l->streams);
@@ -1463,8 +1559,6 @@ ngx_http_hermes_ssh_thread(void *data)
     ngx_free(l->out);
     ngx_free(l->pfd);
     ngx_free(l->pfs);
-
-    return NULL;
 }
 
 
