@@ -67,7 +67,7 @@ run_cppcheck() {
         --enable=warning,performance,portability --max-configs=1 \
         --suppress=toomanyconfigs --inline-suppr \
         --suppressions-list=.cppcheck-suppressions \
-        -I src -I "$b/nginx" -I "$h/core" -I "$h/event" -I "$h/event/modules" \
+        -I src -I "$b/nginx" -I "$h/core" -I "$h/event" \
         -I "$h/os/unix" -I "$h/http" -I "$h/http/modules" -I "$h/http/v2" \
         "${files[@]}"
 }
