@@ -3,6 +3,8 @@
 #
 #   make run        build, then start a gateway on 127.0.0.1:8088 (foreground)
 #   make test       build, then run the whole suite under prove
+#   make lint       shellcheck, cppcheck and pyflakes (t/lint.sh; make test
+#                   runs them too, as t/001-lint.t)
 #   make test-asan  the suite again with the module built with AddressSanitizer
 #   make bench      side-by-side benchmark against jupyter-server (bench/)
 #   make deb        the Debian package libnginx-mod-http-hermes, in build/
@@ -22,6 +24,8 @@ PKGS       := nginx nginx-dev libssh-dev libyajl-dev libsodium-dev \
 # (chromium brings about 135 MB of downloads, 470 MB installed); t/024
 # draws a matplotlib figure in a kernel; t/095 runs lintian on the .deb.
 TEST_PKGS  := chromium python3-matplotlib lintian
+# make lint's (and so make test's): t/lint.sh
+LINT_PKGS  := shellcheck cppcheck pyflakes3
 
 SRCS       := config ngx_hermes_module.c $(wildcard src/*.c src/*.h)
 # shipped into each kernel's directory, and carried only (see embed.sh)
@@ -41,8 +45,8 @@ GEN_VERSION := build/gen/ngx_hermes_version.c
 MODULE      = build/ngx_http_hermes_module.so
 ASAN_MODULE = build-asan/ngx_http_hermes_module.so
 
-.PHONY: all deps test-deps module asan run test test-asan unit bench deb dist \
-        clean FORCE
+.PHONY: all deps test-deps lint-deps module asan run test test-asan lint unit \
+        bench deb dist clean FORCE
 
 all: module
 
@@ -71,8 +75,13 @@ deps: .deps-ok
 	@touch $@
 
 test-deps: .test-deps-ok
-.test-deps-ok: .deps-ok
+.test-deps-ok: .deps-ok .lint-deps-ok
 	$(call install_pkgs,$(TEST_PKGS))
+	@touch $@
+
+lint-deps: .lint-deps-ok
+.lint-deps-ok:
+	$(call install_pkgs,$(LINT_PKGS))
 	@touch $@
 
 $(GEN): $(REMOTE_PY) $(REMOTE_SH) src/remote/embed.sh
@@ -134,6 +143,10 @@ test-asan: asan test-deps
 	LSAN_OPTIONS=exitcode=0 \
 	    prove -I t/lib t/
 	t/asan-check.pl build-asan/asan.* </dev/null
+
+# cppcheck reads nginx's headers as configured for the module (build/)
+lint: build/nginx/Makefile lint-deps
+	t/lint.sh
 
 unit: module
 	$(MAKE) -C t/unit run
@@ -208,4 +221,4 @@ dist:
 	echo "$$out ($$tag, $$(git rev-parse "$$tag^{commit}"))"
 
 clean:
-	rm -rf build build-asan run .deps-ok .test-deps-ok t/unit/build
+	rm -rf build build-asan run .deps-ok .test-deps-ok .lint-deps-ok t/unit/build

@@ -55,17 +55,17 @@ module=$top/build/ngx_http_hermes_module.so
 
 # --- the peer's Debian packages ---------------------------------------------
 pkgs="jupyter-server python3-jupyter-server python3-ipykernel python3-websocket"
-missing=""
+missing=()
 for p in $pkgs; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'ok installed' \
-        || missing="$missing $p"
+        || missing+=("$p")
 done
-if [ -n "$missing" ]; then
-    echo "bench: installing Debian packages:$missing"
+if [ ${#missing[@]} != 0 ]; then
+    echo "bench: installing Debian packages: ${missing[*]}"
     export DEBIAN_FRONTEND=noninteractive
     # install straight away if the lists know the packages, else update first
-    apt-get install -y -qq $missing >/dev/null 2>&1 \
-        || { apt-get update -qq && apt-get install -y -qq $missing >/dev/null; }
+    apt-get install -y -qq "${missing[@]}" >/dev/null 2>&1 \
+        || { apt-get update -qq && apt-get install -y -qq "${missing[@]}" >/dev/null; }
 fi
 
 if [ ! -f "$module" ]; then
@@ -91,8 +91,9 @@ pids=()           # group leaders we started (setsid): nginx, sshd, jupyter x2
 # or whose environment does (everything our sshd started for a login has
 # HOME=PREFIX/ssh/home-*), and the descendants of our sshd listener (the
 # per-connection sshd processes, which leave its process group).
+# shellcheck disable=SC2317  # run by cleanup, the EXIT trap's
 kill_strays() {
-    "$PY" - "${sshd_pid:-0}" "$prefix" $shm <<'EOF' || true
+    "$PY" - "${sshd_pid:-0}" "$prefix" ${shm:+"$shm"} <<'EOF' || true
 import os, signal, sys
 root = int(sys.argv[1])
 prefixes = [p.rstrip("/") + "/" for p in sys.argv[2:]]
@@ -135,6 +136,7 @@ for pid in victims:
 EOF
 }
 
+# shellcheck disable=SC2317  # the EXIT trap's
 cleanup() {
     local rc=$?
     trap - EXIT INT TERM HUP
@@ -154,7 +156,7 @@ cleanup() {
             [ "$p" = "${sshd_pid:-}" ] && continue
             kill -0 "$p" 2>/dev/null && alive=1
         done
-        [ $alive = 0 ] && break
+        [ "$alive" = 0 ] && break
         sleep 0.1
     done
     # then by force: the strays (kernels, sshd's sessions: found while the
@@ -165,12 +167,12 @@ cleanup() {
     sleep 0.2
     kill_strays
     [ -n "$shm" ] && rm -rf "$shm"
-    if [ "${BENCH_KEEP:-0}" = 1 ] || [ $rc != 0 ]; then
+    if [ "${BENCH_KEEP:-0}" = 1 ] || [ "$rc" != 0 ]; then
         echo "bench: logs kept in $prefix" >&2
     else
         rm -rf "$prefix"
     fi
-    exit $rc
+    exit "$rc"
 }
 trap cleanup EXIT
 trap 'exit 130' INT
@@ -239,6 +241,7 @@ start_sshd() {
     mkdir -p "$d/home-plain" "$d/home-rc" "$d/kroot-plain" "$d/kroot-rc" \
         "$d/kroot-warm"
     # each run of it also leaves a line in ~/.rc-runs: bench.py counts them
+    # shellcheck disable=SC2016  # $HOME is the login's, expanded by its bash
     printf '%s\n' '# hermes bench: a slow shell rc (pyenv/conda init stands here)' \
         'echo . >>"$HOME/.rc-runs" 2>/dev/null' 'sleep 1' >"$d/home-rc/.bashrc"
     chown -R hermes-bench: "$d/home-plain" "$d/kroot-plain" "$d/kroot-warm"
@@ -516,7 +519,8 @@ if os.environ.get("HERMES_BENCH_NODELAY") == "1":
 EOF
 
 jup_pids=()
-start_jupyter() {   # NAME NODELAY -> sets jport_NAME
+declare -A jport=()
+start_jupyter() {   # NAME NODELAY -> sets jport[NAME]
     local name=$1 nodelay=$2 port
     port=$(free_port)
     mkdir -p "$prefix/jupyter/$name/runtime"
@@ -533,18 +537,18 @@ start_jupyter() {   # NAME NODELAY -> sets jport_NAME
     ) &
     pids+=("$!")
     jup_pids+=("$!")
-    eval "jport_$name=$port"
+    jport[$name]=$port
 }
 
 start_jupyter nodelay 1
 [ "${BENCH_STOCK:-1}" = 1 ] && start_jupyter stock 0
 
 wait_http "http://127.0.0.1:$hport/v1/execute"
-wait_http "http://127.0.0.1:$jport_nodelay/api/status" "Authorization: token $token"
+wait_http "http://127.0.0.1:${jport[nodelay]}/api/status" "Authorization: token $token"
 stock_arg=()
 if [ "${BENCH_STOCK:-1}" = 1 ]; then
-    wait_http "http://127.0.0.1:$jport_stock/api/status" "Authorization: token $token"
-    stock_arg=(--jupyter-stock "http://127.0.0.1:$jport_stock")
+    wait_http "http://127.0.0.1:${jport[stock]}/api/status" "Authorization: token $token"
+    stock_arg=(--jupyter-stock "http://127.0.0.1:${jport[stock]}")
 fi
 
 # --- the benchmark ----------------------------------------------------------------
@@ -574,7 +578,7 @@ set +e
 timeout --kill-after=10 "${BENCH_TIMEOUT:-480}" "$PY" "$top/bench/bench.py" \
     --hermes "http://127.0.0.1:$hport/v1/execute" \
     ${shm:+--hermes-tmpfs "http://127.0.0.1:$hport/v1/execute-tmpfs"} \
-    --jupyter "http://127.0.0.1:$jport_nodelay" \
+    --jupyter "http://127.0.0.1:${jport[nodelay]}" \
     ${stock_arg[@]+"${stock_arg[@]}"} \
     "${extra[@]}" \
     --jupyter-par "${BENCH_JUPYTER_PAR:-0}" \

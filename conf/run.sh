@@ -46,7 +46,7 @@ trap 'kill -QUIT $pid 2>/dev/null; wait $pid 2>/dev/null; exit 0' INT TERM
 
 i=0
 until [ "$(cat "$prefix/nginx.pid" 2>/dev/null)" = "$pid" ] \
-      && (exec 3<>/dev/tcp/127.0.0.1/$port) 2>/dev/null
+      && (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null
 do
     if ! kill -0 $pid 2>/dev/null; then
         echo "make run: nginx did not start (is port $port in use? PORT=... make run picks another); see $prefix/logs/error.log" >&2

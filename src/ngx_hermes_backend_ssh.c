@@ -880,7 +880,9 @@ ngx_http_hermes_ssh_request(ngx_http_hermes_conn_t *conn,
 
     l = conn->data;
 
-    if (l == NULL) {
+    /* s is NULL where there is no link: the callers' way to this error */
+
+    if (l == NULL || s == NULL) {
         ngx_free(s);
         ngx_snprintf(conn->err, sizeof(conn->err), "no ssh link%Z");
         conn->unavailable = 1;
@@ -889,6 +891,7 @@ ngx_http_hermes_ssh_request(ngx_http_hermes_conn_t *conn,
 
     s->fd = -1;
     s->rfd = (ngx_socket_t) -1;
+    /* cppcheck-suppress autoVariables ; x is ours until x.done, below */
     s->exec = &x;
     s->deadline = ngx_http_hermes_ssh_now() + cmd->timeout
                   + ngx_http_hermes_ssh_conf(conn->bcf)->connect_timeout

@@ -27,6 +27,7 @@ case $version in
 esac
 
 # git archive replaces this with the archived commit (export-subst)
+# shellcheck disable=SC2016  # git's placeholder, not the shell's
 archived='$Format:%H$'
 
 commit=unknown

@@ -24,6 +24,7 @@ Files we write are 0600 and renamed into place; N is %06d (more digits past
 import ast
 import builtins
 import codecs
+import collections
 import errno
 import fcntl
 import io
@@ -122,6 +123,11 @@ def _utf8(text):
         return text, text.encode("utf-8")
 
 
+def _text_to_log(name, text):
+    _, data = _utf8(text)
+    _to_log(name, data)
+
+
 class HostDiskFull(BaseException):
     """Interrupts a cell whose output can no longer be written.  Not an
     Exception, so `except Exception` in the cell does not keep it going."""
@@ -208,34 +214,73 @@ def _final_output(out, err, max_output):
 
 # -- streaming to cell_out_N ------------------------------------------------
 
-# One lock for the running cell's sink, shared with the flusher and the fd
-# reader threads.  Most writes of a busy stream do not take it (see
-# _CellStream.write).
-_lock = threading.Lock()
-_cond = threading.Condition(_lock)
-_current = None          # the running cell's _Sink, or None between cells
+def _no_fds(timeout):
+    return ()
+
+
+class _State:
+    """What changes while the runner lives, in one place: the functions
+    and threads below share it, and a forked child resets it (see
+    _after_fork).  Its attributes are read where used, never kept in a
+    variable: a forked child gets a new lock."""
+
+    __slots__ = ("lock", "cond", "current", "flusher_at", "fd_ready",
+                 "interruptible", "deferred", "loop", "fflush", "globals",
+                 "count")
+
+    def __init__(self):
+        # One lock for the running cell's sink, shared with the flusher
+        # and the fd reader threads.  Most writes of a busy stream do not
+        # take it (see _CellStream.write).
+        self.lock = threading.Lock()
+        self.cond = threading.Condition(self.lock)
+        self.current = None       # the running cell's _Sink, or None between cells
+        self.flusher_at = None    # when the flusher looks next; None: when notified
+        # fd_ready(0): whether fds 1 and 2's pipes hold bytes (_capture_fds)
+        self.fd_ready = _no_fds
+        self.interruptible = False  # SIGINT raises KeyboardInterrupt only in a cell
+        self.deferred = False     # an interrupt came in a _CRITICAL section
+        self.loop = None          # the runner's event loop, for top-level await
+        self.fflush = None        # C stdio's fflush, False: none (_find_fflush)
+        self.globals = None       # the cells' namespace
+        self.count = 0            # cells run: the result's execution_count
+
+
+_state = _State()
 _monotonic = time.monotonic
-_text_of = operator.itemgetter(1)
-_flusher_at = None       # when the flusher looks next; None: when notified
+
+
+class _ErrText(tuple):
+    """stderr's text in a sink's parts (see _item), made as
+    _ErrText((text,)): a tuple's constructor, in C, so a write to stderr
+    runs no __init__ of ours; and not a str, so "".join fails on parts
+    that hold one (see _Sink._flush)."""
+
+    __slots__ = ()
+    text = property(operator.itemgetter(0))
+
+
+_text_of = _ErrText.text.fget
 
 
 def _is_err(item):
-    return item.__class__ is tuple
+    return item.__class__ is _ErrText
 
 
 def _item(name, text):
     # What parts holds: stdout's text as is (so that "".join takes a
-    # stdout-only buffer at once), stderr's as ("stderr", text).
-    return text if name == "stdout" else ("stderr", text)
+    # stdout-only buffer at once), stderr's as an _ErrText.
+    return text if name == "stdout" else _ErrText((text,))
 
 
 def _wake_flusher(due):
-    # The flusher sleeps until _flusher_at: wake it if that is too late
+    # The flusher sleeps until flusher_at: wake it if that is too late
     # for due.  While the cell writes, the writes themselves flush when
     # due, and the flusher (whose wake-up costs the writer a hand-over of
     # the GIL) backs off up to FLUSH_LATE: see _flusher.
-    if _flusher_at is None or _flusher_at > due + FLUSH_LATE:
-        _cond.notify()
+    at = _state.flusher_at
+    if at is None or at > due + FLUSH_LATE:
+        _state.cond.notify()
 
 
 class _Sink:
@@ -257,7 +302,7 @@ class _Sink:
     `deadline`, a write only appends to parts, without the lock, until
     the deadline passes: then the writer takes the lock and flushes
     itself (see _CellStream.write), so a cell that holds the GIL still
-    streams on time.  Everything else changes under _lock, and a flush
+    streams on time.  Everything else changes under the lock, and a flush
     sets `deadline` to 0 *before* it takes parts: a write that appends
     after the take sees its deadline passed and takes the lock, so no
     text is ever left in parts unscheduled or unwritten."""
@@ -289,7 +334,7 @@ class _Sink:
         once the cell is over and the text was not taken: the caller
         writes it elsewhere."""
         try:
-            with _lock:
+            with _state.lock:
                 if self.closed:
                     if appended:
                         self._leftover()
@@ -345,9 +390,9 @@ class _Sink:
         del self.parts[:len(items)]
         for it in items:
             if _is_err(it):
-                _to_log("stderr", _utf8(it[1])[1])
+                _text_to_log("stderr", it.text)
             else:
-                _to_log("stdout", _utf8(it)[1])
+                _text_to_log("stdout", it)
 
     def display(self, bundle):
         """A display event after the text so far, and the bundle kept for
@@ -358,7 +403,7 @@ class _Sink:
             _raise_deferred()
 
     def _display(self, bundle):
-        with _lock:
+        with _state.lock:
             if self.closed:
                 return False
             self._raise_if_full()
@@ -390,7 +435,7 @@ class _Sink:
         # While the cell runs, each write after a full disk fails, so the
         # cell ends (or at least learns of it).  The runner's own writes
         # (the traceback) just go into the final output.
-        if self.full is not None and _interruptible:
+        if self.full is not None and _state.interruptible:
             raise OSError(self.full.errno, "%s: the cell's output cannot be "
                           "written" % _full_text(self.full))
 
@@ -400,7 +445,7 @@ class _Sink:
 
     def flush(self):
         try:
-            with _cond:
+            with _state.cond:
                 if not self.closed:
                     self._flush()
                     self._raise_if_full()
@@ -440,11 +485,11 @@ class _Sink:
         err = _is_err(items[-1])
         i = len(items)
         while i > 0 and _is_err(items[i - 1]) == err and "\n" not in (
-                items[i - 1][1] if err else items[i - 1]):
+                items[i - 1].text if err else items[i - 1]):
             i -= 1
         head = None
         if i > 0 and _is_err(items[i - 1]) == err:  # it holds the last "\n"
-            text = items[i - 1][1] if err else items[i - 1]
+            text = items[i - 1].text if err else items[i - 1]
             j = text.rfind("\n") + 1
             if j < len(text):
                 i -= 1
@@ -461,7 +506,7 @@ class _Sink:
         if now >= self.partial_since + PARTIAL_DELAY or len(tail) >= CHUNK:
             self.partial = None                     # out with it
             return items
-        kept = ("stderr", tail) if err else tail
+        kept = _ErrText((tail,)) if err else tail
         self.parts.insert(0, kept)      # before what was appended meanwhile
         self.chars = len(tail)
         self.partial = kept
@@ -469,7 +514,7 @@ class _Sink:
         _wake_flusher(self.due)
         items = items[:i]
         if head is not None:
-            items.append(("stderr", head) if err else head)
+            items.append(_ErrText((head,)) if err else head)
         return items
 
     def _emit(self, name, text):
@@ -521,18 +566,17 @@ class _Sink:
                 self.full = e
                 self.kick = time.monotonic()
                 self.deadline = 0.0     # writes take the lock: _raise_if_full
-                _cond.notify()
+                _state.cond.notify()
             os.close(self.fd)
             self.fd = -1
 
     def close(self):
-        global _current
-        with _cond:
+        with _state.cond:
             _drain_fds(final=True)
             self._flush()
             self.closed = True
-            if _current is self:
-                _current = None
+            if _state.current is self:
+                _state.current = None
         if self.fd >= 0:
             os.close(self.fd)
             self.fd = -1
@@ -545,23 +589,17 @@ class _Sink:
 # stdout/stderr, in order with its prints (each Python-level write first
 # takes what the pipes hold), bytes between cells go to runner.log.
 FD_READ = 1 << 20
-_FDS = []                # [(read end, "stdout"|"stderr", UTF-8 decoder)]
+# One pipe we read: its read end, "stdout"|"stderr", a UTF-8 decoder.
+_Pipe = collections.namedtuple("_Pipe", "fd name decoder")
+_FDS = []                # the _Pipes of fds 1 and 2
 _FD_WRITE = {}           # our copies of the write ends, to restore 1 and 2
 
 
-def _no_fds(timeout):
-    return ()
-
-
-# _fd_ready(0): whether the pipes hold bytes, one poll() syscall (each
-# write asks).  An epoll of both pipes, for at most one event, would cost
-# 0.15 us against 0.25, but the runner keeps no fd but its files and
+# _state.fd_ready(0): whether the pipes hold bytes, one poll() syscall
+# (each write asks).  An epoll of both pipes, for at most one event, would
+# cost 0.15 us against 0.25, but the runner keeps no fd but its files and
 # pipes (t/044-runner-fds.t).  The reader thread has a poll of its own.
-_fd_ready = _no_fds
-
-
 def _capture_fds():
-    global _fd_ready
     poll, mine = select.poll(), select.poll()
     for fd, name in ((1, "stdout"), (2, "stderr")):
         try:
@@ -577,10 +615,10 @@ def _capture_fds():
         os.dup2(w, fd)                # inheritable: a subprocess's 1 and 2
         _FD_WRITE[name] = w
         # "replace", as sys.stdout.buffer: invalid UTF-8 becomes U+FFFD
-        _FDS.append((r, name, codecs.getincrementaldecoder("utf-8")("replace")))
+        _FDS.append(_Pipe(r, name, codecs.getincrementaldecoder("utf-8")("replace")))
         poll.register(r, select.POLLIN)
         mine.register(r, select.POLLIN)
-    _fd_ready = poll.poll
+    _state.fd_ready = poll.poll
     threading.Thread(target=_fd_reader, args=(mine,), name="hermes-fds",
                      daemon=True).start()
 
@@ -608,22 +646,22 @@ def _fd_reader(poll):
         if any(ev & select.POLLNVAL for _, ev in events):
             _log("fd capture stopped: a pipe was closed")
             return
-        with _lock:
+        with _state.lock:
             _drain_fds(final=False, polled=True)
 
 
 def _drain_fds(final=False, polled=False):
-    """Under _lock: what the pipes hold now, to the running cell or to
+    """Under the lock: what the pipes hold now, to the running cell or to
     runner.log; final: the cell is ending, decoders give what they hold."""
     if not _FDS:
         return
     if not (final or polled):
         try:
-            if not _fd_ready(0):
+            if not _state.fd_ready(0):
                 return                # the common case: one syscall
         except (OSError, RuntimeError, ValueError):
             return
-    s = _current
+    s = _state.current
     if s is not None and s.closed:
         s = None
     now, pushed = _monotonic(), False
@@ -663,15 +701,15 @@ def _flusher():
     # and its writes flush when due), we sleep longer each time, up to
     # FLUSH_LATE past what is due; the first wake-up after a pause in the
     # output is on time.
-    global _flusher_at
+    st = _state
     backoff = 0.0
-    with _cond:
+    with st.cond:
         while True:
-            s = _current
+            s = st.current
             if s is None:
-                _flusher_at = None
+                st.flusher_at = None
                 backoff = 0.0
-                _cond.wait()
+                st.cond.wait()
                 continue
             now = _monotonic()
             if s.kick is not None and s.kick <= now:
@@ -682,8 +720,8 @@ def _flusher():
                 s._due(now)
                 backoff = 0.0
                 continue
-            if _flusher_at is not None and _flusher_at <= now and (
-                    due is None or due > _flusher_at):
+            at = st.flusher_at
+            if at is not None and at <= now and (due is None or due > at):
                 # woken on time, and the writes had flushed: they go on
                 backoff = min(max(2 * backoff, COALESCE), FLUSH_LATE)
             elif due is None:
@@ -692,8 +730,8 @@ def _flusher():
                 due = max(due, now + backoff)
             if s.kick is not None and (due is None or s.kick < due):
                 due = s.kick
-            _flusher_at = due
-            _cond.wait(None if due is None else due - now)
+            st.flusher_at = due
+            st.cond.wait(None if due is None else due - now)
 
 
 def _kick():
@@ -708,6 +746,9 @@ def _kick():
 
 def _start_flusher():
     threading.Thread(target=_flusher, name="hermes-flusher", daemon=True).start()
+
+
+_ProcStat = collections.namedtuple("_ProcStat", "state pgrp")
 
 
 class _Group:
@@ -736,18 +777,20 @@ class _Group:
             pid = int(name)
             if pid in (self.me, 1):
                 continue
-            fields = self._stat(pid)
-            if fields and fields[0] != b"Z" and int(fields[2]) == grp:
+            ps = self._stat(pid)
+            if ps is not None and ps.state != b"Z" and ps.pgrp == grp:
                 found.append(pid)
         return found
 
     @staticmethod
     def _stat(pid):
-        """Fields of /proc/PID/stat after the command name, or None."""
+        """/proc/PID/stat's state and process group, or None."""
         try:
             with open("/proc/%d/stat" % pid, "rb") as f:
                 st = f.read()
-            return st[st.rindex(b")") + 2:].split()
+            # the fields after the command name: state ppid pgrp ...
+            state, _, pgrp = st[st.rindex(b")") + 2:].split()[:3]
+            return _ProcStat(state, int(pgrp))
         except (OSError, ValueError):
             return None
 
@@ -787,19 +830,19 @@ def _interrupter(fd):
             return
         pending = (pending + data)[-64:]
         *ids, pending = pending.split(b"\n")
-        with _cond:
-            s = _current
+        with _state.cond:
+            s = _state.current
             if s is None or not any(i.strip() == str(s.n).encode() for i in ids):
                 continue
             _log("cell %d: interrupted" % s.n)
             _kick()
         if not group.interrupt():
             continue
-        with _cond:
+        with _state.cond:
             s.children_hit = True
         group.wait_gone()
-        with _cond:
-            if _current is s:
+        with _state.cond:
+            if _state.current is s:
                 _kick()
 
 
@@ -827,9 +870,9 @@ def _start_interrupter():
 def _before_fork():
     # What the cell printed before it forked comes before what the child
     # prints (os.fork, multiprocessing; not subprocess: it runs no hooks).
-    s = _current
+    s = _state.current
     if s is not None:
-        with _lock:
+        with _state.lock:
             if not s.closed:
                 s._flush()
 
@@ -839,18 +882,17 @@ def _after_fork():
     # flusher held the lock, and has no flusher thread: give it both.
     # Nor does it read fds 1 and 2: its writes there reach the parent's
     # reader like any subprocess's.
-    global _lock, _cond, _fd_ready, _flusher_at
-    _lock = threading.Lock()
-    _cond = threading.Condition(_lock)
-    _fd_ready, _flusher_at = _no_fds, None
-    s = _current
+    _state.lock = threading.Lock()
+    _state.cond = threading.Condition(_state.lock)
+    _state.fd_ready, _state.flusher_at = _no_fds, None
+    s = _state.current
     if s is not None:
         # What the parent had not written yet is the parent's to write.
         del s.parts[:]
         s.chars, s.lines, s.partial, s.due, s.deadline = 0, False, None, None, 0.0
-    for r, _, _ in _FDS:
+    for pipe in _FDS:
         try:
-            os.close(r)
+            os.close(pipe.fd)
         except OSError:
             pass
     del _FDS[:]
@@ -867,6 +909,7 @@ def _writer(name):
     be saved: bytes that reached fds 1 and 2 since the last write (a
     subprocess, os.write, a C extension) go before this write's."""
     err = name == "stderr"
+    st = _state                        # a closure's cell: no global lookup
 
     def write(s):
         if s.__class__ is not str:
@@ -875,26 +918,26 @@ def _writer(name):
                                 % type(s).__name__)
             s = str.__str__(s)         # a subclass's methods are not ours
         n = len(s)
-        sink = _current
+        sink = st.current
         if sink is None:
-            _to_log(name, _utf8(s)[1])
+            _text_to_log(name, s)
             return n
-        item = ("stderr", s) if err else s
+        item = _ErrText((s,)) if err else s
         if n <= FAST_MAX:
             try:
-                ready = _fd_ready(0)
+                ready = st.fd_ready(0)
             except (OSError, ValueError, RuntimeError):
                 ready = True           # the lock's way finds out
             # Empty pipes, and the lock free after that: bytes the reader
             # thread took from them (under the lock) are in parts already,
             # not still on their way there behind this write.
-            if not ready and not _lock.locked():
+            if not ready and not st.lock.locked():
                 sink.parts.append(item)
                 if _monotonic() >= sink.deadline:
                     sink.add(item, s, True)
                 return n
         if not sink.add(item, s):
-            _to_log(name, _utf8(s)[1])
+            _text_to_log(name, s)
         return n
 
     return write
@@ -936,7 +979,7 @@ class _CellStream(io.TextIOBase):
         return self._write(s)
 
     def flush(self):
-        sink = _current
+        sink = _state.current
         if sink is not None:
             sink.flush()
 
@@ -1056,8 +1099,9 @@ def _bundle(obj):
             data["image/png"] = _figure_png(obj)
         except Exception as e:
             data["text/plain"] += "\n[image/png failed: %s]" % _error_line(e)
-        if _current is not None:
-            _current.figures.add(id(obj))
+        sink = _state.current
+        if sink is not None:
+            sink.figures.add(id(obj))
     return data
 
 
@@ -1091,7 +1135,7 @@ def _display(*objs):
     for obj in objs:
         data = _bundle(obj)
         STDOUT.write(data["text/plain"] + "\n")
-        sink = _current               # None between cells: text to the log
+        sink = _state.current         # None between cells: text to the log
         if sink is not None:
             sink.display(data)
 
@@ -1181,10 +1225,7 @@ def _mpl_flush(sink):
 
 # -- running code -----------------------------------------------------------
 
-_interruptible = False   # SIGINT raises KeyboardInterrupt only inside a cell
 _SIGINT = int(signal.SIGINT)
-_globals = None
-_count = 0
 
 
 def _fresh_globals():
@@ -1197,47 +1238,44 @@ def _on_sigint(signum, frame):
     # must not kill the runner.  (A background job started by a
     # non-interactive shell inherits SIGINT ignored, and Python then keeps
     # it ignored: so the handler is always installed explicitly.)
-    global _deferred
-    if _interruptible:
+    if _state.interruptible:
         f = frame
         while f is not None:
             if f.f_code in _CRITICAL:
                 # in the sink's bookkeeping (text taken from the buffer,
                 # not written yet): raised once that is done
-                _deferred = True
+                _state.deferred = True
                 return
             f = f.f_back
-        _deferred = False
-        s = _current
+        _state.deferred = False
+        s = _state.current
         if s is not None and s.full is not None:
             raise HostDiskFull("%s: the cell is stopped" % _full_text(s.full))
         raise KeyboardInterrupt
 
 
-_deferred = False        # an interrupt came in a _CRITICAL section
 _CRITICAL = frozenset(f.__code__ for f in (
     _Sink.add, _Sink.flush, _Sink.display, _Sink._display, _Sink.close,
     _Sink._flush, _drain_fds))
 
 
 def _raise_deferred():
-    if _deferred:
+    if _state.deferred:
         _on_sigint(_SIGINT, None)
 
 
-_loop = None             # the runner's event loop, for top-level await
 _AWAIT = getattr(ast, "PyCF_ALLOW_TOP_LEVEL_AWAIT", 0)
 _CO_COROUTINE = 0x80
 
 
 async def _cell_coroutine(body, last):
     # The whole cell in the loop, as the body of an async function would be.
-    r = eval(body, _globals)
+    r = eval(body, _state.globals)
     if body.co_flags & _CO_COROUTINE:
         await r
     if last is None:
         return None
-    r = eval(last, _globals)
+    r = eval(last, _state.globals)
     if last.co_flags & _CO_COROUTINE:
         r = await r
     return r
@@ -1248,17 +1286,16 @@ def _run_code(body, last):
     top-level await, the cell runs to its end on our loop (not the
     thread's current one): asyncio.run in it fails as in an async
     function, and works in a cell without await."""
-    global _loop
     flags = body.co_flags | (last.co_flags if last is not None else 0)
     if not flags & _CO_COROUTINE:
-        exec(body, _globals)
-        return None if last is None else eval(last, _globals)
+        exec(body, _state.globals)
+        return None if last is None else eval(last, _state.globals)
     import asyncio
-    if _loop is None or _loop.is_closed():
-        _loop = asyncio.new_event_loop()
-    task = _loop.create_task(_cell_coroutine(body, last))
+    if _state.loop is None or _state.loop.is_closed():
+        _state.loop = asyncio.new_event_loop()
+    task = _state.loop.create_task(_cell_coroutine(body, last))
     try:
-        return _loop.run_until_complete(task)
+        return _state.loop.run_until_complete(task)
     except BaseException:
         if not task.cancel():         # an interrupt: it must not run on
             task.exception()          # retrieved: asyncio logs no warning
@@ -1267,15 +1304,14 @@ def _run_code(body, last):
 
 def _exec(body, last):
     """Run the compiled cell; the exception it ended with, or None."""
-    global _interruptible
     try:
         try:
-            _interruptible = True
+            _state.interruptible = True
             value = _run_code(body, last)
             if value is not None:            # like IPython's Out[]
                 _display(value)
         finally:
-            _interruptible = False
+            _state.interruptible = False
     except BaseException as e:   # noqa: B036 -- everything ends up in the result
         return e
     return None
@@ -1336,18 +1372,14 @@ def _run(code):
     return "error", _error_line(e), False
 
 
-_fflush = None
-
-
 def _find_fflush():
     # Before `ready`: importing ctypes takes about 2 ms, which a new
     # session's first cell would pay (a warm pool's too).
-    global _fflush
     try:
         import ctypes
-        _fflush = ctypes.CDLL(None).fflush
+        _state.fflush = ctypes.CDLL(None).fflush
     except Exception:
-        _fflush = False
+        _state.fflush = False
 
 
 def _flush_std():
@@ -1358,9 +1390,9 @@ def _flush_std():
             f.flush()
         except Exception:
             pass
-    if _fflush:                  # found by main() before `ready`
+    if _state.fflush:            # found by main() before `ready`
         try:
-            _fflush(None)
+            _state.fflush(None)
         except Exception:
             pass
 
@@ -1470,7 +1502,6 @@ def _int(v, default):
 def _process(n, path, names=None):
     """Cell n, from its request at path; names: what cells/ held just
     before, if it is known."""
-    global _current, _globals, _count
     t0 = time.monotonic()
     _restore_fds()                        # before we open anything
     os.umask(0o077)                       # a cell may have changed it
@@ -1488,13 +1519,13 @@ def _process(n, path, names=None):
     sink = _Sink(_open_out(n), max_output,
                  _int(req.get("max_stream"), DEFAULT_MAX_STREAM))
     sink.n = n
-    _count += 1
+    _state.count += 1
     reset = req.get("reset") is True
     if reset:
-        _globals = _fresh_globals()
-    with _cond:
+        _state.globals = _fresh_globals()
+    with _state.cond:
         _drain_fds(final=True)            # bytes from between cells: the log
-        _current = sink
+        _state.current = sink
     if bad:
         status, error, ended = "error", bad, False
     else:
@@ -1519,7 +1550,7 @@ def _process(n, path, names=None):
     elif error is not None and len(error) > ERROR_MAX:
         error = error[:ERROR_MAX] + "..."    # the result's size stays bounded
     res = {"id": n, "status": status, "output": output, "error": error,
-           "execution_count": _count, "stdout_truncated": cut or sink.cut,
+           "execution_count": _state.count, "stdout_truncated": cut or sink.cut,
            "stdout_bytes_total": sink.caps["stdout"].total,
            "stream_truncated": sink.cut, "state_reset": reset, "ended": ended,
            "duration_seconds": round(time.monotonic() - t0, 6), "displays": []}
@@ -1571,11 +1602,15 @@ def _allocate(fd, size):
             raise
 
 
+# The space taken for a result: the file, its (st_dev, st_ino), its size.
+_Reserved = collections.namedtuple("_Reserved", "path ident size")
+
+
 def _reserve(n, size):
     """Take the space for cell n's result before the cell runs: the kept
     reserve, grown towards size.  Where a cell put something else in its
     place, a new one; where even that fails (a directory there), a file
-    of cell n's own.  -> (path, (st_dev, st_ino), bytes) or None.
+    of cell n's own.  -> a _Reserved or None.
 
     The reserve is used only on a full disk (see _write_result): on any
     other, the result is a new file and the reserve stays for the next
@@ -1590,7 +1625,7 @@ def _reserve(n, size):
         if (stat.S_ISREG(st.st_mode) and st.st_nlink == 1
                 and stat.S_IMODE(st.st_mode) == 0o600
                 and st.st_size >= size and st.st_blocks * 512 >= size):
-            return path, (st.st_dev, st.st_ino), st.st_size
+            return _Reserved(path, (st.st_dev, st.st_ino), st.st_size)
     except OSError:
         pass
     fd = -1
@@ -1627,7 +1662,7 @@ def _reserve(n, size):
         if st is None or st.st_size < size or st.st_blocks * 512 < size:
             _allocate(fd, size)
             st = os.fstat(fd)
-        return path, (st.st_dev, st.st_ino), st.st_size
+        return _Reserved(path, (st.st_dev, st.st_ino), st.st_size)
     except OSError as e:
         _log("cannot reserve space for the result of cell %d: %s" % (n, e))
         return None
@@ -1694,23 +1729,23 @@ def _cut_to_fit(res, size, e):
 def _write_reserved(path, res, resv, data):
     """The result into the reserved file (its space is taken already), cut
     to fit where it is larger, then renamed into place."""
-    fd = os.open(resv[0], os.O_WRONLY | os.O_NOFOLLOW | os.O_NONBLOCK
+    fd = os.open(resv.path, os.O_WRONLY | os.O_NOFOLLOW | os.O_NONBLOCK
                  | os.O_CLOEXEC)
     try:
         st = os.fstat(fd)
-        if (st.st_dev, st.st_ino) != resv[1]:
+        if (st.st_dev, st.st_ino) != resv.ident:
             raise OSError(errno.ESTALE, "the reserved result file was replaced")
         try:
             _pwrite_all(fd, data)
         except OSError as e:
             if e.errno not in _FULL:
                 raise
-            data = _cut_to_fit(res, resv[2], e)
+            data = _cut_to_fit(res, resv.size, e)
             _pwrite_all(fd, data)
         os.ftruncate(fd, len(data))
     finally:
         os.close(fd)
-    os.rename(resv[0], path)
+    os.rename(resv.path, path)
 
 
 def _pwrite_all(fd, data):
@@ -1749,7 +1784,7 @@ def _write_result(n, res, resv=None):
     fails (a full disk), or where the reserve is this cell's own."""
     path = _cell_path("res", n)
     data = _dumps(res)
-    if resv is not None and resv[0] != _reserve_path():
+    if resv is not None and resv.path != _reserve_path():
         try:
             _write_reserved(path, res, resv, data)
             return
@@ -1764,7 +1799,7 @@ def _write_result(n, res, resv=None):
         _write_new(path, data)
         return
     except OSError as e:
-        if resv is None or resv[0] != _reserve_path():
+        if resv is None or resv.path != _reserve_path():
             raise
         err = e
     try:
@@ -1777,17 +1812,17 @@ def _write_result(n, res, resv=None):
 def _fail(n, e):
     """The runner itself failed on cell n: answer anyway, so the module
     does not wait for a result that never comes."""
-    global _current
     sys.stdout, sys.stderr = sys.__stdout__, sys.__stderr__
-    with _cond:
-        _current = None
+    with _state.cond:
+        _state.current = None
     _log("cell %d failed in the runner: %r" % (n, e))
     if os.path.exists(_cell_path("res", n)):
         return
     try:
         _write_result(n, {"id": n, "status": "error", "output": "",
                           "error": "kernel runner failure: %s" % type(e).__name__,
-                          "execution_count": _count, "stdout_truncated": False,
+                          "execution_count": _state.count,
+                          "stdout_truncated": False,
                           "stdout_bytes_total": 0, "stream_truncated": False,
                           "state_reset": False, "ended": False,
                           "duration_seconds": 0.0, "displays": []})
@@ -1869,7 +1904,6 @@ def _idle_exit():
 
 
 def main():
-    global _globals
     os.umask(0o077)
     for f in (sys.__stdout__, sys.__stderr__):   # runner.log, read by people
         if f is not None:
@@ -1895,7 +1929,7 @@ def main():
     signal.signal(signal.SIGINT, _on_sigint)
     os.register_at_fork(before=_before_fork, after_in_child=_after_fork)
     _start_flusher()
-    _globals = _fresh_globals()
+    _state.globals = _fresh_globals()
 
     fifo = _open_fifo("wake")
     _start_interrupter()
@@ -1920,7 +1954,8 @@ def main():
         else:
             timeout = deadline - time.monotonic()
             if timeout <= 0:
-                if _pending(last)[0]:   # a cell whose wake-up is still coming
+                late, _ = _pending(last)
+                if late:             # a cell whose wake-up is still coming
                     continue
                 _idle_exit()
         if not _reserve_kept():
