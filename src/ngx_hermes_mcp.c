@@ -723,3 +723,89 @@ fixed:
 
     return b;
 }
+
+
+/*
+ * The MCP sessions of kernels that ended (whichever worker saw them end)
+ * with this server, ended with DELETE as the transport asks: background
+ * subrequests of this call's request, their answers dropped (a server
+ * that cannot end sessions answers 405, and forgets them on its own).
+ * Nothing of the cell's request goes with them: no body, no X-Hermes-*.
+ */
+
+void
+ngx_http_hermes_mcp_end_sessions(ngx_http_hermes_rpc_t *rpc, uint32_t peer)
+{
+    ngx_uint_t                     i, n;
+    ngx_http_request_t            *r, *sr;
+    ngx_http_request_body_t       *rb;
+    ngx_http_post_subrequest_t    *ps;
+    ngx_http_hermes_rpc_call_t    *call;
+    ngx_http_hermes_mcp_session_t  ms[NGX_HTTP_HERMES_MCP_END_BATCH];
+
+    r = rpc->r;
+
+    if (r == NULL) {
+        return;
+    }
+
+    n = ngx_http_hermes_registry_mcp_ended(rpc->zone, peer, ms,
+                                           NGX_HTTP_HERMES_MCP_END_BATCH);
+
+    for (i = 0; i < n; i++) {
+        call = ngx_pcalloc(r->pool, sizeof(ngx_http_hermes_rpc_call_t));
+        ps = ngx_palloc(r->pool, sizeof(ngx_http_post_subrequest_t));
+        rb = ngx_pcalloc(r->pool, sizeof(ngx_http_request_body_t));
+
+        if (call == NULL || ps == NULL || rb == NULL) {
+            return;
+        }
+
+        /* no rpc: its end is nobody's; no cap: its answer is dropped */
+
+        call->step = NGX_HTTP_HERMES_MCP_END;
+        call->ms = ms[i];
+
+        ps->handler = ngx_http_hermes_rpc_done;
+        ps->data = call;
+
+        if (ngx_http_subrequest(r, &rpc->hlcf->tools_pass, NULL, &sr, ps,
+                                NGX_HTTP_SUBREQUEST_BACKGROUND)
+            != NGX_OK)
+        {
+            return;
+        }
+
+        call->sr = sr;
+
+        sr->method = NGX_HTTP_DELETE;
+        ngx_str_set(&sr->method_name, "DELETE");
+
+        ngx_memzero(&sr->headers_in, sizeof(ngx_http_headers_in_t));
+        sr->headers_in.content_length_n = 0;
+        sr->headers_in.keep_alive_n = -1;
+
+        if (ngx_list_init(&sr->headers_in.headers, r->pool, 4,
+                          sizeof(ngx_table_elt_t))
+            != NGX_OK
+            || ngx_http_hermes_rpc_header(sr, "Mcp-Session-Id",
+                                          call->ms.session,
+                                          call->ms.session_len)
+               != NGX_OK
+            || (call->ms.version_len
+                && ngx_http_hermes_rpc_header(sr, "MCP-Protocol-Version",
+                                              call->ms.version,
+                                              call->ms.version_len)
+                   != NGX_OK))
+        {
+            return;
+        }
+
+        sr->request_body = rb;
+        sr->request_body_in_single_buf = 1;
+
+        ngx_log_debug2(NGX_LOG_DEBUG_HTTP, rpc->log, 0,
+                       "hermes: ending MCP session \"%*s\" of a kernel "
+                       "that ended", call->ms.session_len, call->ms.session);
+    }
+}

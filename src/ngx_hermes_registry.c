@@ -69,6 +69,8 @@ static void ngx_http_hermes_registry_touch(ngx_http_hermes_zone_t *zone,
     ngx_http_hermes_node_t *kn);
 static void ngx_http_hermes_registry_end_turn(ngx_http_hermes_zone_t *zone,
     ngx_http_hermes_node_t *kn);
+static void ngx_http_hermes_registry_mcp_end(ngx_http_hermes_zone_t *zone,
+    ngx_http_hermes_node_t *kn);
 static ngx_int_t ngx_http_hermes_registry_evict(ngx_http_hermes_zone_t *zone,
     ngx_http_hermes_node_t *kn, ngx_http_hermes_victims_t *victims);
 static ngx_int_t ngx_http_hermes_registry_retire(ngx_http_hermes_zone_t *zone,
@@ -589,6 +591,7 @@ ngx_http_hermes_registry_set_state(ngx_http_hermes_zone_t *zone,
 
     if (was) {
         zone->sh->kernels--;
+        ngx_http_hermes_registry_mcp_end(zone, kn);
 
     } else {
         zone->sh->kernels++;
@@ -1462,6 +1465,59 @@ ngx_http_hermes_registry_kernel(ngx_http_hermes_zone_t *zone,
     ngx_shmtx_unlock(&zone->shpool->mutex);
 
     return rc;
+}
+
+
+/* a kernel ended: its MCP session, if any, waits to be ended (under lock) */
+
+static void
+ngx_http_hermes_registry_mcp_end(ngx_http_hermes_zone_t *zone,
+    ngx_http_hermes_node_t *kn)
+{
+    ngx_http_hermes_mcp_session_t  *ms;
+
+    if (kn->mcp_peer == 0) {
+        return;
+    }
+
+    ms = &zone->sh->mcp_ended[zone->sh->mcp_ended_next++
+                              % NGX_HTTP_HERMES_MCP_ENDED];
+
+    ms->peer = kn->mcp_peer;
+    ms->session_len = kn->mcp_session_len;
+    ngx_memcpy(ms->session, kn->mcp_session, kn->mcp_session_len);
+    ms->version_len = kn->mcp_version_len;
+    ngx_memcpy(ms->version, kn->mcp_version, kn->mcp_version_len);
+
+    kn->mcp_peer = 0;
+}
+
+
+/* up to n ended MCP sessions with server "peer", taken: theirs to end */
+
+ngx_uint_t
+ngx_http_hermes_registry_mcp_ended(ngx_http_hermes_zone_t *zone,
+    uint32_t peer, ngx_http_hermes_mcp_session_t *ms, ngx_uint_t n)
+{
+    ngx_uint_t                      i, got;
+    ngx_http_hermes_mcp_session_t  *e;
+
+    got = 0;
+
+    ngx_shmtx_lock(&zone->shpool->mutex);
+
+    for (i = 0; i < NGX_HTTP_HERMES_MCP_ENDED && got < n; i++) {
+        e = &zone->sh->mcp_ended[i];
+
+        if (e->peer == peer && e->session_len) {
+            ms[got++] = *e;
+            e->peer = 0;
+        }
+    }
+
+    ngx_shmtx_unlock(&zone->shpool->mutex);
+
+    return got;
 }
 
 

@@ -296,6 +296,8 @@ ngx_int_t ngx_http_hermes_registry_kernel(ngx_http_hermes_zone_t *zone,
 
 /* a running cell's kernel's MCP session with one server */
 
+#define NGX_HTTP_HERMES_MCP_ENDED       32  /* ended ones kept to DELETE */
+
 typedef struct {
     uint32_t                      peer;         /* crc32 of the server's URI */
     size_t                        session_len;
@@ -308,6 +310,8 @@ ngx_int_t ngx_http_hermes_registry_mcp_session(ngx_http_hermes_zone_t *zone,
     ngx_http_hermes_kernel_ref_t *ref, ngx_http_hermes_mcp_session_t *ms);
 void ngx_http_hermes_registry_set_mcp_session(ngx_http_hermes_zone_t *zone,
     ngx_http_hermes_kernel_ref_t *ref, ngx_http_hermes_mcp_session_t *ms);
+ngx_uint_t ngx_http_hermes_registry_mcp_ended(ngx_http_hermes_zone_t *zone,
+    uint32_t peer, ngx_http_hermes_mcp_session_t *ms, ngx_uint_t n);
 u_char *ngx_http_hermes_registry_instance(ngx_http_hermes_zone_t *zone);
 ngx_uint_t ngx_http_hermes_registry_recovering(ngx_http_hermes_zone_t *zone);
 ngx_int_t ngx_http_hermes_registry_shutdown(ngx_http_hermes_zone_t *zone,

@@ -37,6 +37,13 @@ struct ngx_http_hermes_sh_s {
     ngx_http_hermes_answers_t     answers[NGX_HTTP_HERMES_ANSWERS];
     ngx_uint_t                    nhosts;
     ngx_http_hermes_host_count_t  hosts[NGX_HTTP_HERMES_HOSTS];
+
+    /*
+     * MCP sessions of kernels that ended, for the next call to their
+     * server (in any worker) to end with DELETE; the oldest give way
+     */
+    ngx_uint_t                    mcp_ended_next;
+    ngx_http_hermes_mcp_session_t mcp_ended[NGX_HTTP_HERMES_MCP_ENDED];
 };
 
 

@@ -106,10 +106,6 @@ static ngx_int_t ngx_http_hermes_rpc_dispatch(ngx_http_hermes_rpc_t *rpc,
     ngx_http_hermes_rpc_req_t *req);
 static ngx_buf_t *ngx_http_hermes_rpc_body(ngx_http_hermes_rpc_t *rpc,
     ngx_http_hermes_rpc_call_t *call);
-static ngx_int_t ngx_http_hermes_rpc_header(ngx_http_request_t *sr,
-    char *key, u_char *value, size_t len);
-static ngx_int_t ngx_http_hermes_rpc_done(ngx_http_request_t *sr, void *data,
-    ngx_int_t rc);
 static void ngx_http_hermes_rpc_outcome(ngx_http_hermes_rpc_t *rpc,
     ngx_http_hermes_rpc_call_t *call, ngx_int_t rc);
 static void ngx_http_hermes_rpc_message(u_char *body, size_t len,
@@ -1169,6 +1165,10 @@ ngx_http_hermes_rpc_start(ngx_http_hermes_rpc_t *rpc,
             call->ms.peer = 1;
         }
 
+        /* sessions of kernels that ended, ended with this server too */
+
+        ngx_http_hermes_mcp_end_sessions(rpc, call->ms.peer);
+
         if (ngx_http_hermes_registry_mcp_session(rpc->zone, rpc->ref,
                                                  &call->ms)
             != NGX_OK)
@@ -1442,7 +1442,7 @@ ngx_http_hermes_rpc_body(ngx_http_hermes_rpc_t *rpc,
 }
 
 
-static ngx_int_t
+ngx_int_t
 ngx_http_hermes_rpc_header(ngx_http_request_t *sr, char *key, u_char *value,
     size_t len)
 {
@@ -1485,7 +1485,7 @@ ngx_http_hermes_rpc_header(ngx_http_request_t *sr, char *key, u_char *value,
 
 /* a subrequest is over: the next MCP step, or the answer in res_N */
 
-static ngx_int_t
+ngx_int_t
 ngx_http_hermes_rpc_done(ngx_http_request_t *sr, void *data, ngx_int_t rc)
 {
     ngx_http_hermes_rpc_call_t *call = data;

@@ -30,6 +30,10 @@
 #define NGX_HTTP_HERMES_MCP_NOTIFY     2
 #define NGX_HTTP_HERMES_MCP_LIST       3
 #define NGX_HTTP_HERMES_MCP_CALL       4
+#define NGX_HTTP_HERMES_MCP_END        5     /* DELETE, nobody waits */
+
+/* ended sessions a call ends on its way, at most */
+#define NGX_HTTP_HERMES_MCP_END_BATCH  4
 
 
 struct ngx_http_hermes_rpc_s {
@@ -120,6 +124,10 @@ ngx_int_t ngx_http_hermes_rpc_answer_ok(ngx_http_hermes_rpc_t *rpc,
     uint64_t seq, u_char *body, size_t len);
 size_t ngx_http_hermes_rpc_utf8_cut(u_char *p, size_t len,
     ngx_uint_t back);
+ngx_int_t ngx_http_hermes_rpc_header(ngx_http_request_t *sr, char *key,
+    u_char *value, size_t len);
+ngx_int_t ngx_http_hermes_rpc_done(ngx_http_request_t *sr, void *data,
+    ngx_int_t rc);
 
 /* the MCP client: a call's steps over the streamable HTTP transport */
 
@@ -132,6 +140,8 @@ ngx_int_t ngx_http_hermes_mcp_next(ngx_http_hermes_rpc_t *rpc,
     ngx_http_hermes_rpc_call_t *call, ngx_int_t rc);
 ngx_int_t ngx_http_hermes_mcp_answer(ngx_http_hermes_rpc_t *rpc,
     ngx_http_hermes_rpc_call_t *call);
+void ngx_http_hermes_mcp_end_sessions(ngx_http_hermes_rpc_t *rpc,
+    uint32_t peer);
 
 
 #endif /* _NGX_HERMES_RPC_CALL_H_INCLUDED_ */

@@ -35,6 +35,11 @@ $t->write_conf(<<'CONF');
             hermes_tools remember recall;
         }
 
+        location /k {
+            hermes_kernels;
+            hermes_owner $http_x_owner;
+        }
+
         location /mcp {
             internal;
             proxy_pass http://127.0.0.1:%%PORT_1%%/mcp;
@@ -82,6 +87,31 @@ my ($sb) = keys %{ $by{bob} || {} };
 ok($sa && $sb && $sa ne $sb, 'never the same session');
 my $inits = grep { ($_->{method} // '') eq 'initialize' } @{ hits() };
 is($inits, 2, 'one initialize a kernel, whichever worker ran its cells');
+
+# a kernel that ends (here its owner deletes it) ends its MCP session: the
+# next call to that server, whoever makes it, sends the DELETE first
+my $deletes = sub { [grep { ($_->{method} // '') eq 'DELETE' } @{ hits() }] };
+is(scalar @{ $deletes->() }, 0, 'no session ended while its kernel lives');
+my $d = $t->http(DELETE => '/k/s', headers => {'X-Owner' => 'alice'});
+is($d->{status}, 204, "alice deletes her kernel");
+$r = cell('bob', 's', 'print(hermes_tools.recall())');
+is($r->{result}{output}, "None\n", 'bob calls the same server');
+ok(wait_until(sub { @{ $deletes->() } }, 5), 'a DELETE reaches the server');
+my @del = @{ $deletes->() };
+is(scalar @del, 1, 'one DELETE');
+is($del[0]{session}, $sa, "... of alice's ended kernel's session");
+ok($del[0]{known}, '... a session the server knew');
+is($del[0]{version}, '2025-06-18', '... with the protocol version');
+ok(!defined $del[0]{owner}, "... and nothing of bob's request (no X-Hermes-Owner)");
+ok(!$del[0]{length}, '... nor its body');
+$r = cell('bob', 's', 'print(hermes_tools.recall())');
+is(scalar @{ $deletes->() }, 1, "bob's own session lives on: never ended twice");
+
+# alice's new kernel starts a new session
+$r = cell('alice', 's', 'print(hermes_tools.recall())');
+is($r->{result}{output}, "None\n", "alice's new kernel: a new session, nothing of the old");
+$inits = grep { ($_->{method} // '') eq 'initialize' } @{ hits() };
+is($inits, 3, '... made by initialize');
 
 $t->stop;
 done_testing;

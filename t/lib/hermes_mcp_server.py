@@ -5,8 +5,8 @@ python3 hermes_mcp_server.py PORT HITLOG
 POST /mcp takes JSON-RPC 2.0: initialize (answers an Mcp-Session-Id),
 notifications/initialized (202), tools/list, tools/call.  Requests after
 initialize need a session it gave (else 404, as for an expired one) and
-the MCP-Protocol-Version header.  POST /forget (the test's, not nginx's)
-drops every session.  Each hit is logged to HITLOG as a JSON line.
+the MCP-Protocol-Version header; DELETE ends one (404 if unknown).  POST
+/forget (the test's, not nginx's) drops every session.  Each hit is logged to HITLOG as a JSON line.
 
 Tools: add {a,b} (structuredContent {"sum"} and a text), greet {name}
 (text), two (two texts), oops (isError), stream (answered as an SSE
@@ -42,6 +42,19 @@ class Handler(BaseHTTPRequestHandler):
         self.send_header("Content-Length", str(len(data)))
         self.end_headers()
         self.wfile.write(data)
+
+    def do_DELETE(self):
+        # the client ends its session, as the streamable HTTP transport says
+        sid = self.headers.get("Mcp-Session-Id")
+        with open(LOG, "a") as f:
+            f.write(json.dumps({
+                "method": "DELETE", "session": sid, "known": sid in SESSIONS,
+                "version": self.headers.get("MCP-Protocol-Version"),
+                "length": self.headers.get("Content-Length"),
+                "owner": self.headers.get("X-Hermes-Owner")}) + "\n")
+        if SESSIONS.pop(sid, None) is None:
+            return self.send(404, {"error": "no such session"})
+        return self.send(200)
 
     def do_POST(self):
         n = int(self.headers.get("Content-Length") or 0)
