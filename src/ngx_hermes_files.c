@@ -27,8 +27,9 @@
 #define NGX_HTTP_HERMES_FILES_HEAD      (3 * NGX_INT64_LEN + 3)
 
 /*
- * a GET's piece at most: the worker holds one a transfer, the next read
- * once the client took the last one
+ * a piece at most, either way: the worker holds one a transfer (a GET's
+ * next is read once the client took the last; a PUT's from nginx's temp
+ * file of the body as the last is written)
  */
 #define NGX_HTTP_HERMES_FILES_PIECE     (4 * 1024 * 1024)
 
@@ -52,9 +53,13 @@ typedef struct {
     ngx_thread_task_t              task;
     ngx_http_hermes_conn_t         conn;
     ngx_http_request_t            *r;
-    u_char                        *in;          /* length, script, bytes */
+    u_char                        *in;          /* length, script */
     size_t                         in_len;
     size_t                         script_len;  /* of in: length and script */
+    ngx_chain_t                   *body;        /* a PUT's: nginx's buffers
+                                                   and temp file, read a
+                                                   piece at a time */
+    size_t                         body_len;
     u_char                        *out;         /* a GET's piece */
     size_t                         out_size;
     size_t                         out_len;
@@ -253,14 +258,12 @@ ngx_http_hermes_files_handler(ngx_http_request_t *r,
     *ngx_hex_dump(f->nonce, nonce, sizeof(nonce)) = '\0';
 
     f->max_file = hlcf->max_file;
-    f->piece = ngx_min(bcf->ops->exec_max, hlcf->max_file + 1);
+    /* both ways a piece at a time: a transfer costs the worker a piece */
+    f->piece = ngx_min(ngx_min(bcf->ops->exec_max, hlcf->max_file + 1),
+                       NGX_HTTP_HERMES_FILES_PIECE);
     f->bcf = bcf;
     f->host = v.host;
     f->size = -1;
-
-    if (f->get) {
-        f->piece = ngx_min(f->piece, NGX_HTTP_HERMES_FILES_PIECE);
-    }
 
     /* stdin: the script's length, the script, then a PUT's bytes */
 
@@ -386,9 +389,6 @@ ngx_http_hermes_files_path(ngx_str_t *path)
 static void
 ngx_http_hermes_files_body(ngx_http_request_t *r)
 {
-    u_char                   *p;
-    size_t                    len, size;
-    ssize_t                   n;
     ngx_int_t                 rc;
     ngx_buf_t                *b;
     ngx_chain_t              *cl;
@@ -396,52 +396,20 @@ ngx_http_hermes_files_body(ngx_http_request_t *r)
 
     f = ngx_http_hermes_response_ctx(r)->files;
 
-    len = 0;
+    /*
+     * the body stays where nginx put it (its buffer, its temp file past
+     * client_body_buffer_size): the task reads it a piece at a time, so
+     * a PUT costs the worker a piece, not the file
+     */
 
-    if (r->request_body) {
-        for (cl = r->request_body->bufs; cl; cl = cl->next) {
-            b = cl->buf;
-            len += b->in_file ? (size_t) (b->file_last - b->file_pos)
-                              : (size_t) (b->last - b->pos);
-        }
+    f->body = r->request_body ? r->request_body->bufs : NULL;
+    f->body_len = 0;
+
+    for (cl = f->body; cl; cl = cl->next) {
+        b = cl->buf;
+        f->body_len += b->in_file ? (size_t) (b->file_last - b->file_pos)
+                                  : (size_t) (b->last - b->pos);
     }
-
-    size = f->in_len + len;
-
-    p = ngx_alloc(size, r->connection->log);
-    if (p == NULL) {
-        ngx_http_finalize_request(r, NGX_HTTP_INTERNAL_SERVER_ERROR);
-        return;
-    }
-
-    ngx_memcpy(p, f->in, f->in_len);
-    ngx_free(f->in);
-    f->in = p;
-    p += f->in_len;
-
-    if (r->request_body) {
-        for (cl = r->request_body->bufs; cl; cl = cl->next) {
-            b = cl->buf;
-
-            if (!b->in_file) {
-                p = ngx_cpymem(p, b->pos, b->last - b->pos);
-                continue;
-            }
-
-            /* nginx's own temp file of the body, not a kernel's */
-
-            n = ngx_read_file(b->file, p, b->file_last - b->file_pos,
-                              b->file_pos);
-            if (n != b->file_last - b->file_pos) {
-                ngx_http_finalize_request(r, NGX_HTTP_INTERNAL_SERVER_ERROR);
-                return;
-            }
-
-            p += n;
-        }
-    }
-
-    f->in_len = p - f->in;
 
     rc = ngx_http_hermes_files_post(r, f);
 
@@ -599,7 +567,53 @@ ngx_http_hermes_files_get(ngx_http_hermes_files_t *f, ngx_http_hermes_cmd_t *c)
 
 
 /*
- * Piece after piece of f->in's bytes, after the script on each command's
+ * Thread pool: n bytes of a PUT's body from "offset" on, out of nginx's
+ * buffers and temp file (its own, not a kernel's: read as it is).
+ */
+
+static ngx_int_t
+ngx_http_hermes_files_body_read(ngx_http_hermes_files_t *f, u_char *dst,
+    size_t offset, size_t n)
+{
+    size_t        len, take;
+    ssize_t       got;
+    ngx_buf_t    *b;
+    ngx_chain_t  *cl;
+
+    for (cl = f->body; cl && n; cl = cl->next) {
+        b = cl->buf;
+        len = b->in_file ? (size_t) (b->file_last - b->file_pos)
+                         : (size_t) (b->last - b->pos);
+
+        if (offset >= len) {
+            offset -= len;
+            continue;
+        }
+
+        take = ngx_min(len - offset, n);
+
+        if (b->in_file) {
+            got = ngx_read_file(b->file, dst, take,
+                                b->file_pos + (off_t) offset);
+            if (got != (ssize_t) take) {
+                return NGX_ERROR;
+            }
+
+        } else {
+            ngx_memcpy(dst, b->pos + offset, take);
+        }
+
+        dst += take;
+        n -= take;
+        offset = 0;
+    }
+
+    return n ? NGX_ERROR : NGX_OK;
+}
+
+
+/*
+ * Piece after piece of the body, after the script on each command's
  * stdin; a failure half way removes the temporary file.
  */
 
@@ -611,7 +625,7 @@ ngx_http_hermes_files_put(ngx_http_hermes_files_t *f, ngx_http_hermes_cmd_t *c)
     char     *args[9];
     u_char    err[64], offset[NGX_INT64_LEN + 1], all[NGX_INT64_LEN + 1];
 
-    total = f->in_len - f->script_len;
+    total = f->body_len;
 
     if (total > f->max_file) {
         /* a chunked body, known only now: nothing is sent */
@@ -632,32 +646,29 @@ ngx_http_hermes_files_put(ngx_http_hermes_files_t *f, ngx_http_hermes_cmd_t *c)
     c->out = err;
     c->out_size = sizeof(err);
 
-    in = NULL;
+    in = ngx_alloc(f->script_len + ngx_min(f->piece, total), ngx_cycle->log);
+    if (in == NULL) {
+        f->rc = NGX_ERROR;
+        return;
+    }
+
+    ngx_memcpy(in, f->in, f->script_len);
+
     done = 0;
 
     do {
         n = ngx_min(f->piece, total - done);
         ngx_sprintf(offset, "%uz%Z", done);
 
-        if (n == total) {
-            c->in = f->in;
-            c->in_len = f->in_len;
-
-        } else {
-            if (in == NULL) {
-                in = ngx_alloc(f->script_len + f->piece, ngx_cycle->log);
-                if (in == NULL) {
-                    f->rc = NGX_ERROR;
-                    break;
-                }
-
-                ngx_memcpy(in, f->in, f->script_len);
-            }
-
-            ngx_memcpy(in + f->script_len, f->in + f->script_len + done, n);
-            c->in = in;
-            c->in_len = f->script_len + n;
+        if (ngx_http_hermes_files_body_read(f, in + f->script_len, done, n)
+            != NGX_OK)
+        {
+            f->rc = NGX_ERROR;
+            break;
         }
+
+        c->in = in;
+        c->in_len = f->script_len + n;
 
         f->rc = ngx_http_hermes_backend_exec(&f->conn, c);
         f->status = c->status;
@@ -670,9 +681,7 @@ ngx_http_hermes_files_put(ngx_http_hermes_files_t *f, ngx_http_hermes_cmd_t *c)
 
     } while (done < total);
 
-    if (in) {
-        ngx_free(in);
-    }
+    ngx_free(in);
 
     if (done == total && f->rc == NGX_OK && f->status == 0) {
         return;
