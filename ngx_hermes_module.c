@@ -259,6 +259,13 @@ ngx_http_hermes_init_module(ngx_cycle_t *cycle)
                   "hermes: " NGX_HTTP_HERMES_NAME "/%V (commit %V)",
                   &ngx_http_hermes_version, &ngx_http_hermes_commit);
 
+    if (ngx_http_hermes_local_make_roots(cycle) != NGX_OK
+        && ngx_is_init_cycle(cycle->old_cycle))
+    {
+        /* the first start fails, as for nginx's own temp paths */
+        return NGX_ERROR;
+    }
+
     return NGX_OK;
 }
 

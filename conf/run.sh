@@ -70,6 +70,7 @@ Try:
        -H 'Accept: application/json' -d '{"session":"demo","code":"x + 1"}'
   curl -s http://127.0.0.1:$port/v1/kernels          # your kernels
   curl -s http://127.0.0.1:$port/v1/status           # figures (?format=prometheus|html)
+Every endpoint with a curl: docs/protocol.md, "Try every endpoint"
 MSG
 
 wait $pid

@@ -47,6 +47,7 @@ ngx_int_t ngx_http_hermes_ready_pid(u_char *buf, ngx_pid_t pid);
 ngx_int_t ngx_http_hermes_proc_start(u_char *stat, size_t len,
     uint64_t *start);
 ngx_int_t ngx_http_hermes_local_proc_start(ngx_pid_t pid, uint64_t *start);
+ngx_int_t ngx_http_hermes_local_make_roots(ngx_cycle_t *cycle);
 
 
 /*

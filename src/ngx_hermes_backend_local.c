@@ -55,6 +55,8 @@ static ngx_int_t ngx_http_hermes_local_interrupt_kernel(
     ngx_http_hermes_backend_conf_t *bcf, ngx_http_hermes_victim_t *v,
     uint32_t cell, ngx_log_t *log);
 static ngx_uint_t ngx_http_hermes_local_alive(ngx_http_hermes_victim_t *v);
+static ngx_int_t ngx_http_hermes_local_root_make(ngx_cycle_t *cycle,
+    ngx_str_t *root, ngx_core_conf_t *ccf);
 
 
 ngx_http_hermes_backend_ops_t  ngx_http_hermes_backend_local_ops = {
@@ -81,7 +83,8 @@ ngx_http_hermes_backend_ops_t  ngx_http_hermes_backend_local_ops = {
 /*
  * What the first spawn would find out, told by nginx -t instead: the
  * kernels root of a local backend is a directory that others cannot
- * write without the sticky bit, and python3 is there to run kernels.
+ * write without the sticky bit (or not there yet: the start makes it),
+ * and python3 is there to run kernels.
  */
 
 static char *
@@ -94,6 +97,11 @@ ngx_http_hermes_local_init_conf(ngx_conf_t *cf,
     root = &bcf->root;
 
     if (ngx_file_info(root->data, &fi) == NGX_FILE_ERROR) {
+        if (ngx_errno == NGX_ENOENT) {
+            /* made at start, for the workers' user */
+            goto python;
+        }
+
         ngx_conf_log_error(NGX_LOG_EMERG, cf, ngx_errno,
                            "hermes_backend local root \"%V\"", root);
         return NGX_CONF_ERROR;
@@ -114,6 +122,8 @@ ngx_http_hermes_local_init_conf(ngx_conf_t *cf,
         return NGX_CONF_ERROR;
     }
 
+python:
+
     if (access("/usr/bin/python3", X_OK) != 0
         && access("/usr/local/bin/python3", X_OK) != 0
         && access("/bin/python3", X_OK) != 0)
@@ -126,6 +136,170 @@ ngx_http_hermes_local_init_conf(ngx_conf_t *cf,
     }
 
     return NGX_CONF_OK;
+}
+
+
+/* a mode in octal, four digits: nginx's formats have no %o */
+#define NGX_HTTP_HERMES_MODE_DIGITS(m)                                       \
+    (ngx_uint_t) (((m) >> 9) & 7), (ngx_uint_t) (((m) >> 6) & 7),            \
+    (ngx_uint_t) (((m) >> 3) & 7), (ngx_uint_t) ((m) & 7)
+
+
+/*
+ * The kernels roots of local backends, made at start (and on a reload
+ * that names a new one) by the master, as nginx makes its temp paths:
+ * missing parents 0755, the root for the workers' user.  A root worker
+ * hands each kernel to the sandbox's user, who passes through the root:
+ * root's, 0711.  Any other worker makes the kernels' directories, and its
+ * kernels run as it: the root is that user's, 0700.  A root that exists
+ * is left as it is (nginx -t checked it); one the workers' user cannot
+ * write is said in error.log.
+ */
+
+ngx_int_t
+ngx_http_hermes_local_make_roots(ngx_cycle_t *cycle)
+{
+    ngx_int_t                        rc;
+    ngx_uint_t                       i;
+    ngx_core_conf_t                 *ccf;
+    ngx_http_hermes_main_conf_t     *hmcf;
+    ngx_http_hermes_backend_conf_t **b;
+
+    if (ngx_test_config || cycle->conf_ctx[ngx_http_module.index] == NULL) {
+        return NGX_OK;
+    }
+
+    hmcf = ngx_http_cycle_get_module_main_conf(cycle, ngx_http_hermes_module);
+    if (hmcf == NULL) {
+        return NGX_OK;
+    }
+
+    ccf = (ngx_core_conf_t *) ngx_get_conf(cycle->conf_ctx, ngx_core_module);
+
+    rc = NGX_OK;
+    b = hmcf->backends.elts;
+
+    for (i = 0; i < hmcf->backends.nelts; i++) {
+        if (b[i]->ops == &ngx_http_hermes_backend_local_ops
+            && ngx_http_hermes_local_root_make(cycle, &b[i]->root, ccf)
+               != NGX_OK)
+        {
+            rc = NGX_ERROR;
+        }
+    }
+
+    return rc;
+}
+
+
+static ngx_int_t
+ngx_http_hermes_local_root_make(ngx_cycle_t *cycle, ngx_str_t *root,
+    ngx_core_conf_t *ccf)
+{
+    u_char           *p, c;
+    ngx_uid_t         user;
+    ngx_gid_t         group;
+    ngx_file_info_t   fi;
+    ngx_uint_t        mode;
+    u_char            path[NGX_HTTP_HERMES_DIR_MAX];
+
+    /* NUL-terminated and shorter than a kernel's dir (backend_create) */
+
+    if (ngx_file_info(root->data, &fi) != NGX_FILE_ERROR) {
+
+        if (!ngx_is_dir(&fi) || geteuid() != 0
+            || ccf->user == (ngx_uid_t) NGX_CONF_UNSET_UINT
+            || ccf->user == 0)
+        {
+            return NGX_OK;
+        }
+
+        /* a worker that is not root makes kernel directories in it */
+
+        if (!((fi.st_uid == ccf->user && (fi.st_mode & S_IWUSR)
+               && (fi.st_mode & S_IXUSR))
+              || (fi.st_gid == ccf->group && (fi.st_mode & S_IWGRP)
+                  && (fi.st_mode & S_IXGRP))
+              || ((fi.st_mode & S_IWOTH) && (fi.st_mode & S_IXOTH))))
+        {
+            ngx_log_error(NGX_LOG_WARN, cycle->log, 0,
+                          "hermes_backend local root \"%V\" (uid %d, mode "
+                          "%ui%ui%ui%ui) is not writable by the workers' "
+                          "user \"%s\" (uid %d): no kernel can start in it "
+                          "(a root that is not there is made for that user)",
+                          root, (int) fi.st_uid,
+                          NGX_HTTP_HERMES_MODE_DIGITS(fi.st_mode),
+                          ccf->username, (int) ccf->user);
+        }
+
+        return NGX_OK;
+    }
+
+    if (ngx_errno != NGX_ENOENT) {
+        ngx_log_error(NGX_LOG_EMERG, cycle->log, ngx_errno,
+                      "hermes_backend local root \"%V\": "
+                      ngx_file_info_n " failed", root);
+        return NGX_ERROR;
+    }
+
+    /* the parents that are missing, then the root */
+
+    *ngx_cpymem(path, root->data, root->len) = '\0';
+
+    for (p = path + 1; /* void */; p++) {
+
+        if (*p != '/' && *p != '\0') {
+            continue;
+        }
+
+        c = *p;
+        *p = '\0';
+
+        if (ngx_create_dir(path, 0755) == NGX_FILE_ERROR
+            && ngx_errno != NGX_EEXIST)
+        {
+            ngx_log_error(NGX_LOG_EMERG, cycle->log, ngx_errno,
+                          "hermes_backend local root \"%V\" could not be "
+                          "made: " ngx_create_dir_n " \"%s\" failed",
+                          root, path);
+            return NGX_ERROR;
+        }
+
+        if (c == '\0') {
+            break;
+        }
+
+        *p = c;
+    }
+
+    if (geteuid() == 0 && ccf->user != (ngx_uid_t) NGX_CONF_UNSET_UINT
+        && ccf->user != 0)
+    {
+        user = ccf->user;
+        group = ccf->group;
+        mode = 0700;
+
+    } else {
+        user = geteuid();
+        group = getegid();
+        mode = (geteuid() == 0) ? 0711 : 0700;
+    }
+
+    if (chown((char *) root->data, user, group) == -1
+        || chmod((char *) root->data, mode) == -1)
+    {
+        ngx_log_error(NGX_LOG_EMERG, cycle->log, ngx_errno,
+                      "hermes_backend local root \"%V\": chown() or chmod() "
+                      "failed", root);
+        return NGX_ERROR;
+    }
+
+    ngx_log_error(NGX_LOG_NOTICE, cycle->log, 0,
+                  "hermes_backend local root \"%V\" made: uid %d, mode "
+                  "%ui%ui%ui%ui", root, (int) user,
+                  NGX_HTTP_HERMES_MODE_DIGITS(mode));
+
+    return NGX_OK;
 }
 
 

@@ -2,7 +2,7 @@
 /*
  * SPDX-License-Identifier: BSD-2-Clause
  *
- * ngx_hermes: the frames of the kernel-host agent protocol (docs/protocol.md,
+ * ngx_hermes: the frames of the kernel-host agent protocol (docs/internals.md,
  * "Frames"): a 9-byte header (u32 length, u32 stream, u8 type), then the
  * payload.  Pure functions: encode into a caller's buffer, decode from one.
  */

@@ -1222,6 +1222,7 @@ ngx_int_t
 ngx_http_hermes_json_parse_result(ngx_pool_t *pool, u_char *data, size_t len,
     ngx_http_hermes_result_t *res)
 {
+    u_char                        *dot;
     ngx_int_t                      rc, n;
     ngx_uint_t                     i;
     const char                    *reason;
@@ -1238,6 +1239,7 @@ ngx_http_hermes_json_parse_result(ngx_pool_t *pool, u_char *data, size_t len,
         { "state_reset", 0, ngx_null_string, 0 },
         { "ended", 0, ngx_null_string, 0 },
         { "displays", 0, ngx_null_string, 0 },
+        { "duration_seconds", 0, ngx_null_string, 0 },
         { NULL, 0, ngx_null_string, 0 }
     };
 
@@ -1300,6 +1302,20 @@ ngx_http_hermes_json_parse_result(ngx_pool_t *pool, u_char *data, size_t len,
 
     f = ngx_http_hermes_json_get(fields, "ended");
     res->ended = (f && f->boolean);
+
+    /* the runner's own (a cell's answer has the module's instead) */
+
+    f = ngx_http_hermes_json_get(fields, "duration_seconds");
+    if (f && f->type == NGX_HTTP_HERMES_JSON_NUMBER) {
+        /* in ms: its digits past the third decimal go (1e-05 is 0) */
+        dot = ngx_strlchr(f->value.data, f->value.data + f->value.len, '.');
+        n = ngx_atofp(f->value.data,
+                      dot ? ngx_min(f->value.len,
+                                    (size_t) (dot - f->value.data) + 4)
+                          : f->value.len,
+                      3);
+        res->duration = (n == NGX_ERROR) ? 0 : (ngx_msec_t) n;
+    }
 
     f = ngx_http_hermes_json_get(fields, "displays");
     if (f && f->type == NGX_HTTP_HERMES_JSON_ARRAY) {

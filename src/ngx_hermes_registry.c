@@ -1000,7 +1000,8 @@ ngx_http_hermes_registry_retire(ngx_http_hermes_zone_t *zone,
     ngx_uint_t reason)
 {
     if (kn->state == NGX_HTTP_HERMES_STATE_LOST || kn->owner_len == 0
-        || ngx_http_hermes_pending(kn))
+        || (ngx_http_hermes_pending(kn)
+            && reason != NGX_HTTP_HERMES_LOST_DELETED))
     {
         /* nothing to tell, no one to tell it, or a cell would meet it */
         return ngx_http_hermes_registry_evict(zone, kn, victims);
@@ -1008,6 +1009,19 @@ ngx_http_hermes_registry_retire(ngx_http_hermes_zone_t *zone,
 
     if (ngx_http_hermes_registry_victim(kn, victims, kn->pid) != NGX_OK) {
         return NGX_DECLINED;
+    }
+
+    if (ngx_http_hermes_pending(kn)) {
+        /*
+         * deleted under a running or queued cell (?force=1): a tombstone
+         * of a new generation with no turns, so the cell and those queued
+         * behind it find the entry no longer theirs (they start over, and
+         * hear state_lost), as the session's next call does
+         */
+        kn->gen = randombytes_random();
+        kn->ticket_serving = kn->ticket_next;
+        kn->claimed = 0;
+        kn->holder = 0;
     }
 
     victims->v[victims->n - 1].reason = reason;

@@ -274,6 +274,25 @@ ngx_http_hermes_response_header_filter(ngx_http_request_t *r)
         ngx_str_set(&message, "the HTTP request is malformed");
         break;
 
+    case NGX_HTTP_UNAUTHORIZED:
+        /* auth_basic, auth_request: WWW-Authenticate stays as it was */
+        ngx_str_set(&code, "unauthorized");
+        ngx_str_set(&message, "this location needs credentials: none were "
+                              "sent, or they were refused");
+        break;
+
+    case NGX_HTTP_FORBIDDEN:
+        ngx_str_set(&code, "forbidden");
+        ngx_str_set(&message, "this location refuses this client (deny, "
+                              "auth_request)");
+        break;
+
+    case NGX_HTTP_INTERNAL_SERVER_ERROR:
+        ngx_str_set(&code, "internal_error");
+        ngx_str_set(&message, "the server failed to answer this request: "
+                              "see its error.log");
+        break;
+
     default:
         p = ngx_pnalloc(r->pool, sizeof("http_") - 1 + NGX_INT_T_LEN);
         if (p == NULL) {

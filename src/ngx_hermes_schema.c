@@ -106,10 +106,10 @@ ngx_http_hermes_schema_handler(ngx_http_request_t *r)
     if (peer && !peer->listed) {
         p = ngx_slprintf(p, last,
                 "  The code can call the tools of the gateway's MCP server "
-                "(module hermes_tools, imported already; dir(hermes_tools) "
-                "in the code lists them), each with keyword arguments, "
-                "returning the tool's answer as Python data and raising "
-                "hermes_tools.ToolError when it fails.");
+                "(module hermes_tools, imported already: "
+                "hermes_tools.NAME(...) calls the tool NAME), each with "
+                "keyword arguments, returning the tool's answer as Python "
+                "data and raising hermes_tools.ToolError when it fails.");
 
     } else if (peer) {
         p = ngx_slprintf(p, last,
@@ -128,9 +128,8 @@ ngx_http_hermes_schema_handler(ngx_http_request_t *r)
         p = ngx_slprintf(p, last, ".  At most %ui tool calls per run.",
                          hlcf->max_tool_calls);
 
-    } else if (hlcf->tools == NULL || hlcf->tools->nelts == 0
-               || hlcf->tools_pass.len == 0)
-    {
+    } else if (hlcf->tools == NULL || hlcf->tools->nelts == 0) {
+        /* the names are the execute location's; where they go is not */
         p = ngx_slprintf(p, last, "  No tools can be called from the code.");
 
     } else {

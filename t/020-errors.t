@@ -6,6 +6,7 @@ use strict;
 use warnings;
 
 use Test::More;
+use MIME::Base64 ();
 
 use Hermes::Test;
 
@@ -28,8 +29,23 @@ $t->write_conf(<<'CONF');
             hermes_execute;
             hermes_owner $http_x_owner;
         }
+
+        location = /v1/basic {
+            auth_basic "agents";
+            auth_basic_user_file %%PREFIX%%/htpasswd;
+            hermes_owner $remote_user;
+            hermes_execute;
+        }
+
+        location = /v1/denied {
+            deny all;
+            hermes_execute;
+        }
     }
 CONF
+open my $pw, '>', $t->prefix . '/htpasswd' or die;
+print $pw "agent:{PLAIN}s3cret\n";
+close $pw;
 $t->run;
 
 sub error_is {
@@ -84,6 +100,19 @@ is($r->{headers}{allow}, 'POST', '405 says Allow: POST');
 error_is($t->execute('/v1/owned', { session => 'a', code => '1' }), 401, 'unauthorized', 'owner empty');
 $r = $t->execute('/v1/owned', { session => 'a', code => 'print(1)' }, headers => { 'X-Owner' => 'alice' });
 is($r->{result}{status}, 'success', 'owner set: runs');
+
+# nginx's own refusals on a hermes location: a code of their own
+$r = $t->execute('/v1/basic', { session => 'a', code => '1' });
+error_is($r, 401, 'unauthorized', 'auth_basic without credentials');
+like($r->{json}{error}{message}, qr/needs credentials/, '401: says what is missing');
+like($r->{headers}{'www-authenticate'} // '', qr/^Basic realm="agents"/, '401: WWW-Authenticate kept');
+error_is($t->execute('/v1/basic', { session => 'a', code => '1' },
+    headers => { Authorization => 'Basic ' . MIME::Base64::encode_base64('agent:wrong', '') }),
+    401, 'unauthorized', 'auth_basic with a wrong password');
+$r = $t->execute('/v1/basic', { session => 'a', code => 'print(1)' },
+    headers => { Authorization => 'Basic ' . MIME::Base64::encode_base64('agent:s3cret', '') });
+is($r->{result}{status}, 'success', 'auth_basic with the password: runs');
+error_is($t->execute('/v1/denied', { session => 'a', code => '1' }), 403, 'forbidden', 'deny all');
 
 # nothing was lost: the bystander finished with its state intact
 $r = $bg->wait;

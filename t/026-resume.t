@@ -120,9 +120,21 @@ for my $b (@backends) {
     # ended: from the files, from any offset
     $r = resume($sess, $id, 0);
     is(stdout_of($r->{events}), $whole, "$name: after the end, from 0: all of it");
+    my $res = $r->{result} // {};
+    ok(($res->{duration_seconds} // 0) >= 1.5,
+        "$name: the result's duration_seconds is the runner's own (the cell ran 2 s)")
+        or diag explain $res;
+    is($res->{queue_seconds}, 0, "$name: its queue_seconds 0: the resume took no turn");
+    is($res->{tool_calls_made}, 0, "$name: its tool_calls_made 0: none were made for it");
     $r = resume($sess, $id);
     is(stdout_of($r->{events}), $whole, "$name: no offset is 0");
     my $all = event_bytes($r->{raw});
+    my $first = ($r->{raw} =~ /^([^\n]*\n)/)[0];
+    $r = resume($sess, $id, 3);
+    is(substr($r->{raw}, 0, length($first) - 3), substr($first, 3),
+        "$name: an offset inside a line: the rest of that line first");
+    is(stdout_of($r->{events}), substr($whole, length "line 0\n"),
+        "$name: then the whole lines after it");
     $r = resume($sess, $id, $all);
     is(stdout_of($r->{events}), '', "$name: from the end: no output");
     is(($r->{result} // {})->{status}, 'success', "$name: from the end: the result");

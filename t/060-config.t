@@ -20,7 +20,7 @@ my @bad = (
     [ "hermes_zone kernels:1m;\nhermes_backend docker;", qr/unknown hermes_backend/, 'unknown backend' ],
     [ "hermes_zone kernels:1m;\nhermes_backend local root=relative/dir;", qr/absolute path/, 'relative root' ],
     [ "hermes_zone kernels:1m;\nhermes_backend local root=/tmp/it's;", qr/quote/, 'root with a quote' ],
-    [ "hermes_zone kernels:1m;\nhermes_backend local root=%%PREFIX%%/nowhere;", qr/hermes_backend local root "[^"]*nowhere".*No such file/, 'a root that is not there' ],
+    [ "hermes_zone kernels:1m;\nhermes_backend local root=%%PREFIX%%/nginx.conf/kroot;", qr/hermes_backend local root "[^"]*kroot".*Not a directory/, 'a root under a file' ],
     [ "hermes_zone kernels:1m;\nhermes_backend local root=%%PREFIX%%/nginx.conf;", qr/is not a directory/, 'a root that is a file' ],
     [ "hermes_zone kernels:1m;\nhermes_backend local root=%%PREFIX%%/open777;", qr/writable by others without the sticky bit/, 'a root anyone may write' ],
     [ "hermes_zone kernels:1m;\nhermes_backend local depth=3;", qr/invalid hermes_backend parameter/, 'unknown backend parameter' ],
@@ -82,5 +82,79 @@ $t->write_conf(<<'CONF');
 CONF
 my ($rc, $out) = $t->test_config;
 is($rc, 0, 'a full valid configuration passes nginx -t') or diag $out;
+
+# A kernels root that is not there is made at start, as nginx makes its
+# temp paths: nginx -t passes and makes nothing; the start makes the
+# missing parents (0755) and the root for the workers' user: a root
+# worker's is root's at 0711 (its kernels run as another user, who passes
+# through), another worker's is that user's at 0700 (its kernels run as
+# it).  A root that cannot be made fails the start, saying why.
+
+my $conf_root = <<'CONF';
+    hermes_zone a:1m;
+    hermes_backend local root=%%PREFIX%%/made/here/kroot;
+    server {
+        listen 127.0.0.1:%%PORT_0%%;
+        location / { hermes_execute; }
+    }
+CONF
+
+SKIP: {
+    skip 'the owners and modes of a made root need root', 12 if $> != 0;
+
+    for my $case ([root => 0, 0711], [nobody => scalar getpwnam('nobody'), 0700]) {
+        my ($user, $uid, $mode) = @$case;
+        my $t = Hermes::Test->new(user => $user eq 'nobody' ? 'nobody nogroup' : $user);
+        my $kroot = $t->prefix . '/made/here/kroot';
+        $t->write_conf($conf_root);
+
+        my ($rc, $out) = $t->test_config;
+        is($rc, 0, "user $user: a root that is not there passes nginx -t") or diag $out;
+        ok(!-e $t->prefix . '/made', "user $user: nginx -t makes nothing");
+
+        $t->run;
+        my @st = stat $kroot;
+        ok(@st && -d _, "user $user: the start made the root") or diag $t->error_log;
+        is(sprintf('%04o', $st[2] & 07777), sprintf('%04o', $mode),
+            "user $user: its mode");
+        is($st[4], $uid, "user $user: its owner");
+        is(sprintf('%04o', (stat $t->prefix . '/made/here')[2] & 07777), '0755',
+            "user $user: the parents made 0755");
+        like($t->error_log, qr/hermes_backend local root "\Q$kroot\E" made: uid $uid, mode 0?\d+/,
+            "user $user: error.log says so");
+
+        my $r = $t->execute('/', {session => 's', code => 'import os; x = os.getuid(); x'}, json => 1);
+        is($r->{json}{status}, 'success', "user $user: a cell runs in it")
+            or diag explain $r;
+        if ($user eq 'nobody') {
+            is($r->{json}{output}, "$uid\n", 'user nobody: the kernel runs as the worker');
+        } else {
+            isnt($r->{json}{output}, "0\n", 'user root: the kernel does not run as root');
+        }
+        $t->stop;
+
+        # a root made by hand for another user: the start says so
+        if ($user eq 'nobody') {
+            chown 0, 0, $kroot;
+            $t->run;
+            like($t->error_log, qr/hermes_backend local root "\Q$kroot\E" \(uid 0, mode 0700\) is not writable by the workers' user "nobody"/,
+                'user nobody: a root it cannot write is said at start');
+            $t->stop;
+        }
+    }
+}
+
+{
+    # mkdir in /proc fails, whoever asks
+    my $t = Hermes::Test->new;
+    my $root = "/proc/hermes-t060-$$/kroot";
+    (my $conf = $conf_root) =~ s{%%PREFIX%%/made/here/kroot}{$root};
+    $t->write_conf($conf);
+    my ($rc, $out) = $t->test_config;
+    is($rc, 0, 'a root under a missing directory passes nginx -t') or diag $out;
+    ok(!$t->try_run, 'a root that cannot be made fails the start');
+    like($t->error_log, qr/hermes_backend local root "\Q$root\E" could not be made: mkdir\(\) "\/proc\/hermes-t060-$$" failed/,
+        'error.log says why');
+}
 
 done_testing;

@@ -198,6 +198,9 @@ $r = $t->http('DELETE', '/v1/kernels/shared-name', %alice);
 is($r->{status}, 409, 'delete while running: 409');
 is($r->{json}{error}{code}, 'cell_running', 'cell_running');
 my $t0 = time;
+my $queued = $t->execute_async('/v1/execute', { session => 'shared-name',
+    code => "print(globals().get('secret'))" }, %alice);
+sleep 0.5;    # it takes its ticket behind the running one
 $r = $t->http('DELETE', '/v1/kernels/shared-name?force=1', %alice);
 is($r->{status}, 204, 'forced delete: 204');
 $r = $running->wait;
@@ -205,8 +208,17 @@ is($r->{result}{status}, 'error', 'the killed cell ends with an error');
 ok(time - $t0 < 3, 'at once, not at its end');
 ok(wait_until(sub { !pid_alive($pidAlice) }, 5), 'kernel process killed');
 ok(wait_until(sub { !-d dir_of($kAlice) }, 5), 'kernel directory removed');
+$r = $queued->wait;
+is($r->{events}[0]{state_lost}, JSON::PP::true, 'the queued cell: state_lost, on a new kernel');
+is($r->{events}[0]{lost_reason}, 'deleted', 'the queued cell: lost_reason deleted');
+is($r->{result}{output}, "None\n", 'the queued cell: none of the old state');
+$r = $t->http('DELETE', '/v1/kernels/shared-name?force=1', %alice);
+is($r->{status}, 204, 'forced delete of the new kernel: 204');
 $r = $t->http('DELETE', '/v1/kernels/shared-name', %alice);
 is($r->{status}, 404, 'gone: 404');
+$r = run_cell('shared-name', 'print(1)');
+is($r->{result}{kernel}{state_lost}, JSON::PP::true, 'the next cell after a forced delete: state_lost');
+is($r->{result}{kernel}{lost_reason}, 'deleted', 'lost_reason deleted, as after an idle delete');
 
 # --- counters and formats
 

@@ -316,7 +316,7 @@ is(($r->{result} // {})->{output}, "None\nFalse\n", 'token not in the environmen
     ok(!grep({ /HERMES_RPC_TOKEN/ } @sent), 'HERMES_RPC_TOKEN is in no command sent over ssh');
     ok(index($errlog, $marker) < 0, 'the code is in no error.log line');
 
-    # the spawn steps of docs/protocol.md, in order, for a kernel (each
+    # the spawn steps of docs/internals.md, in order, for a kernel (each
     # after the line that sends its stderr where its stdout goes)
     my $dir = dir_of($kA);
     my @mine = grep { index($_, $dir) >= 0 || index($_, " $kA ") >= 0 } @sent;
@@ -325,7 +325,7 @@ is(($r->{result} // {})->{output}, "None\nFalse\n", 'token not in the environmen
     my ($i_start) = grep { $mine[$_] =~ /^umask 077; cd '?\Q$dir\E'? \|\| exit 1;.* \{ \( exec 3<\.\/kernel\.env && rm -f \.\/kernel\.env.* r sh -c '"\$@"; exit \$\?' hermes-kernel bwrap .* python3 -I kernel_runner\.py \) >runner\.log/m } 0 .. $#mine;
     ok(defined $i_dirs && defined $i_ship && defined $i_start
         && $i_dirs < $i_ship && $i_ship < $i_start,
-        'the spawn steps of docs/protocol.md were sent over ssh, in order')
+        'the spawn steps of docs/internals.md were sent over ssh, in order')
         or diag "commands for $dir:\n" . join("\n", map { "  [$_] $mine[$_]" } 0 .. $#mine);
 }
 

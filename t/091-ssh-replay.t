@@ -1,6 +1,6 @@
 #!/usr/bin/perl
 # SPDX-License-Identifier: BSD-2-Clause
-# The spawn commands of docs/protocol.md ("Spawn"), which the module sends
+# The spawn commands of docs/internals.md ("Spawn"), which the module sends
 # to the kernel host's shell (over ssh: the login shell's `-c`), replayed
 # through real shells under a temp root, payloads on stdin.
 #
@@ -12,7 +12,7 @@
 # (its debug log shows every step's command), once with "hermes_sandbox
 # off" and once with the default bwrap sandbox, and replayed with this
 # test's kernel directory and id.  Every command is also checked against
-# docs/protocol.md: the test fails when the docs drift from what is sent.
+# docs/internals.md: the test fails when the docs drift from what is sent.
 
 use strict;
 use warnings;
@@ -35,7 +35,7 @@ my $ROOT = Hermes::Test::repo_root();
 my $C_KERNEL = "$ROOT/src/ngx_hermes_kernel.c";
 my $SCRIPT = slurp("$ROOT/src/remote/hermes_kernel.sh") // die "no hermes_kernel.sh";
 my ($GW, $INST) = ('0123456789abcdef', 'fedcba9876543210');
-my $DOCS = "$ROOT/docs/protocol.md";
+my $DOCS = "$ROOT/docs/internals.md";
 my $PY = -x '/usr/bin/python3' ? '/usr/bin/python3' : undef;
 plan skip_all => '/usr/bin/python3 not found' unless $PY;
 
@@ -45,7 +45,7 @@ diag 'bwrap not installed (Debian package bubblewrap): sandbox off only'
     if @MODES == 1;
 
 ###############################################################################
-# the commands as documented (copied from docs/protocol.md, section Spawn)
+# the commands as documented (copied from docs/internals.md, section Spawn)
 
 my %DOC = (
     dirs  => 'sh -c SCRIPT hermes dir ROOT ID GATEWAY INSTANCE',
@@ -67,11 +67,11 @@ my %START = (
 
 my $docs = slurp($DOCS) // '';
 for my $k (qw(dirs ship kill)) {
-    ok(index($docs, "`$DOC{$k}`") >= 0, "docs/protocol.md still documents the $k step as tested")
+    ok(index($docs, "`$DOC{$k}`") >= 0, "docs/internals.md still documents the $k step as tested")
         or diag "expected in $DOCS:\n  `$DOC{$k}`";
 }
 for my $k (sort keys %START) {
-    ok(index($docs, "`$START{$k}`") >= 0, "docs/protocol.md documents the start step's $k piece as tested")
+    ok(index($docs, "`$START{$k}`") >= 0, "docs/internals.md documents the start step's $k piece as tested")
         or diag "expected in $DOCS:\n  `$START{$k}`";
 }
 like($docs, qr/HERMES_RPC_TOKEN.*HERMES_KERNEL_ID.*HERMES_IDLE_TIMEOUT/s,
@@ -489,7 +489,7 @@ print("runner stdout line", flush=True)
 sys.stderr.write("runner stderr line\\n")
 sys.stderr.flush()
 $child
-# the ready file the way docs/protocol.md says: {"pid": N}, NAME.tmp renamed
+# the ready file the way docs/internals.md says: {"pid": N}, NAME.tmp renamed
 fd = os.open("ready.tmp", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o666)
 os.write(fd, ('{"pid":%d}' % os.getpid()).encode())
 os.close(fd)

@@ -65,7 +65,7 @@ my $snippet = "$dest/usr/share/nginx/modules-available/mod-http-hermes.conf";
 ok(-f $so, 'the module in /usr/lib/nginx/modules');
 is(slurp($snippet), "load_module modules/ngx_http_hermes_module.so;\n",
    'the load snippet in /usr/share/nginx/modules-available');
-for my $f (qw(README.md directives.md operations.md protocol.md security.md)) {
+for my $f (qw(README.md directives.md operations.md protocol.md internals.md security.md)) {
     ok(-f "$doc/$f" || -f "$doc/$f.gz", "doc $f");
 }
 my $copyright = slurp("$doc/copyright") // '';

@@ -66,6 +66,12 @@ $t->write_conf(<<'CONF');
         location = /schema { hermes_schema; }
         location = /schema-none { hermes_schema; hermes_tools off; }
     }
+
+    # a schema location as the README has it: hermes_tools, no tools_pass
+    server {
+        listen 127.0.0.1:%%PORT_3%%;
+        location = /v1/schema { hermes_tools web_search fetch_url; hermes_schema; }
+    }
 CONF
 $t->run;
 
@@ -436,6 +442,9 @@ is_deeply($t->http(GET => '/schema?format=openai')->{json}, $sc->{openai}, '?for
 is($t->http(GET => '/schema?format=x')->{status}, 400, 'an unknown format: 400');
 like($t->http(GET => '/schema-none')->{json}{openai}{function}{description},
      qr/No tools can be called/, 'no tools: said so');
+like($t->http(GET => '/v1/schema', port => $t->port(3))->{json}{openai}{function}{description},
+     qr/hermes_tools\.web_search\(\.\.\.\), hermes_tools\.fetch_url\(\.\.\.\)\.  At most 50 tool calls/,
+     'a schema location without hermes_tools_pass names its hermes_tools');
 
 $t->stop;
 

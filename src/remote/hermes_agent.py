@@ -17,7 +17,7 @@ both ways until stdin ends or stdout breaks; then the agent exits at once
 the truth, and a new agent resumes every cell from the offset reached).
 
 A frame is u32 BE length (at most 1 MiB + 64), u32 BE stream, one type
-letter, the payload (docs/protocol.md, "The kernel-host agent"):
+letter, the payload (docs/internals.md, "The kernel-host agent"):
 
     P PING -> p PONG                    X EXEC {"cmd","args","timeout","out_max"}
     W READY {"dir","pid","timeout"}  (answered by x, as an EXEC)

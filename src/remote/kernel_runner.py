@@ -3,7 +3,7 @@
 
 The nginx module makes the kernel dir D, copies this file and hermes_tools.py
 into it and starts `python3 -I kernel_runner.py` with cwd=D (see
-docs/protocol.md, "Spawn"): isolated, so neither D nor PYTHON* variables
+docs/internals.md, "Spawn"): isolated, so neither D nor PYTHON* variables
 reach sys.path.
 Everything between the module and this process goes through files in D;
 the FIFO D/wake only says "look at cells/ now".

@@ -6,6 +6,7 @@ package Hermes::Test;
 #
 #   use Hermes::Test;
 #   my $t = Hermes::Test->new(workers => 2);     # temp prefix, logs/, kroot/ (0711)
+#   Hermes::Test->new(user => 'nobody');           # workers' user, as root (root)
 #   $t->write_conf('server { listen 127.0.0.1:%%PORT_0%%;
 #                   location /x { hermes_execute; } }', main => '...');
 #   $t->run;                                       # dies with error.log on failure
@@ -161,7 +162,8 @@ sub write_conf {
 
     my $no_module = $self->{no_module} || $ENV{HERMES_NO_MODULE};
     $conf .= "load_module " . $self->module_path . ";\n" unless $no_module;
-    $conf .= "user root;\n" if $> == 0;
+    # user => NAME: the workers' user when run as root (default root)
+    $conf .= "user " . ($self->{user} // 'root') . ";\n" if $> == 0;
     $conf .= "worker_processes $self->{workers};\n";
     $conf .= "daemon on;\nmaster_process on;\n";
     $conf .= "pid $p/nginx.pid;\n";
