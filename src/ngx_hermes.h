@@ -51,7 +51,7 @@ typedef struct {
 
 extern ngx_http_hermes_remote_file_t  ngx_http_hermes_remote_files[];
 
-/* src/remote/hermes_kernel.sh: a kernel's dir, kill and crash recovery */
+/* src/remote/hermes_kernel.sh: a kernel's dir, files, start, end, recovery */
 extern const char  ngx_http_hermes_script_kernel[];
 
 /*

@@ -30,8 +30,10 @@ typedef struct {
 } ngx_http_hermes_cmd_t;
 
 
-/* arguments of a command at most */
-#define NGX_HTTP_HERMES_CMD_ARGS      8
+/* arguments of a command at most: the start's, with every ro= path */
+#define NGX_HTTP_HERMES_SANDBOX_RO_MAX  32
+#define NGX_HTTP_HERMES_CMD_ARGS                                              \
+    (64 + 3 * NGX_HTTP_HERMES_SANDBOX_RO_MAX)
 
 ngx_int_t ngx_http_hermes_local_exec(ngx_http_hermes_cmd_t *cmd);
 ngx_int_t ngx_http_hermes_local_write_at(ngx_fd_t dir, const char *name,

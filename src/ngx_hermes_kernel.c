@@ -18,7 +18,6 @@
 
 #define NGX_HTTP_HERMES_CMD_TIMEOUT   10000
 #define NGX_HTTP_HERMES_EXIT_TIME     10000     /* killing all at exit */
-#define NGX_HTTP_HERMES_CMD_MAX       (16 * NGX_HTTP_HERMES_DIR_MAX + 2048)
 
 /* the runner outlives the registry's idle clock a little, then exits */
 #define NGX_HTTP_HERMES_RUNNER_GRACE  30
@@ -90,7 +89,7 @@ static ngx_queue_t                   ngx_http_hermes_kills_waiting;
 static void ngx_http_hermes_spawn_thread(void *data, ngx_log_t *log);
 static void ngx_http_hermes_spawn_event(ngx_event_t *ev);
 static ngx_int_t ngx_http_hermes_spawn_ship(ngx_http_hermes_spawn_t *s,
-    ngx_log_t *log);
+    u_char *kid, ngx_log_t *log);
 static ngx_int_t ngx_http_hermes_spawn_check_dirs(ngx_http_hermes_spawn_t *s,
     u_char *out, size_t len);
 static void ngx_http_hermes_kernel_new_id(ngx_http_hermes_spawn_t *s);
@@ -189,7 +188,7 @@ ngx_http_hermes_spawn_thread(void *data, ngx_log_t *log)
 {
     ngx_http_hermes_spawn_t *s = data;
 
-    u_char                         *d, *p, *q, *last, *elast;
+    u_char                         *d, *p, *q, *elast;
     ngx_int_t                       pid, uid, rc;
     ngx_pid_t                       expect;
     ngx_uint_t                      tries;
@@ -197,13 +196,12 @@ ngx_http_hermes_spawn_thread(void *data, ngx_log_t *log)
     ngx_http_hermes_victim_t        v;
     u_char                          kid[NGX_HTTP_HERMES_ID_LEN + 1];
     u_char                          numbers[NGX_HTTP_HERMES_KILL_ARGS_LEN];
-    u_char                          cmd[NGX_HTTP_HERMES_CMD_MAX];
     u_char                          out[512];
+    char                           *sargs[NGX_HTTP_HERMES_CMD_ARGS + 1];
 
     d = s->k.dir;
     kid[NGX_HTTP_HERMES_ID_LEN] = '\0';
     s->rc = NGX_ERROR;
-    last = cmd + sizeof(cmd) - 1;
     elast = s->err + sizeof(s->err) - 1;
 
     /*
@@ -261,44 +259,32 @@ ngx_http_hermes_spawn_thread(void *data, ngx_log_t *log)
 
     /* 2. the runner, the tools client, the marker and kernel.env */
 
-    if (ngx_http_hermes_spawn_ship(s, log) != NGX_OK) {
+    if (ngx_http_hermes_spawn_ship(s, kid, log) != NGX_OK) {
         goto failed;
     }
 
     /*
-     * 3. start: kernel.env goes to the runner as an open file, unlinked
-     * at once, so the token is in no process's environment or argv; the
-     * runner leads its own process group, in its sandbox, never as root;
-     * -I: no script directory, user site or PYTHON* variables on its
-     * path.  Printed: the pid, the kernel's uid.
+     * 3. start (hermes_kernel.sh "start"): kernel.env goes to the runner
+     * as an open file, unlinked at once, so the token is in no process's
+     * environment or argv; the runner leads its own process group, in its
+     * sandbox, never as root.  Printed: the pid, the kernel's uid.
      */
 
-    p = ngx_slprintf(cmd, last, "umask 077; cd '%s' || exit 1;", d);
+    sargs[0] = "start";
+    sargs[1] = (char *) s->root_dir.data;
+    sargs[2] = (char *) kid;
 
-    if (s->root) {
-        p = ngx_http_hermes_sandbox_user(p, last, s->sandbox);
-    }
-
-    p = ngx_slprintf(p, last,
-                     " { ( exec 3<./kernel.env && rm -f ./kernel.env"
-                     " && export HERMES_ENV_FD=3 || exit 1;");
-
-    p = ngx_http_hermes_sandbox_start(p, last, s->sandbox, d,
-                                      s->k.kernel_id, s->root);
-
-    p = ngx_slprintf(p, last,
-                     " ) >runner.log 2>&1 </dev/null & } && echo $! && id -u%s",
-                     s->root ? " \"$u\"" : "");
-
-    if (p == last) {
-        *ngx_slprintf(s->err, elast, "start: the command is too long") = '\0';
+    if (ngx_http_hermes_sandbox_args(s->sandbox, d, s->root, &sargs[3],
+                                     NGX_HTTP_HERMES_CMD_ARGS + 1 - 3,
+                                     numbers, sizeof(numbers))
+        == 0)
+    {
+        *ngx_slprintf(s->err, elast, "start: too many arguments") = '\0';
         goto failed;
     }
 
-    *p = '\0';
-
-    if (ngx_http_hermes_spawn_run(s, cmd, NULL, NULL, 0, out, sizeof(out),
-                                  "start")
+    if (ngx_http_hermes_spawn_run(s, (u_char *) ngx_http_hermes_script_kernel,
+                                  sargs, NULL, 0, out, sizeof(out), "start")
         != NGX_OK)
     {
         goto failed;
@@ -381,25 +367,26 @@ failed:
 
 
 /*
- * Every file the kernel dir needs, in one step: their bytes one after
- * another on stdin, each file made new (noclobber: a path that exists
- * fails) 0600 by "head -c", which reads exactly its length from a pipe.
- * One shell for all of them rather than cat, chmod and mv for each: four
- * round trips (over ssh) and a dozen processes fewer a spawn.  The
- * directory was just made ours, 0700: nobody else sees a file half
- * written, and a failure removes them all with it.
+ * Every file the kernel dir needs, in one step (hermes_kernel.sh "ship"):
+ * their names and lengths as arguments, their bytes one after another on
+ * stdin, each file made new 0600 in the directory step 1 made ours:
+ * nobody else sees a file half written, and a failure removes them all
+ * with it.
  */
 
 static ngx_int_t
-ngx_http_hermes_spawn_ship(ngx_http_hermes_spawn_t *s, ngx_log_t *log)
+ngx_http_hermes_spawn_ship(ngx_http_hermes_spawn_t *s, u_char *kid,
+    ngx_log_t *log)
 {
     u_char                         *p, *last, *in, *q;
     size_t                          len;
     ngx_int_t                       rc;
-    ngx_uint_t                      i;
+    ngx_uint_t                      i, n;
     ngx_http_hermes_remote_file_t  *rf, *lists[2];
     u_char                          out[512];
-    u_char                          cmd[NGX_HTTP_HERMES_CMD_MAX];
+    char                           *args[NGX_HTTP_HERMES_CMD_ARGS + 1];
+    u_char                          lens[NGX_HTTP_HERMES_CMD_ARGS / 2
+                                         * (NGX_SIZE_T_LEN + 1)];
     ngx_http_hermes_remote_file_t   own[2];
 
     /* this spawn's own: kernel.env, the token in it */
@@ -414,28 +401,37 @@ ngx_http_hermes_spawn_ship(ngx_http_hermes_spawn_t *s, ngx_log_t *log)
     lists[0] = ngx_http_hermes_remote_files;
     lists[1] = own;
 
-    last = cmd + sizeof(cmd) - 1;
-    p = ngx_slprintf(cmd, last, "set -C; umask 077");
+    args[0] = "ship";
+    args[1] = (char *) s->root_dir.data;
+    args[2] = (char *) kid;
+    n = 3;
+
+    p = lens;
+    last = lens + sizeof(lens);
     len = 0;
 
     for (i = 0; i < 2; i++) {
         for (rf = lists[i]; rf->len; rf++) {
-            if (rf->ship) {
-                /* not the agent: carried, never left in a kernel dir */
-                p = ngx_slprintf(p, last, " && head -c %uz >'%s/%V'",
-                                 rf->len, s->k.dir, &rf->name);
-                len += rf->len;
+            if (!rf->ship) {
+                /* the agent: carried, never left in a kernel dir */
+                continue;
             }
+
+            if (n + 2 > NGX_HTTP_HERMES_CMD_ARGS) {
+                *ngx_slprintf(s->err, s->err + sizeof(s->err) - 1,
+                              "ship: too many files") = '\0';
+                return NGX_ERROR;
+            }
+
+            /* names are literals: NUL-terminated */
+            args[n++] = (char *) rf->name.data;
+            args[n++] = (char *) p;
+            p = ngx_slprintf(p, last, "%uz%Z", rf->len);
+            len += rf->len;
         }
     }
 
-    if (p == last) {
-        *ngx_slprintf(s->err, s->err + sizeof(s->err) - 1,
-                      "ship: the command is too long") = '\0';
-        return NGX_ERROR;
-    }
-
-    *p = '\0';
+    args[n] = NULL;
 
     in = ngx_alloc(len, log);
     if (in == NULL) {
@@ -454,8 +450,8 @@ ngx_http_hermes_spawn_ship(ngx_http_hermes_spawn_t *s, ngx_log_t *log)
         }
     }
 
-    rc = ngx_http_hermes_spawn_run(s, cmd, NULL, in, len, out, sizeof(out),
-                                   "ship");
+    rc = ngx_http_hermes_spawn_run(s, (u_char *) ngx_http_hermes_script_kernel,
+                                   args, in, len, out, sizeof(out), "ship");
     ngx_free(in);
 
     return rc;

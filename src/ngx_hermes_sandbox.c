@@ -4,10 +4,11 @@
  *
  * ngx_hermes: each kernel in its own sandbox.
  *
- * The start step of a spawn runs the runner under bubblewrap: new user,
- * pid, mount, ipc and uts namespaces (and net with net=off), a read-only
- * view of the system, a private /tmp, and of the kernels root only the
- * kernel's own directory.  The runner's pid namespace dies with its init,
+ * The start step of a spawn (hermes_kernel.sh start, its arguments made
+ * here) runs the runner under bubblewrap: new user, pid, mount, ipc and
+ * uts namespaces (and net with net=off), a read-only view of the system,
+ * a private /tmp, and of the kernels root only the kernel's own
+ * directory.  The runner's pid namespace dies with its init,
  * and its init with the bwrap process whose pid the registry keeps: a
  * kill ends everything the kernel ever started.
  *
@@ -177,6 +178,16 @@ ngx_http_hermes_sandbox_conf(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
                 }
             }
 
+            /* each is three arguments of the start command */
+
+            if (sb->ro->nelts == NGX_HTTP_HERMES_SANDBOX_RO_MAX) {
+                ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                                   "invalid hermes_sandbox \"%V\": at most "
+                                   "%d \"ro=\" paths",
+                                   &value[i], NGX_HTTP_HERMES_SANDBOX_RO_MAX);
+                return NGX_CONF_ERROR;
+            }
+
             ro = ngx_array_push(sb->ro);
             if (ro == NULL) {
                 return NGX_CONF_ERROR;
@@ -207,7 +218,10 @@ invalid:
 }
 
 
-/* absolute, no quotes or control characters: it goes into a command */
+/*
+ * absolute, no quotes, backslashes or control characters: an argument of
+ * the start command, which error.log and the docs show unquoted
+ */
 
 static char *
 ngx_http_hermes_sandbox_path(ngx_conf_t *cf, ngx_str_t *path)
@@ -286,129 +300,124 @@ ngx_http_hermes_sandbox_check(ngx_conf_t *cf, ngx_http_hermes_sandbox_t *sb)
 
 
 /*
- * Appended to the start step's subshell, after kernel.env is sourced; the
- * shell is in DIR, and as root when "root" is set.  It ends by exec-ing
- * the runner, sandboxed; the pid it had is the kernel's anchor.
+ * hermes_kernel.sh start's arguments from USER on (see the script): who
+ * the kernel runs as, its limits, its sandbox and bwrap's options, each
+ * value one argument, never shell text, in "n" slots of "args", NULL
+ * last; "buf" holds the numbers.  Returns how many were set, 0 if the
+ * slots are too few.
  */
 
-u_char *
-ngx_http_hermes_sandbox_start(u_char *p, u_char *last,
-    ngx_http_hermes_sandbox_t *sb, u_char *dir, u_char *kid, ngx_uint_t root)
+ngx_uint_t
+ngx_http_hermes_sandbox_args(ngx_http_hermes_sandbox_t *sb, u_char *dir,
+    ngx_uint_t root, char **args, ngx_uint_t n, u_char *buf, size_t size)
 {
+    u_char      *p, *last, *tmp;
     ngx_str_t   *ro;
-    ngx_uint_t   i;
+    ngx_uint_t   i, k, nro;
 
-    if (root) {
-        /* never root: the directory and the kernel go to user= */
-        p = ngx_slprintf(p, last,
-                         " chown -R -- \"$u:$(id -g \"$u\")\" . || exit 1;");
+    static char  *head[] = {
+        "--die-with-parent", "--new-session",
+        "--ro-bind", "/usr", "/usr",
+        "--symlink", "usr/lib", "/lib",
+        "--symlink", "usr/lib64", "/lib64",
+        "--symlink", "usr/bin", "/bin",
+        "--symlink", "usr/sbin", "/sbin",
+        "--ro-bind", "/etc", "/etc",
+        "--proc", "/proc", "--dev", "/dev",
+        "--size", NULL, "--tmpfs", "/dev/shm", "--remount-ro", "/dev",
+        "--size", NULL, "--tmpfs", "/tmp",
+        "--symlink", "../tmp", "/var/tmp"
+    };
+
+    static char  *tail[] = {
+        "--bind", NULL, NULL, "--chdir", NULL, "--remount-ro", "/",
+        "--setenv", "PATH", "/usr/local/bin:/usr/bin:/bin",
+        "--setenv", "HOME", "/tmp"
+    };
+
+    nro = sb->ro ? sb->ro->nelts : 0;
+
+    /* all of them, and the NULL that ends them */
+
+    if (n < 9 + sizeof(head) / sizeof(char *) + 3 * nro
+            + sizeof(tail) / sizeof(char *))
+    {
+        return 0;
     }
 
-    if (sb->mode == NGX_HTTP_HERMES_SANDBOX_OFF || sb->memory == 0) {
-        goto start;
-    }
+    p = buf;
+    last = buf + size;
+    k = 0;
 
-    if (root) {
-        /*
-         * a cgroup of its own, joined by this shell ("0": the writer) so
-         * that everything it starts is in it; v2, else v1; else rlimits
-         */
+    /* USER OR_USER: as root only; hermes-kernel, else nobody, by default */
 
-        p = ngx_slprintf(p, last,
-            " k=hermes/%*s; c=/sys/fs/cgroup;"
-            " if [ -f $c/cgroup.controllers ]; then"
-            " mkdir -p $c/hermes && echo '+memory +pids +cpu'"
-            " > $c/hermes/cgroup.subtree_control 2>/dev/null;"
-            " mkdir $c/$k && echo %O > $c/$k/memory.max"
-            " && echo %ui > $c/$k/pids.max",
-            (size_t) NGX_HTTP_HERMES_ID_LEN, kid, sb->memory, sb->pids);
+    if (!root) {
+        args[k++] = "";
+        args[k++] = "";
 
-        if (sb->cpu) {
-            p = ngx_slprintf(p, last, " && echo '%ui 100000' > $c/$k/cpu.max",
-                             sb->cpu * 1000);
-        }
-
-        p = ngx_slprintf(p, last,
-            " && echo 0 > $c/$k/cgroup.procs || exit 1;"
-            " elif [ -w $c/memory ]; then"
-            " mkdir -p $c/memory/$k $c/pids/$k $c/cpu/$k"
-            " && echo %O > $c/memory/$k/memory.limit_in_bytes"
-            " && echo %ui > $c/pids/$k/pids.max",
-            sb->memory, sb->pids);
-
-        if (sb->cpu) {
-            p = ngx_slprintf(p, last,
-                             " && echo %ui > $c/cpu/$k/cpu.cfs_quota_us",
-                             sb->cpu * 1000);
-        }
-
-        p = ngx_slprintf(p, last,
-            " && for d in memory pids cpu; do echo 0 > $c/$d/$k/cgroup.procs;"
-            " done || exit 1; else ulimit -v %O; fi;",
-            sb->memory / 1024);
+    } else if (sb->user.len) {
+        args[k++] = (char *) sb->user.data;
+        args[k++] = "";
 
     } else {
-        /*
-         * without cgroups, memory alone: RLIMIT_NPROC would count every
-         * process of the user (nginx's own, as a worker that is not root)
-         */
-        p = ngx_slprintf(p, last, " ulimit -v %O;", sb->memory / 1024);
+        args[k++] = NGX_HTTP_HERMES_SANDBOX_USER;
+        args[k++] = "nobody";
     }
 
-start:
-
-    /* r: the runner's start, this shell's pid kept (exec) */
-
-    p = ngx_slprintf(p, last, " r() { exec setsid");
-
-    if (root) {
-        p = ngx_slprintf(p, last,
-                         " setpriv --reuid=\"$u\" --regid=\"$(id -g \"$u\")\""
-                         " --clear-groups --no-new-privs --");
-    }
-
-    p = ngx_slprintf(p, last, " \"$@\"; };");
+    /* MEMORY PIDS CPU: no limits without a sandbox */
 
     if (sb->mode == NGX_HTTP_HERMES_SANDBOX_OFF) {
-        return ngx_slprintf(p, last, " r python3 -I kernel_runner.py");
+        args[k++] = "0";
+        args[k++] = "0";
+        args[k++] = "0";
+
+    } else {
+        args[k++] = (char *) p;
+        p = ngx_slprintf(p, last, "%O%Z", sb->memory);
+        args[k++] = (char *) p;
+        p = ngx_slprintf(p, last, "%ui%Z", sb->pids);
+        args[k++] = (char *) p;
+        p = ngx_slprintf(p, last, "%ui%Z", sb->cpu * 1000);
     }
 
-    if (sb->implicit) {
-        /* the default sandboxes where bwrap is, and says so where not */
-        p = ngx_slprintf(p, last,
-                         " command -v bwrap >/dev/null || { echo 'hermes:"
-                         " bwrap is not installed, the kernel runs without"
-                         " a sandbox' >&2; r python3 -I kernel_runner.py; };");
+    if (sb->mode == NGX_HTTP_HERMES_SANDBOX_OFF) {
+        args[k++] = "off";
+        args[k] = NULL;
+        return k;
+    }
+
+    /* the default sandboxes where bwrap is, and says so where not */
+    args[k++] = sb->implicit ? "auto" : "bwrap";
+
+    tmp = p;
+    p = ngx_slprintf(p, last, "%O%Z", sb->tmp);
+
+    if (p == last) {
+        return 0;
     }
 
     /*
      * bwrap: everything unshared, the system read-only, its own /tmp,
      * /proc of its own pid namespace, and of the kernels root its own
-     * directory alone.  Its parent is a shell that waits for it, in the
-     * kernel's process group: --die-with-parent must see a parent that
-     * lives as long as the kernel, not this spawn's shell, which exits at
-     * once (bwrap, and the kernel with it, died whenever bwrap had set up
-     * the parent's death signal before that shell was gone).
+     * directory alone
      */
 
-    p = ngx_slprintf(p, last,
-                     " r sh -c '\"$@\"; exit $?' hermes-kernel"
-                     " bwrap --unshare-all%s --die-with-parent --new-session"
-                     " --ro-bind /usr /usr --symlink usr/lib /lib"
-                     " --symlink usr/lib64 /lib64 --symlink usr/bin /bin"
-                     " --symlink usr/sbin /sbin --ro-bind /etc /etc"
-                     " --proc /proc --dev /dev --size %O --tmpfs /dev/shm"
-                     " --remount-ro /dev --size %O --tmpfs /tmp"
-                     " --symlink ../tmp /var/tmp",
-                     sb->net ? " --share-net" : "", sb->tmp, sb->tmp);
+    args[k++] = "--unshare-all";
 
-    if (sb->ro) {
-        ro = sb->ro->elts;
+    if (sb->net) {
+        args[k++] = "--share-net";
+    }
 
-        for (i = 0; i < sb->ro->nelts; i++) {
-            p = ngx_slprintf(p, last, " --ro-bind-try '%V' '%V'",
-                             &ro[i], &ro[i]);
-        }
+    for (i = 0; i < sizeof(head) / sizeof(char *); i++) {
+        args[k++] = head[i] ? head[i] : (char *) tmp;
+    }
+
+    ro = sb->ro ? sb->ro->elts : NULL;
+
+    for (i = 0; i < nro; i++) {
+        args[k++] = "--ro-bind-try";
+        args[k++] = (char *) ro[i].data;
+        args[k++] = (char *) ro[i].data;
     }
 
     /*
@@ -419,29 +428,11 @@ start:
      * fontconfig's caches) has a writable place.
      */
 
-    return ngx_slprintf(p, last,
-                        " --bind '%s' '%s' --chdir '%s' --remount-ro /"
-                        " --setenv PATH /usr/local/bin:/usr/bin:/bin"
-                        " --setenv HOME /tmp"
-                        " python3 -I kernel_runner.py",
-                        dir, dir, dir);
-}
-
-
-/*
- * The shell variable u: the user kernels run as when the spawn is root's;
- * set before the start step's subshell, which sees it too.
- */
-
-u_char *
-ngx_http_hermes_sandbox_user(u_char *p, u_char *last,
-    ngx_http_hermes_sandbox_t *sb)
-{
-    if (sb->user.len) {
-        return ngx_slprintf(p, last, " u='%V';", &sb->user);
+    for (i = 0; i < sizeof(tail) / sizeof(char *); i++) {
+        args[k++] = tail[i] ? tail[i] : (char *) dir;
     }
 
-    return ngx_slprintf(p, last,
-                        " u=" NGX_HTTP_HERMES_SANDBOX_USER ";"
-                        " id -u \"$u\" >/dev/null 2>&1 || u=nobody;");
+    args[k] = NULL;
+
+    return k;
 }

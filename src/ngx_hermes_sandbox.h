@@ -18,10 +18,9 @@ char *ngx_http_hermes_sandbox_conf(ngx_conf_t *cf, ngx_command_t *cmd,
 ngx_http_hermes_sandbox_t *ngx_http_hermes_sandbox_default(ngx_conf_t *cf);
 ngx_int_t ngx_http_hermes_sandbox_check(ngx_conf_t *cf,
     ngx_http_hermes_sandbox_t *sb);
-u_char *ngx_http_hermes_sandbox_user(u_char *p, u_char *last,
-    ngx_http_hermes_sandbox_t *sb);
-u_char *ngx_http_hermes_sandbox_start(u_char *p, u_char *last,
-    ngx_http_hermes_sandbox_t *sb, u_char *dir, u_char *kid, ngx_uint_t root);
+ngx_uint_t ngx_http_hermes_sandbox_args(ngx_http_hermes_sandbox_t *sb,
+    u_char *dir, ngx_uint_t root, char **args, ngx_uint_t n, u_char *buf,
+    size_t size);
 
 
 #endif /* _NGX_HERMES_SANDBOX_H_INCLUDED_ */

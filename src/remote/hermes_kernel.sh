@@ -1,10 +1,14 @@
 #!/bin/sh
 # SPDX-License-Identifier: BSD-2-Clause
-# A kernel's directory, end and crash recovery on a kernel host.  The
-# module runs this text as `sh -c SCRIPT hermes VERB ARG...` (locally, and
-# as an EXEC with argv over ssh): values only ever arrive as arguments.
+# A kernel's life on a kernel host: its directory, files, start, end and
+# crash recovery.  The module runs this text as `sh -c SCRIPT hermes VERB
+# ARG...` (locally, and as an EXEC with argv over ssh): values only ever
+# arrive as arguments, never as shell text.
 #
 #   dir ROOT ID GATEWAY INSTANCE        make the kernel's dir, journal it
+#   ship ROOT ID NAME LEN...            write its files from stdin
+#   start ROOT ID USER OR_USER MEMORY PIDS CPU SANDBOX BWRAP_OPTION...
+#                                       start its runner, sandboxed
 #   kill ROOT ID PID START INODE        end a kernel, unjournal it
 #   recover ROOT GATEWAY INSTANCE       end what an earlier run left
 #
@@ -24,6 +28,13 @@ is_id() {
 
 is_number() {
     case $1 in *[!0-9]*|'') return 1 ;; esac
+}
+
+# a size or count for the shell's arithmetic: no sign, no leading zero
+# (octal there), not past 64 bits
+is_size() {
+    case $1 in *[!0-9]*|''|0?*) return 1 ;; esac
+    [ ${#1} -le 18 ]
 }
 
 journal_ok() {
@@ -93,6 +104,163 @@ kernel_dir() {
     ino=$(stat -c %i -- "$d") || exit 1
     printf '%s %s %s\n' "$gw" "$inst" "$ino" >"$j/$kid" || exit 1
     printf '%s\n%s\n' "$st" "$uid"
+}
+
+# The files' bytes one after another on stdin, each NAME exactly LEN bytes
+# of it ("head -c" reads no more from a pipe), each made new (noclobber: a
+# path there already, a planted link too, fails) 0600, in the dir "dir"
+# just made ours.  One shell for all of them: a round trip (over ssh) and
+# processes fewer a file.
+kernel_ship() {
+    if [ $# -lt 4 ] || [ $(($# % 2)) -ne 0 ]; then usage; fi
+    root=$1 kid=$2
+    shift 2
+    is_id "$kid" || { echo "bad kernel id"; exit 2; }
+
+    # all checked before anything is written
+    i=0
+    for a in "$@"; do
+        if [ $((i % 2)) -eq 0 ]; then
+            case $a in ''|.|..|*/*) echo "bad file name"; exit 2 ;; esac
+        else
+            is_number "$a" || { echo "bad number"; exit 2; }
+        fi
+        i=$((i + 1))
+    done
+
+    d=$root/hermes_rkernel_$kid
+    set -C
+    while [ $# -gt 0 ]; do
+        head -c "$2" >"$d/$1" || exit 1
+        shift 2
+    done
+}
+
+# The runner starts in its dir: kernel.env becomes its fd 3 and is
+# unlinked at once, so the token is in no process's environment or argv;
+# it leads its own process group (setsid) and, sandboxed, is bwrap's
+# child; -I: no script directory, user site or PYTHON* variables on its
+# path.  USER (empty: the spawn is not root's) is the user a root spawn
+# hands the dir and the kernel to, OR_USER (empty: none) the one used
+# where USER does not exist.  MEMORY (bytes; 0: no limits), PIDS and CPU
+# (microseconds a 100 ms; 0: none) are cgroups as root, else RLIMIT_AS.
+# SANDBOX: off, bwrap, or auto (bwrap where it is installed).  Prints the
+# pid of the kernel's process group, then the uid the kernel runs as.
+kernel_start() {
+    [ $# -ge 8 ] || usage
+    root=$1 kid=$2 user=$3 or_user=$4 memory=$5 pids=$6 cpu=$7 sandbox=$8
+    shift 8
+    is_id "$kid" || { echo "bad kernel id"; exit 2; }
+    if ! is_size "$memory" || ! is_size "$pids" || ! is_size "$cpu"; then
+        echo "bad number"
+        exit 2
+    fi
+    case $sandbox in
+        off|bwrap|auto) ;;
+        *) echo "bad sandbox"; exit 2 ;;
+    esac
+
+    cd -- "$root/hermes_rkernel_$kid" || exit 1
+
+    if [ -n "$user" ]; then
+        u=$user
+        if [ -n "$or_user" ] && ! id -u -- "$u" >/dev/null 2>&1; then
+            u=$or_user
+        fi
+    fi
+
+    # a subshell of its own, detached: the command returns at once
+    runner "$@" >runner.log 2>&1 </dev/null &
+    echo $!
+
+    # its status is the command's
+    if [ -n "$user" ]; then
+        exec id -u -- "$u"
+    fi
+    exec id -u
+}
+
+# the subshell that becomes the kernel (exec all the way: $! is its pid)
+runner() {
+    exec 3<./kernel.env && rm -f ./kernel.env && export HERMES_ENV_FD=3 \
+        || exit 1
+
+    if [ -n "$user" ]; then
+        # never root: the directory and the kernel go to the user
+        chown -R -- "$u:$(id -g -- "$u")" . || exit 1
+    fi
+
+    if [ "$sandbox" != off ] && [ "$memory" != 0 ]; then
+        limits
+    fi
+
+    case $sandbox in
+        off)
+            run python3 -I kernel_runner.py ;;
+        auto)
+            # the default sandboxes where bwrap is, and says so where not
+            if ! command -v bwrap >/dev/null; then
+                echo 'hermes: bwrap is not installed, the kernel runs without a sandbox' >&2
+                run python3 -I kernel_runner.py
+            fi ;;
+    esac
+
+    # bwrap's parent is a shell that waits for it, in the kernel's process
+    # group: --die-with-parent must see a parent that lives as long as the
+    # kernel, not this command's shell, which exits at once (bwrap, and
+    # the kernel with it, died whenever bwrap had set up the parent's
+    # death signal before that shell was gone)
+    # shellcheck disable=SC2016 # $@ is the inner shell's
+    run sh -c '"$@"; exit $?' hermes-kernel bwrap "$@" \
+        python3 -I kernel_runner.py
+}
+
+# the runner's start, this shell's pid kept (exec); as root, as the user
+run() {
+    if [ -n "$user" ]; then
+        exec setsid setpriv --reuid="$u" --regid="$(id -g -- "$u")" \
+            --clear-groups --no-new-privs -- "$@"
+    fi
+
+    exec setsid "$@"
+}
+
+# As root, a cgroup of the kernel's own, joined by this shell ("0": the
+# writer) so that everything it starts is in it: v2, else v1, else
+# RLIMIT_AS.  Not as root, RLIMIT_AS alone: RLIMIT_NPROC would count every
+# process of the user (nginx's own, as a worker that is not root).
+limits() {
+    if [ -z "$user" ]; then
+        # shellcheck disable=SC3045 # dash's, bash's and busybox's have -v
+        ulimit -v $((memory / 1024))
+        return
+    fi
+
+    k=hermes/$kid
+    c=/sys/fs/cgroup
+
+    if [ -f $c/cgroup.controllers ]; then
+        mkdir -p $c/hermes \
+            && echo '+memory +pids +cpu' >$c/hermes/cgroup.subtree_control 2>/dev/null
+        { mkdir "$c/$k" \
+            && echo "$memory" >"$c/$k/memory.max" \
+            && echo "$pids" >"$c/$k/pids.max" \
+            && { [ "$cpu" = 0 ] || echo "$cpu 100000" >"$c/$k/cpu.max"; } \
+            && echo 0 >"$c/$k/cgroup.procs"; } || exit 1
+
+    elif [ -w $c/memory ]; then
+        { mkdir -p "$c/memory/$k" "$c/pids/$k" "$c/cpu/$k" \
+            && echo "$memory" >"$c/memory/$k/memory.limit_in_bytes" \
+            && echo "$pids" >"$c/pids/$k/pids.max" \
+            && { [ "$cpu" = 0 ] || echo "$cpu" >"$c/cpu/$k/cpu.cfs_quota_us"; } \
+            && for h in memory pids cpu; do
+                   echo 0 >"$c/$h/$k/cgroup.procs"
+               done; } || exit 1
+
+    else
+        # shellcheck disable=SC3045 # as above
+        ulimit -v $((memory / 1024))
+    fi
 }
 
 # A PID (0: none) started at another time than START (0: not known yet, a
@@ -171,14 +339,21 @@ kernel_recover() {
     done
 }
 
-uid=$(id -u)
+usage() {
+    echo "usage: dir|ship|start|kill|recover ARG..."
+    exit 2
+}
+
 verb=${1-}
 [ $# -gt 0 ] && shift
 
+# uid: the journal's owner (not needed, not run, for ship and start)
 case $verb:$# in
-    dir:4)     kernel_dir "$@" ;;
-    kill:5)    kernel_kill "$@" ;;
-    recover:3) kernel_recover "$@" ;;
-    *)         echo "usage: dir|kill|recover ARG..."; exit 2 ;;
+    dir:4)     uid=$(id -u); kernel_dir "$@" ;;
+    ship:*)    kernel_ship "$@" ;;
+    start:*)   kernel_start "$@" ;;
+    kill:5)    uid=$(id -u); kernel_kill "$@" ;;
+    recover:3) uid=$(id -u); kernel_recover "$@" ;;
+    *)         usage ;;
 esac
 exit 0
