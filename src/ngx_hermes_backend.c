@@ -95,7 +95,8 @@ ngx_http_hermes_backend_exec(ngx_http_hermes_conn_t *conn,
 
 /*
  * A command as logs show it, escaped: a script with arguments as
- * "sh -c SCRIPT hermes ARG..." (its text is in src/remote/), or the text.
+ * "sh -c SCRIPT hermes ARG..." (its text is in src/remote/; an empty
+ * argument shown as ''), or the text.
  */
 
 u_char *
@@ -111,6 +112,11 @@ ngx_http_hermes_cmd_text(u_char *p, u_char *last, ngx_http_hermes_cmd_t *cmd)
     p = ngx_slprintf(p, last, "sh -c SCRIPT hermes");
 
     for (i = 0; cmd->args[i]; i++) {
+        if (cmd->args[i][0] == '\0') {
+            p = ngx_slprintf(p, last, " ''");
+            continue;
+        }
+
         p = ngx_slprintf(p, last, " ");
         p = ngx_http_hermes_log_escape(p, last, (u_char *) cmd->args[i],
                                        ngx_strlen(cmd->args[i]), 0);

@@ -187,7 +187,7 @@ for my $case (@cases) {
     my @sent = ($s->commands)[$n0 .. (() = $s->commands) - 1];
     my ($dir, $kid) = map { m{^sh -c SCRIPT hermes dir (\S+) ([0-9a-f]{32}) } ? ("$1/hermes_rkernel_$2", $2) : () } @sent;
     ok($dir, "$how: the directory step ran") or diag explain \@sent;
-    is(join("\n", grep { /cat >|kernel_runner\.py|kernel\.env|setsid/ } @sent), '',
+    is(join("\n", grep { /^sh -c SCRIPT hermes (?:ship|start) |kernel_runner\.py|kernel\.env|setsid/ } @sent), '',
         "$how: nothing shipped, nothing started");
     ok(scalar(grep { /^sh -c SCRIPT hermes kill \S+ \Q$kid\E / } @sent), "$how: the path made is removed")
         if $dir;

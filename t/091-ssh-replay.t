@@ -1,18 +1,20 @@
 #!/usr/bin/perl
 # SPDX-License-Identifier: BSD-2-Clause
-# The spawn commands of docs/internals.md ("Spawn"), which the module sends
-# to the kernel host's shell (over ssh: the login shell's `-c`), replayed
+# The spawn commands of docs/internals.md ("Spawn"), which the module
+# runs on the kernel host (over ssh: as EXECs of its agent), replayed
 # through real shells under a temp root, payloads on stdin.
 #
-# The directory and kill steps are src/remote/hermes_kernel.sh, run with
-# argv ("dir ROOT ID GATEWAY INSTANCE", "kill ROOT ID PID START INODE";
-# its hostile-argument cases are t/033's).  The ship step is read out of
-# the C source (ngx_slprintf format strings, one piece a file).  The start command is composed at run
-# time (hermes_sandbox, root or not), so it is recorded from a real nginx
-# (its debug log shows every step's command), once with "hermes_sandbox
-# off" and once with the default bwrap sandbox, and replayed with this
-# test's kernel directory and id.  Every command is also checked against
-# docs/internals.md: the test fails when the docs drift from what is sent.
+# Every step is a verb of src/remote/hermes_kernel.sh, run with argv as
+# the module runs it (sh -c SCRIPT hermes VERB ARG...): "dir ROOT ID
+# GATEWAY INSTANCE", "ship ROOT ID NAME LEN...", "start ROOT ID USER
+# OR_USER MEMORY PIDS CPU SANDBOX BWRAP_OPTION...", "kill ROOT ID PID
+# START INODE" (their hostile-argument cases are t/033's).  The start's
+# arguments are composed at run time (hermes_sandbox, root or not), so
+# they are recorded from a real nginx (its debug log shows every step's
+# command), once with "hermes_sandbox off" and once with the default bwrap
+# sandbox, and replayed with this test's kernel directory and id.  Every
+# command is also checked against docs/internals.md: the test fails when
+# the docs drift from what is sent.
 
 use strict;
 use warnings;
@@ -34,6 +36,11 @@ $SIG{$_} = sub { exit 1 } for qw(INT TERM HUP);
 my $ROOT = Hermes::Test::repo_root();
 my $C_KERNEL = "$ROOT/src/ngx_hermes_kernel.c";
 my $SCRIPT = slurp("$ROOT/src/remote/hermes_kernel.sh") // die "no hermes_kernel.sh";
+# the script with its start waited for at the end: the runner's exit code,
+# the outer shell's environment and variables then
+(my $WAITED = $SCRIPT) =~ s/\bexec (id -u)\b/$1/g == 1 or die "hermes_kernel.sh: not one exec id -u";
+$WAITED =~ s/\nexit 0\n\z/\nwait \$!; echo "rc=\$?"; echo "--- env"; env; echo "--- set"; set\n/
+    or die "hermes_kernel.sh does not end with exit 0";
 my ($GW, $INST) = ('0123456789abcdef', 'fedcba9876543210');
 my $DOCS = "$ROOT/docs/internals.md";
 my $PY = -x '/usr/bin/python3' ? '/usr/bin/python3' : undef;
@@ -49,24 +56,22 @@ diag 'bwrap not installed (Debian package bubblewrap): sandbox off only'
 
 my %DOC = (
     dirs  => 'sh -c SCRIPT hermes dir ROOT ID GATEWAY INSTANCE',
-    ship  => 'set -C; umask 077 && head -c LEN >DIR/NAME',
+    ship  => 'sh -c SCRIPT hermes ship ROOT ID kernel_runner.py LEN hermes_tools.py LEN kernel.env LEN',
+    start => 'sh -c SCRIPT hermes start ROOT ID USER OR_USER MEMORY PIDS CPU SANDBOX BWRAP_OPTION...',
     kill  => 'sh -c SCRIPT hermes kill ROOT ID PID START INODE',
 );
 
-# the start step: DIR single-quoted; the pieces and where they go
+# the start step's arguments: as not root without a sandbox, and the
+# pieces that replace some of them as root and with the default sandbox
 my %START = (
-    base     => q{umask 077; cd DIR || exit 1; { ( exec 3<./kernel.env && rm -f ./kernel.env && export HERMES_ENV_FD=3 || exit 1; r() { exec setsid "$@"; }; r python3 -I kernel_runner.py ) >runner.log 2>&1 </dev/null & } && echo $! && id -u},
-    user     => q{u=hermes-kernel; id -u "$u" >/dev/null 2>&1 || u=nobody;},
-    chown    => q{chown -R -- "$u:$(id -g "$u")" . || exit 1;},
-    setpriv  => q{r() { exec setsid setpriv --reuid="$u" --regid="$(id -g "$u")" --clear-groups --no-new-privs -- "$@"; };},
-    cgroup   => q{k=hermes/KID; c=/sys/fs/cgroup; if [ -f $c/cgroup.controllers ]; then mkdir -p $c/hermes && echo '+memory +pids +cpu' > $c/hermes/cgroup.subtree_control 2>/dev/null; mkdir $c/$k && echo MEMORY > $c/$k/memory.max && echo PIDS > $c/$k/pids.max && echo 0 > $c/$k/cgroup.procs || exit 1; elif [ -w $c/memory ]; then mkdir -p $c/memory/$k $c/pids/$k $c/cpu/$k && echo MEMORY > $c/memory/$k/memory.limit_in_bytes && echo PIDS > $c/pids/$k/pids.max && for d in memory pids cpu; do echo 0 > $c/$d/$k/cgroup.procs; done || exit 1; else ulimit -v MEMORY_KB; fi;},
-    ulimit   => q{ulimit -v MEMORY_KB;},
-    fallback => q{command -v bwrap >/dev/null || { echo 'hermes: bwrap is not installed, the kernel runs without a sandbox' >&2; r python3 -I kernel_runner.py; };},
-    bwrap    => q{r sh -c '"$@"; exit $?' hermes-kernel bwrap --unshare-all --share-net --die-with-parent --new-session --ro-bind /usr /usr --symlink usr/lib /lib --symlink usr/lib64 /lib64 --symlink usr/bin /bin --symlink usr/sbin /sbin --ro-bind /etc /etc --proc /proc --dev /dev --size TMP --tmpfs /dev/shm --remount-ro /dev --size TMP --tmpfs /tmp --symlink ../tmp /var/tmp --bind DIR DIR --chdir DIR --remount-ro / --setenv PATH /usr/local/bin:/usr/bin:/bin --setenv HOME /tmp python3 -I kernel_runner.py},
+    base     => q{sh -c SCRIPT hermes start ROOT ID '' '' 0 0 0 off},
+    user     => q{hermes-kernel nobody},
+    limits   => q{MEMORY PIDS CPU auto},
+    bwrap    => q{--unshare-all --share-net --die-with-parent --new-session --ro-bind /usr /usr --symlink usr/lib /lib --symlink usr/lib64 /lib64 --symlink usr/bin /bin --symlink usr/sbin /sbin --ro-bind /etc /etc --proc /proc --dev /dev --size TMP --tmpfs /dev/shm --remount-ro /dev --size TMP --tmpfs /tmp --symlink ../tmp /var/tmp --bind DIR DIR --chdir DIR --remount-ro / --setenv PATH /usr/local/bin:/usr/bin:/bin --setenv HOME /tmp},
 );
 
 my $docs = slurp($DOCS) // '';
-for my $k (qw(dirs ship kill)) {
+for my $k (sort keys %DOC) {
     ok(index($docs, "`$DOC{$k}`") >= 0, "docs/internals.md still documents the $k step as tested")
         or diag "expected in $DOCS:\n  `$DOC{$k}`";
 }
@@ -87,21 +92,45 @@ sub doc_start {
         die "docs piece not found: $old\n" if $i < 0;
         substr($s, $i, length $old) = $new;
     };
-    if ($root) {
-        $put->('cd DIR || exit 1;', "cd DIR || exit 1; $START{user}");
-        $put->('export HERMES_ENV_FD=3 || exit 1;', "export HERMES_ENV_FD=3 || exit 1; $START{chown}");
-        $put->('r() { exec setsid "$@"; };', $START{setpriv});
-        $s .= ' "$u"';
-    }
-    if ($mode eq 'bwrap') {
-        $put->('r() {', ($root ? $START{cgroup} : $START{ulimit}) . ' r() {');
-        $put->('r python3 -I kernel_runner.py )', "$START{fallback} $START{bwrap} )");
-    }
+    $put->(q{'' ''}, $START{user}) if $root;
+    $put->('0 0 0 off', "$START{limits} $START{bwrap}") if $mode eq 'bwrap';
     return $s;
 }
 
+# the arguments of a logged command ("sh -c SCRIPT hermes ARG..."): split
+# on blanks (this test's paths have none), '' an empty one
+sub logged_args {
+    my ($text) = @_;
+    $text =~ s/^sh -c SCRIPT hermes // or return ();
+    return map { $_ eq "''" ? '' : $_ } split / /, $text;
+}
+
 ###############################################################################
-# the commands as the C code builds them
+# the kernel.env the C code writes
+
+my @kernel_c = c_strings($C_KERNEL);
+ok(scalar @kernel_c, "read the string literals of $C_KERNEL") or BAIL_OUT("no $C_KERNEL");
+
+my %C;
+for my $r (@kernel_c) {
+    push @{ $C{envfmt} }, $r->[0] if $r->[0] =~ /^HERMES_RPC_TOKEN=/;
+}
+is(scalar @{ $C{envfmt} || [] }, 1, 'exactly one kernel.env format string in the C source')
+    or diag explain $C{envfmt};
+$C{envfmt} = $C{envfmt}[0] // '';
+like($C{envfmt}, qr/^HERMES_RPC_TOKEN='%s'\nHERMES_KERNEL_ID='%\*s'\nHERMES_IDLE_TIMEOUT='%ui'\n$/,
+    'C kernel.env: single-quoted KEY=value lines');
+
+# no file of the module builds a kernel host command as shell text any
+# more: what runs there is src/remote/, values as arguments
+for my $f (sort(glob("$ROOT/src/*.c")), "$ROOT/ngx_hermes_module.c") {
+    next unless -f $f;
+    for my $r (c_strings($f)) {
+        ok(0, "$f:$r->[1]: no shell text of a spawn step") or diag $r->[0]
+            if $r->[0] =~ /umask 077|head -c|\bsetsid\b|\bbwrap --|\bcd '|exec 3</;
+    }
+}
+ok(1, 'the C sources were searched for shell text');
 
 # every run of adjacent C string literals in a file: [text, line]
 sub c_strings {
@@ -136,86 +165,13 @@ sub c_strings {
     return @runs;
 }
 
-my @kernel_c = c_strings($C_KERNEL);
-ok(scalar @kernel_c, "read the string literals of $C_KERNEL") or BAIL_OUT("no $C_KERNEL");
-
-my %C;
-for my $r (@kernel_c) {
-    my $s = $r->[0];
-    if ($s eq 'set -C; umask 077')                      { push @{ $C{ship} }, $s }
-    elsif ($s =~ /^ && head -c %uz >'%s\/%V'$/)            { push @{ $C{shipfile} }, $s }
-    elsif ($s =~ /^HERMES_RPC_TOKEN=/)                     { push @{ $C{envfmt} }, $s }
-}
-for my $k (qw(ship shipfile envfmt)) {
-    is(scalar @{ $C{$k} || [] }, 1, "exactly one $k format string in the C source")
-        or diag explain $C{$k};
-    $C{$k} = $C{$k}[0] // '';
-}
-
-# C format -> documented form: quotes dropped, %s -> DIR, %V -> NAME,
-# %*s -> KID, %P -> PID, %uz -> LEN, blanks single
-sub c_to_doc {
-    my ($f, $name) = @_;
-    $name //= 'NAME';
-    (my $s = $f) =~ s/'//g;
-    $s =~ s{%(%|s|V|\*s|P|uz)}{
-        $1 eq '%' ? '%' : $1 eq 's' ? 'DIR' : $1 eq 'V' ? $name : $1 eq 'P' ? 'PID'
-        : $1 eq 'uz' ? 'LEN' : 'KID'
-    }ge;
-    $s =~ s/  +/ /g;
-    return $s;
-}
-
-# C format -> the command sent, for a directory and a file name (for the
-# directory step: the root)
-sub c_cmd {
-    my ($f, $dir, $name) = @_;
-    $name //= $dir =~ s{/[^/]*$}{}r;
-    my @bad = grep { !/^%[%sV]$/ } $f =~ /(%.)/gs;
-    die "unexpected conversion(s) @bad in C format: $f\n" if @bad;
-    die "directory holds a single quote: $dir\n" if $dir =~ /'/;
-    (my $s = $f) =~ s{%(%|s|V)}{$1 eq '%' ? '%' : $1 eq 's' ? $dir : $name}ge;
-    return $s;
-}
-
-# the ship step for a directory and [name, bytes] pairs, as C builds it:
-# the command, and the payload (the files' bytes one after another)
-sub ship_cmd {
+# the ship step for a directory and [name, bytes] pairs, as the module
+# runs it: the arguments, and the payload (the bytes one after another)
+sub ship_args {
     my ($dir, @files) = @_;
-    die "directory holds a single quote: $dir\n" if $dir =~ /'/;
-    my $s = $C{ship};
-    for my $f (@files) {
-        (my $piece = $C{shipfile}) =~ s{%(uz|s|V)}{
-            $1 eq 'uz' ? length $f->[1] : $1 eq 's' ? $dir : $f->[0]
-        }ge;
-        $s .= $piece;
-    }
-    return ($s, join '', map { $_->[1] } @files);
-}
-
-is(c_to_doc($C{ship} . $C{shipfile}), $DOC{ship}, 'C ship step (one file) = docs');
-for my $k (qw(ship shipfile)) {
-    my @conv = $C{$k} =~ /(%uz|%.)/gs;
-    ok(!grep({ !/^%(?:[%sV]|uz)$/ } @conv), "C $k step: only %s/%V/%uz conversions")
-        or diag "@conv";
-    unlike($C{$k}, qr/TOKEN/, "C $k step: no token on the command line");
-}
-like($C{envfmt}, qr/^HERMES_RPC_TOKEN='%s'\nHERMES_KERNEL_ID='%\*s'\nHERMES_IDLE_TIMEOUT='%ui'\n$/,
-    'C kernel.env: single-quoted KEY=value lines');
-
-# any other file of the module that builds a command of this protocol must
-# build it the same way (say, an ssh backend with its own copies)
-{
-    my %known = map { $_->[0] => 1 } grep { $_->[0] =~ /^umask 077/ } @kernel_c;
-    for my $f (sort glob("$ROOT/src/*.c"), "$ROOT/ngx_hermes_module.c") {
-        next if $f eq $C_KERNEL || !-f $f;
-        for my $r (c_strings($f)) {
-            my $s = $r->[0];
-            next unless $s =~ /^umask 077/;
-            ok($known{$s}, "$f:$r->[1]: spawn command identical to the tested ones")
-                or diag "untested spawn command: $s";
-        }
-    }
+    my ($root, $kid) = $dir =~ m{^(.*)/hermes_rkernel_([^/]*)$} or die "not a kernel dir: $dir\n";
+    return (['ship', $root, $kid, map { ($_->[0], length $_->[1]) } @files],
+            join '', map { $_->[1] } @files);
 }
 
 ###############################################################################
@@ -274,8 +230,9 @@ CONF
         is_deeply([ sort keys %by ], [ 'directory setup', 'ship', 'start' ],
             "$mode: the steps of its spawn logged");
 
-        # what the C format strings give is what was sent
+        # the script, its values as arguments
         my $groot = $t->kroot;
+        die "the kernels root holds a blank: $groot\n" if $groot =~ /\s/;
         like(($by{'directory setup'} || [])->[0] // '',
             qr/^sh -c SCRIPT hermes dir \Q$groot\E \Q$kid\E [0-9a-f]{16} [0-9a-f]{16}$/,
             "$mode: the directory step: the script, its values as arguments");
@@ -283,40 +240,47 @@ CONF
         # kernel.env last (the start step reads it)
         my @ship = @{ $by{ship} || [] };
         is(scalar @ship, 1, "$mode: one ship step");
-        my @files = ($ship[0] // '') =~ / && head -c (\d+) >'\Q$dir\E\/([\w.]+)'/g;
+        my ($verb, $sroot, $skid, @files) = logged_args($ship[0] // '');
+        is("$verb $sroot $skid", "ship $groot $kid", "$mode: the ship step: the root and the id")
+            or diag $ship[0];
         my %len;
         my @names;
-        while (@files) { my ($l, $n) = splice @files, 0, 2; $len{$n} = $l; push @names, $n }
-        is($names[-1], 'kernel.env', "$mode: kernel.env shipped last")
+        while (@files) { my ($n, $l) = splice @files, 0, 2; $len{$n} = $l; push @names, $n }
+        is("@names", 'kernel_runner.py hermes_tools.py kernel.env',
+            "$mode: the runner, the tools client, kernel.env last")
             or diag $ship[0];
         for my $py (qw(kernel_runner.py hermes_tools.py)) {
             is($len{$py}, -s "$ROOT/src/remote/$py", "$mode: $py shipped, its length as in src/remote/");
         }
-        is($ship[0], (ship_cmd($dir, map { [$_, 'x' x $len{$_}] } @names))[0],
-            "$mode: the ship step sent = C");
+        (my $sd = $ship[0] // '') =~ s/^(sh -c SCRIPT hermes ship) \Q$groot $kid\E/$1 ROOT ID/;
+        $sd =~ s/ \d+\b/ LEN/g;
+        is($sd, $DOC{ship}, "$mode: the ship step sent = docs");
 
         my $start = ($by{start} || [])->[0] // '';
         is(scalar @{ $by{start} || [] }, 1, "$mode: one start command");
-        like($start, $AS_ROOT ? qr/ && id -u "\$u"$/ : qr/ && id -u$/,
+        like($start, $mode eq 'bwrap' ? qr{ --setenv HOME /tmp$} : qr/ off$/,
             "$mode: the start command logged whole (one line, not cut)");
-        unlike($start, qr/TOKEN/, "$mode: no token on the start command line");
+        unlike($start, qr/TOKEN|[0-9a-f]{64}/, "$mode: no token on the start command line");
 
-        # docs: the recorded command, DIR and KID for this kernel's
-        (my $d = $start) =~ s/\Q'$dir'\E/DIR/g;
-        $d =~ s/\Q$kid\E/KID/g;
-        $d =~ s/\b1073741824\b/MEMORY/g;
-        $d =~ s/\b1048576\b/MEMORY_KB/g;
-        $d =~ s/\b67108864\b/TMP/g;
-        $d =~ s/\b256\b/PIDS/g;
-        is($d, doc_start($AS_ROOT, $mode),
+        # docs: the recorded arguments, each value named as docs name it
+        my @a = logged_args($start);
+        my @d = @a;
+        @d[0 .. 2] = ('start', 'ROOT', 'ID') if $a[1] eq $groot && $a[2] eq $kid;
+        if ($mode eq 'bwrap') {
+            is("@a[5 .. 7]", '1073741824 256 0', "$mode: the default limits: 1 GiB, 256 pids, no CPU quota");
+            @d[5 .. 7] = qw(MEMORY PIDS CPU);
+            $_ = $_ eq $dir ? 'DIR' : $_ eq '67108864' ? 'TMP' : $_ for @d[9 .. $#d];
+        }
+        my $doc = join ' ', 'sh -c SCRIPT hermes', map { $_ eq '' ? "''" : $_ } @d;
+        is($doc, doc_start($AS_ROOT, $mode),
             "$mode: the start command sent = docs (" . ($AS_ROOT ? 'as root' : 'not root') . ')');
 
-        $REC{$mode} = { start => $start, dir => $dir, kid => $kid };
+        $REC{$mode} = { args => \@a, dir => $dir, kid => $kid, root => $groot };
     }
 }
 for my $mode (@MODES) {
     die "no start command recorded for sandbox $mode: nothing to replay\n"
-        unless length $REC{$mode}{start} && $REC{$mode}{kid};
+        unless @{ $REC{$mode}{args} || [] } && $REC{$mode}{kid};
 }
 
 ###############################################################################
@@ -508,21 +472,23 @@ sub env_payload {
     return $f;
 }
 
-# the recorded start command, for this test's directory and kernel id
-sub start_cmd {
+# the recorded start arguments, for this test's directory and kernel id
+sub start_args {
     my ($mode, $dir, $kid) = @_;
     my $rec = $REC{$mode} or die "no start command recorded for $mode\n";
-    die "directory holds a single quote: $dir\n" if $dir =~ /'/;
-    (my $s = $rec->{start}) =~ s/\Q'$rec->{dir}'\E/'$dir'/g;
-    $s =~ s/\Q$rec->{kid}\E/$kid/g;
+    my ($root) = $dir =~ m{^(.*)/hermes_rkernel_[^/]*$} or die "not a kernel dir: $dir\n";
+    my @a = @{ $rec->{args} };
+    @a[1, 2] = ($root, $kid);
+    $_ eq $rec->{dir} and $_ = $dir for @a[3 .. $#a];
     push @KIDS, $kid;
-    return $s;
+    return @a;
 }
 
 # hermes_kernel.sh VERB ARG... as the module runs it
 sub run_script {
     my ($shell, @args) = @_;
-    return run_sh($shell, $SCRIPT, args => ['hermes', @args]);
+    my %o = ref $args[-1] eq 'HASH' ? %{ pop @args } : ();
+    return run_sh($shell, $o{script} // $SCRIPT, %o, args => ['hermes', @args]);
 }
 
 # the directory step for a kernel dir ROOT/hermes_rkernel_KID
@@ -621,16 +587,16 @@ sub prepare {
     my ($sh, $shell, $dir, %o) = @_;
     my $r = run_dirs($shell, $dir);
     is($r->{out}, dirs_out($dir), "$sh: $o{what}: directories made") or diag $r->{err};
-    my ($cmd, $in) = ship_cmd($dir, (map { [$_, $o{files}{$_}] } sort keys %{ $o{files} }),
+    my ($args, $in) = ship_args($dir, (map { [$_, $o{files}{$_}] } sort keys %{ $o{files} }),
         ['kernel.env', env_payload($o{token}, $o{kid}, $o{idle} // 0)]);
-    $r = run_sh($shell, $cmd, stdin => $in);
+    $r = run_script($shell, @$args, { stdin => $in });
     is($r->{rc}, 0, "$sh: $o{what}: shipped its files and kernel.env") or diag $r->{err};
 }
 
 # start: prints the pid and the kernel's uid, at once
 sub start {
     my ($sh, $shell, $mode, $dir, $kid, $what) = @_;
-    my $r = run_sh($shell, start_cmd($mode, $dir, $kid));
+    my $r = run_script($shell, start_args($mode, $dir, $kid));
     is($r->{rc}, 0, "$sh: $what: start exits 0") or diag $r->{err};
     like($r->{out}, qr/^\d+\n\d+\n$/, "$sh: $what: start prints the pid and the uid")
         or diag $r->{out};
@@ -666,8 +632,8 @@ for my $shell ('/bin/sh', '/bin/bash') {
     my $env = env_payload($token, $kid, 1830);
     my @ship = (['kernel_runner.py', $runner], ['hermes_tools.py', $tools], ['kernel.env', $env]);
     {
-        my ($c, $in) = ship_cmd($dir, @ship);
-        $r = run_sh($shell, $c, stdin => $in);
+        my ($args, $in) = ship_args($dir, @ship);
+        $r = run_script($shell, @$args, { stdin => $in });
     }
     is($r->{rc}, 0, "$sh: ship exits 0") or diag $r->{err};
     is(slurp("$dir/kernel_runner.py"), $runner, "$sh: runner shipped byte for byte");
@@ -680,11 +646,11 @@ for my $shell ('/bin/sh', '/bin/bash') {
     # noclobber: a path there already (a planted link) fails the step and
     # nothing is written through it
     {
-        my $d = "$root/clobber";
+        my $d = "$root/hermes_rkernel_" . new_kid();
         mkdir $d, 0700 or die;
         symlink "$root/clobber-target", "$d/kernel_runner.py" or die;
-        my ($c, $in) = ship_cmd($d, ['kernel_runner.py', "x\n"]);
-        $r = run_sh($shell, $c, stdin => $in);
+        my ($args, $in) = ship_args($d, ['kernel_runner.py', "x\n"]);
+        $r = run_script($shell, @$args, { stdin => $in });
         isnt($r->{rc}, 0, "$sh: shipping over an existing path fails");
         ok(!-e "$root/clobber-target", "$sh: ... and writes nothing through a link");
     }
@@ -732,12 +698,12 @@ for my $shell ('/bin/sh', '/bin/bash') {
 
     my $gone = "$root/hermes_rkernel_" . new_kid();
     {
-        my ($c, $in) = ship_cmd($gone, ['kernel_runner.py', "x\n"]);
-        $r = run_sh($shell, $c, stdin => $in);
+        my ($args, $in) = ship_args($gone, ['kernel_runner.py', "x\n"]);
+        $r = run_script($shell, @$args, { stdin => $in });
     }
     isnt($r->{rc}, 0, "$sh: shipping into a missing DIR fails");
     for my $mode (@MODES) {
-        $r = run_sh($shell, start_cmd($mode, $gone, new_kid()));
+        $r = run_script($shell, start_args($mode, $gone, new_kid()));
         isnt($r->{rc}, 0, "$sh: $mode: start in a missing DIR fails");
         is($r->{out}, '', "$sh: $mode: and prints no pid");
     }
@@ -883,8 +849,7 @@ for my $shell ('/bin/sh', '/bin/bash') {
         my $wdir = "$root/hermes_rkernel_$wkid";
         prepare($m, $shell, $wdir, what => 'waited', kid => $wkid, token => $wtoken,
             files => { 'kernel_runner.py' => standin_runner(sleep => 1.5, exit => 7) });
-        my $h = sh_start($shell, start_cmd($mode, $wdir, $wkid)
-            . '; wait $!; echo "rc=$?"; echo "--- env"; env; echo "--- set"; set');
+        my $h = sh_start($shell, $WAITED, args => ['hermes', start_args($mode, $wdir, $wkid)]);
         ok(wait_until(sub { -e "$wdir/standin.json" }, 10), "$m: waited: the runner is up");
         my @wtree = proc_tree($h->{pid});
         my $wenv = all_environs();

@@ -173,11 +173,8 @@ kernel_start() {
     runner "$@" >runner.log 2>&1 </dev/null &
     echo $!
 
-    # its status is the command's
-    if [ -n "$user" ]; then
-        exec id -u -- "$u"
-    fi
-    exec id -u
+    # its status is the command's: the kernel user's uid, else ours
+    exec id -u -- ${user:+"$u"}
 }
 
 # the subshell that becomes the kernel (exec all the way: $! is its pid)

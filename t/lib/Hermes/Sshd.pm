@@ -154,12 +154,18 @@ close \$p;
 exit(\$? >> 8);
 PL
         # a script run with arguments (sh -c SCRIPT hermes ARG...) is
-        # recorded as the logs show it: "sh -c SCRIPT hermes ARG..."
+        # recorded as the logs show it: "sh -c SCRIPT hermes ARG...", an
+        # empty argument as ''
         _write("$dir/exec-hook", <<"SH", 0700);
 #!/bin/bash
 c=\$2
 shift 2
-if [ \$# -gt 1 ]; then shown="sh -c SCRIPT \$*"; else shown=\$c; fi
+if [ \$# -gt 1 ]; then
+    shown="sh -c SCRIPT"
+    for a in "\$@"; do shown="\$shown \${a:-"''"}"; done
+else
+    shown=\$c
+fi
 /usr/bin/perl -MJSON::PP -e 'print JSON::PP->new->allow_nonref->ascii->encode(\$ARGV[0]), "\\n"' -- "\$shown" >>'$cf'
 [ -x '$dir/hook' ] && SSH_ORIGINAL_COMMAND="\$shown" '$dir/hook' </dev/null >/dev/null 2>&1
 exec /bin/bash -c "\$c" "\$@"
