@@ -56,8 +56,21 @@ $t->write_conf(<<'CONF');
             hermes_execute;
             hermes_sandbox bwrap cpu=20;
         }
+
+        location = /ro {
+            hermes_execute;
+            hermes_sandbox bwrap user=nobody "ro=%%PREFIX%%/sha red";
+        }
     }
 CONF
+# what ro= shows the kernel, by a name with a blank
+mkdir $t->prefix . '/sha red', 0755 or die;
+{
+    open my $f, '>', $t->prefix . '/sha red/hello' or die;
+    print $f "hello\n";
+    close $f;
+    chmod 0644, $t->prefix . '/sha red/hello';
+}
 $t->run;
 
 sub run_as {
@@ -237,6 +250,19 @@ SKIP: {
     skip 'no writable cgroup hierarchy here', 1 unless @q;
     my $q = do { local $/; open my $f, '<', $q[0] or die; <$f> };
     like($q, qr/^(?:20000 100000|20000)$/, "cpu=20: the kernel's CPU quota is 20% of one CPU ($q[0])");
+}
+
+# ro=PATH: that path, read-only, in the sandbox; user=: the kernel's
+# user as root
+{
+    my $p = $t->prefix . '/sha red';
+    $r = $t->execute('/ro', {session => 'ro', code => "import os\n"
+        . "print(open('$p/hello').read().strip(), os.getuid())\n"
+        . "try:\n    open('$p/new', 'w')\nexcept OSError as e:\n    print('ro', e.errno)\n"});
+    my $uid = $> == 0 ? scalar getpwnam('nobody') : $>;
+    is($r->{result}{output} // '', "hello $uid\nro 30\n",
+        'ro= with a blank in its path: readable, read-only; user=nobody: the kernel runs as nobody (as root)')
+        or diag explain $r;
 }
 
 # off: no namespaces, still not root

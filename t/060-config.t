@@ -33,6 +33,7 @@ my @bad = (
     [ "hermes_zone kernels:1m;\nhermes_sandbox bwrap cpu=0;", qr/a percent of one CPU/, 'sandbox cpu 0' ],
     [ "hermes_zone kernels:1m;\nhermes_sandbox bwrap user=root;", qr/invalid hermes_sandbox parameter "user=root"/, 'sandbox as root' ],
     [ "hermes_zone kernels:1m;\nhermes_sandbox bwrap ro=relative;", qr/invalid hermes_sandbox parameter "ro=relative"/, 'sandbox ro not absolute' ],
+    [ "hermes_zone kernels:1m;\nhermes_sandbox bwrap" . join('', map { " ro=/opt/$_" } 1 .. 33) . ";", qr/invalid hermes_sandbox "ro=\/opt\/33": at most 32 "ro=" paths/, 'sandbox with 33 ro= paths' ],
     [ "hermes_zone kernels:1m;\nhermes_sandbox bwrap colour=red;", qr/invalid hermes_sandbox parameter "colour=red"/, 'sandbox unknown option' ],
     [ "hermes_zone kernels:1m;\nhermes_sandbox bwrap;\nhermes_sandbox off;", qr/is duplicate/, 'sandbox twice' ],
     [ "hermes_zone kernels:1m;\nhermes_cell_timeout forever;", qr/hermes_cell_timeout/, 'cell timeout not a time' ],

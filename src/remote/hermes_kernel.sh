@@ -128,7 +128,13 @@ kernel_ship() {
         i=$((i + 1))
     done
 
+    # the dir "dir" made, never what a link in its place points to
     d=$root/hermes_rkernel_$kid
+    if [ -L "$d" ] || [ ! -d "$d" ]; then
+        echo "no kernel directory"
+        exit 1
+    fi
+
     set -C
     while [ $# -gt 0 ]; do
         head -c "$2" >"$d/$1" || exit 1
@@ -160,7 +166,19 @@ kernel_start() {
         *) echo "bad sandbox"; exit 2 ;;
     esac
 
-    cd -- "$root/hermes_rkernel_$kid" || exit 1
+    d=$root/hermes_rkernel_$kid
+    if [ -L "$d" ] || [ ! -d "$d" ]; then
+        echo "no kernel directory"
+        exit 1
+    fi
+
+    cd -- "$d" || exit 1
+
+    # as shipped, never a link: a root spawn opens it as root
+    if [ -L kernel.env ] || [ ! -f kernel.env ]; then
+        echo "no kernel.env"
+        exit 1
+    fi
 
     if [ -n "$user" ]; then
         u=$user
