@@ -20,6 +20,9 @@ static yajl_val ngx_http_hermes_mcp_parse(ngx_http_hermes_rpc_t *rpc,
 static yajl_val ngx_http_hermes_mcp_json(ngx_pool_t *pool, u_char *data,
     size_t len);
 static void ngx_http_hermes_mcp_gen(yajl_gen g, yajl_val v);
+static ngx_uint_t ngx_http_hermes_mcp_names_session(
+    ngx_http_hermes_rpc_call_t *call);
+static ngx_uint_t ngx_http_hermes_mcp_version_ours(const char *version);
 static void ngx_http_hermes_mcp_call_error(ngx_http_hermes_rpc_call_t *call,
     const char *fmt, ...);
 
@@ -93,7 +96,7 @@ ngx_http_hermes_mcp_next(ngx_http_hermes_rpc_t *rpc,
     ngx_http_hermes_rpc_call_t *call, ngx_int_t rc)
 {
     u_char                      *p;
-    size_t                       len, n;
+    size_t                       len, n, old;
     yajl_val                     root, v, tools, name;
     ngx_uint_t                   i, status;
     ngx_http_hermes_mcp_peer_t  *peer;
@@ -102,25 +105,31 @@ ngx_http_hermes_mcp_next(ngx_http_hermes_rpc_t *rpc,
     static const char  *pversion[] = { "result", "protocolVersion", NULL };
     static const char  *ptools[] = { "result", "tools", NULL };
     static const char  *pname[] = { "name", NULL };
+    static const char  *pcursor[] = { "result", "nextCursor", NULL };
     static const char  *perror[] = { "error", "message", NULL };
 
     peer = call->peer;
     status = ngx_http_hermes_rpc_status(call, rc);
 
+    if (call->used_session && !call->retried
+        && (status == NGX_HTTP_NOT_FOUND
+            || (status == NGX_HTTP_BAD_REQUEST
+                && ngx_http_hermes_mcp_names_session(call))))
+    {
+        /*
+         * the server forgot the session (404, as the transport says, or
+         * a 400 naming it, as some servers answer): a new one, once
+         */
+        call->ms.session_len = 0;
+        call->ms.version_len = 0;
+        call->retried = 1;
+        call->used_session = 0;
+        call->cursor.len = 0;
+        call->step = NGX_HTTP_HERMES_MCP_INIT;
+        goto next;
+    }
+
     if (call->step == NGX_HTTP_HERMES_MCP_CALL) {
-
-        if (status == NGX_HTTP_NOT_FOUND && call->used_session
-            && !call->retried)
-        {
-            /* the server forgot the session: a new one, once */
-            call->ms.session_len = 0;
-            call->ms.version_len = 0;
-            call->retried = 1;
-            call->used_session = 0;
-            call->step = NGX_HTTP_HERMES_MCP_INIT;
-            goto next;
-        }
-
         return rc;
     }
 
@@ -149,6 +158,17 @@ ngx_http_hermes_mcp_next(ngx_http_hermes_rpc_t *rpc,
         }
 
         v = yajl_tree_get(root, pversion, yajl_t_string);
+
+        if (v && !ngx_http_hermes_mcp_version_ours(v->u.string)) {
+            ngx_http_hermes_mcp_call_error(call, "the MCP server chose "
+                                           "protocol version \"%s\", not "
+                                           "one this gateway speaks ("
+                                           NGX_HTTP_HERMES_MCP_VERSION ", "
+                                           NGX_HTTP_HERMES_MCP_VERSION_OLD
+                                           ")", v->u.string);
+            yajl_tree_free(root);
+            return NGX_DONE;
+        }
 
         if (v && (len = ngx_strlen(v->u.string)) > 0
             && len <= sizeof(call->ms.version))
@@ -201,7 +221,10 @@ ngx_http_hermes_mcp_next(ngx_http_hermes_rpc_t *rpc,
             return NGX_DONE;
         }
 
-        len = 0;
+        /* a later page adds to the names the first ones gave */
+
+        old = call->pages ? peer->tools_len : 0;
+        len = old;
 
         for (i = 0; i < tools->u.array.len; i++) {
             name = yajl_tree_get(tools->u.array.values[i], pname,
@@ -217,12 +240,17 @@ ngx_http_hermes_mcp_next(ngx_http_hermes_rpc_t *rpc,
             return NGX_ERROR;
         }
 
+        if (old) {
+            ngx_memcpy(p, peer->tools, old);
+        }
+
         if (peer->tools) {
             ngx_free(peer->tools);
         }
 
         peer->tools = p;
         peer->tools_len = len;
+        p += old;
 
         for (i = 0; i < tools->u.array.len; i++) {
             name = yajl_tree_get(tools->u.array.values[i], pname,
@@ -234,8 +262,28 @@ ngx_http_hermes_mcp_next(ngx_http_hermes_rpc_t *rpc,
             }
         }
 
+        v = yajl_tree_get(root, pcursor, yajl_t_string);
+        len = v ? ngx_strlen(v->u.string) : 0;
+
+        if (len && ++call->pages < NGX_HTTP_HERMES_MCP_PAGES) {
+            /* another page: its cursor, opaque, goes back as it came */
+
+            call->cursor.data = ngx_pnalloc(rpc->r->pool, len);
+            if (call->cursor.data == NULL) {
+                yajl_tree_free(root);
+                return NGX_ERROR;
+            }
+
+            ngx_memcpy(call->cursor.data, v->u.string, len);
+            call->cursor.len = len;
+
+            yajl_tree_free(root);
+            goto next;
+        }
+
         yajl_tree_free(root);
 
+        call->cursor.len = 0;
         peer->listed = 1;
 
         if (ngx_http_hermes_mcp_peer_has(peer, &call->tool) != NGX_OK) {
@@ -676,9 +724,36 @@ ngx_http_hermes_mcp_body(ngx_http_hermes_rpc_t *rpc,
         goto fixed;
 
     case NGX_HTTP_HERMES_MCP_LIST:
-        p = list;
-        len = sizeof(list) - 1;
-        goto fixed;
+        if (call->cursor.len == 0) {
+            p = list;
+            len = sizeof(list) - 1;
+            goto fixed;
+        }
+
+        len = sizeof("{\"jsonrpc\":\"2.0\",\"id\":\"hermes-list\","
+                     "\"method\":\"tools/list\",\"params\":"
+                     "{\"cursor\":\"\"}}") - 1
+              + call->cursor.len
+              + ngx_escape_json(NULL, call->cursor.data, call->cursor.len);
+
+        b = ngx_create_temp_buf(r->pool, len);
+        if (b == NULL) {
+            return NULL;
+        }
+
+        p = ngx_cpymem(b->last, "{\"jsonrpc\":\"2.0\",\"id\":\"hermes-list\","
+                       "\"method\":\"tools/list\",\"params\":"
+                       "{\"cursor\":\"",
+                       sizeof("{\"jsonrpc\":\"2.0\",\"id\":\"hermes-list\","
+                              "\"method\":\"tools/list\",\"params\":"
+                              "{\"cursor\":\"") - 1);
+        p = (u_char *) ngx_escape_json(p, call->cursor.data, call->cursor.len);
+        p = ngx_cpymem(p, "\"}}", 3);
+
+        b->last = p;
+        b->last_buf = 1;
+
+        return b;
 
     case NGX_HTTP_HERMES_MCP_CALL:
         len = sizeof("{\"jsonrpc\":\"2.0\",\"id\":,\"method\":\"tools/call\","
@@ -808,4 +883,39 @@ ngx_http_hermes_mcp_end_sessions(ngx_http_hermes_rpc_t *rpc, uint32_t peer)
                        "hermes: ending MCP session \"%*s\" of a kernel "
                        "that ended", call->ms.session_len, call->ms.session);
     }
+}
+
+
+/* a 400's body that says it is about the session (not the request) */
+
+static ngx_uint_t
+ngx_http_hermes_mcp_names_session(ngx_http_hermes_rpc_call_t *call)
+{
+    u_char  *p, *last;
+
+    if (call->body == NULL || call->too_big) {
+        return 0;
+    }
+
+    last = call->body + call->len;
+
+    for (p = call->body; p + sizeof("session") - 1 <= last; p++) {
+        if (ngx_strncasecmp(p, (u_char *) "session", sizeof("session") - 1)
+            == 0)
+        {
+            return 1;
+        }
+    }
+
+    return 0;
+}
+
+
+/* the protocol versions this client speaks */
+
+static ngx_uint_t
+ngx_http_hermes_mcp_version_ours(const char *version)
+{
+    return ngx_strcmp(version, NGX_HTTP_HERMES_MCP_VERSION) == 0
+           || ngx_strcmp(version, NGX_HTTP_HERMES_MCP_VERSION_OLD) == 0;
 }

@@ -23,7 +23,8 @@
 
 #define NGX_HTTP_HERMES_MCP_PEERS      16     /* MCP servers a worker knows */
 
-#define NGX_HTTP_HERMES_MCP_VERSION    "2025-06-18"
+#define NGX_HTTP_HERMES_MCP_VERSION    "2025-06-18"     /* asked for */
+#define NGX_HTTP_HERMES_MCP_VERSION_OLD "2025-03-26"    /* taken too */
 
 /* a call's MCP steps; 0: the hermes protocol, one POST */
 #define NGX_HTTP_HERMES_MCP_INIT       1
@@ -31,6 +32,9 @@
 #define NGX_HTTP_HERMES_MCP_LIST       3
 #define NGX_HTTP_HERMES_MCP_CALL       4
 #define NGX_HTTP_HERMES_MCP_END        5     /* DELETE, nobody waits */
+
+/* pages of tools/list a worker follows (nextCursor), at most */
+#define NGX_HTTP_HERMES_MCP_PAGES      64
 
 /* ended sessions a call ends on its way, at most */
 #define NGX_HTTP_HERMES_MCP_END_BATCH  4
@@ -102,6 +106,8 @@ typedef struct {
     ngx_http_hermes_mcp_session_t   ms;         /* the kernel's session */
     ngx_uint_t                      step;
     ngx_str_t                       session;    /* Mcp-Session-Id got */
+    ngx_str_t                       cursor;     /* tools/list's next page */
+    ngx_uint_t                      pages;      /* of tools/list, so far */
     ngx_str_t                       err;        /* an MCP step's word */
     u_char                          err_buf[NGX_HTTP_HERMES_RPC_ERROR_MAX];
     unsigned                        too_big:1;

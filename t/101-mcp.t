@@ -33,6 +33,18 @@ $t->write_conf(<<'CONF');
         location = /x { hermes_execute; hermes_tools add greet two oops stream missing; }
         location = /auto { hermes_execute; hermes_tools auto; }
         location = /schema { hermes_schema; hermes_tools auto; }
+        location = /paged {
+            hermes_execute; hermes_tools auto;
+            hermes_tools_pass /mcp-paged protocol=mcp;
+        }
+        location = /f400 {
+            hermes_execute; hermes_tools add;
+            hermes_tools_pass /mcp-400 protocol=mcp;
+        }
+        location = /oldv {
+            hermes_execute; hermes_tools add;
+            hermes_tools_pass /mcp-old protocol=mcp;
+        }
 
         location /mcp {
             internal;
@@ -158,6 +170,35 @@ ok(!grep({ ($_->{name} // '') eq 'nope' } @{ hits() }), 'an unlisted tool is nev
 like($t->http(GET => '/schema')->{json}{openai}{function}{description},
      qr/hermes_tools\.add\(\.\.\.\), hermes_tools\.greet\(\.\.\.\)/,
      'hermes_schema with auto: the listed tools');
+
+# tools/list in pages: every page's tools, each cursor sent back as it came
+$n = @{ hits() };
+$r = $t->execute('/paged', {session => 'p', code => 'print(hermes_tools.recall(), hermes_tools.add(a=1, b=1)["sum"])'});
+is($r->{result}{output}, "None 2\n", 'paged tools/list: a tool of the last page and of the first') or diag explain $r;
+my @lists = grep { $_->{method} eq 'tools/list' } @{ hits() }[$n .. $#{ hits() }];
+is_deeply([map { $_->{cursor} } @lists], [undef, 'p2', 'p4', 'p6'], 'every page asked for, nextCursor followed');
+
+# a server that answers a forgotten session 400, naming it: a new session
+$r = $t->execute('/f400', {session => 'f', code => 'print(hermes_tools.add(a=1, b=2)["sum"])'});
+is($r->{result}{output}, "3\n", 'a first call');
+forget();
+$n = @{ hits() };
+$r = $t->execute('/f400', {session => 'f', code => 'print(hermes_tools.add(a=2, b=2)["sum"])'});
+is($r->{result}{output}, "4\n", 'a 400 naming the session: a new session, the call done once')
+    or diag explain $r;
+is_deeply([map { $_->{method} } @{ hits() }[$n .. $#{ hits() }]],
+          ['tools/call', 'initialize', 'notifications/initialized', 'tools/call'],
+          '400, initialize again, the call again');
+
+# a protocol version the client does not speak: a clear ToolError
+$r = $t->execute('/oldv', {session => 'o', code => <<'PY'});
+try:
+    hermes_tools.add(a=1, b=2)
+except hermes_tools.ToolError as e:
+    print("ToolError:", e)
+PY
+like($r->{result}{output}, qr/^ToolError: tool "add": the MCP server chose protocol version "1999-01-01", not one this gateway speaks \(2025-06-18, 2025-03-26\)/,
+     'an unknown protocol version is refused, named') or diag explain $r;
 
 $t->stop;
 

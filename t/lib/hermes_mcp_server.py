@@ -5,7 +5,10 @@ python3 hermes_mcp_server.py PORT HITLOG
 POST /mcp takes JSON-RPC 2.0: initialize (answers an Mcp-Session-Id),
 notifications/initialized (202), tools/list, tools/call.  Requests after
 initialize need a session it gave (else 404, as for an expired one) and
-the MCP-Protocol-Version header; DELETE ends one (404 if unknown).  POST
+the MCP-Protocol-Version header; DELETE ends one (404 if unknown).  By
+path: /mcp-paged lists its tools two a page (nextCursor), /mcp-400
+answers a forgotten session 400 naming it, /mcp-old chooses a protocol
+version nobody speaks.  POST
 /forget (the test's, not nginx's) drops every session.  Each hit is logged to HITLOG as a JSON line.
 
 Tools: add {a,b} (structuredContent {"sum"} and a text), greet {name}
@@ -69,8 +72,10 @@ class Handler(BaseHTTPRequestHandler):
         method = msg.get("method")
         params = msg.get("params") or {}
         sid = self.headers.get("Mcp-Session-Id")
+        mode = self.path.split("?")[0]
         with open(LOG, "a") as f:
             f.write(json.dumps({
+                "path": mode, "cursor": params.get("cursor"),
                 "method": method, "name": params.get("name"),
                 "arguments": params.get("arguments"), "id": msg.get("id"),
                 "session": sid, "known": sid in SESSIONS,
@@ -82,19 +87,34 @@ class Handler(BaseHTTPRequestHandler):
             sid = uuid.uuid4().hex
             SESSIONS[sid] = {}
             return self.send(200, {"jsonrpc": "2.0", "id": rid, "result": {
-                "protocolVersion": "2025-06-18", "capabilities": {"tools": {}},
+                "protocolVersion": ("1999-01-01" if mode == "/mcp-old"
+                                    else "2025-06-18"),
+                "capabilities": {"tools": {}},
                 "serverInfo": {"name": "test-mcp", "version": "1"}}},
                 headers=[("Mcp-Session-Id", sid)])
         if sid not in SESSIONS:
+            if mode == "/mcp-400":
+                # as some servers answer a session they forgot
+                return self.send(400, {"jsonrpc": "2.0", "id": None, "error": {
+                    "code": -32000,
+                    "message": "Bad Request: No valid session ID provided"}})
             return self.send(404 if sid else 400, {"error": "no such session"})
         if self.headers.get("MCP-Protocol-Version") != "2025-06-18":
             return self.send(400, {"error": "MCP-Protocol-Version"})
         if method == "notifications/initialized":
             return self.send(202)
         if method == "tools/list":
-            return self.send(200, {"jsonrpc": "2.0", "id": rid, "result": {
-                "tools": [{"name": t, "inputSchema": {"type": "object"}}
-                          for t in TOOLS]}})
+            tools = [{"name": t, "inputSchema": {"type": "object"}}
+                     for t in TOOLS]
+            result = {"tools": tools}
+            if mode == "/mcp-paged":
+                # two a page, an opaque cursor to the next
+                at = int(params.get("cursor", "p0")[1:])
+                result = {"tools": tools[at:at + 2]}
+                if at + 2 < len(tools):
+                    result["nextCursor"] = "p%d" % (at + 2)
+            return self.send(200, {"jsonrpc": "2.0", "id": rid,
+                                   "result": result})
         if method != "tools/call":
             return self.send(200, {"jsonrpc": "2.0", "id": rid, "error": {
                 "code": -32601, "message": "Method not found"}})
