@@ -703,7 +703,7 @@ ngx_http_hermes_mcp_body(ngx_http_hermes_rpc_t *rpc,
         "{\"jsonrpc\":\"2.0\",\"id\":\"hermes-init\",\"method\":\"initialize\","
         "\"params\":{\"protocolVersion\":\"" NGX_HTTP_HERMES_MCP_VERSION "\","
         "\"capabilities\":{},\"clientInfo\":{\"name\":\"ngx_hermes\","
-        "\"version\":\"0.1\"}}}";
+        "\"version\":\"";
     static u_char  notify[] =
         "{\"jsonrpc\":\"2.0\",\"method\":\"notifications/initialized\"}";
     static u_char  list[] =
@@ -714,9 +714,21 @@ ngx_http_hermes_mcp_body(ngx_http_hermes_rpc_t *rpc,
     switch (call->step) {
 
     case NGX_HTTP_HERMES_MCP_INIT:
-        p = init;
-        len = sizeof(init) - 1;
-        goto fixed;
+        /* clientInfo names this build's version */
+
+        b = ngx_create_temp_buf(r->pool, sizeof(init) - 1
+                                         + ngx_http_hermes_version.len + 4);
+        if (b == NULL) {
+            return NULL;
+        }
+
+        p = ngx_cpymem(b->last, init, sizeof(init) - 1);
+        p = ngx_cpymem(p, ngx_http_hermes_version.data,
+                       ngx_http_hermes_version.len);
+        b->last = ngx_cpymem(p, "\"}}}", 4);
+        b->last_buf = 1;
+
+        return b;
 
     case NGX_HTTP_HERMES_MCP_NOTIFY:
         p = notify;

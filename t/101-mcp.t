@@ -123,6 +123,10 @@ my $h = hits();
 is_deeply([map { $_->{method} } @$h[0 .. 2]],
           ['initialize', 'notifications/initialized', 'tools/call'],
           'initialize, notifications/initialized, then tools/call');
+open my $vf, '<', Hermes::Test::repo_root() . '/VERSION' or die "VERSION: $!";
+chomp(my $version = <$vf>);
+is_deeply($h->[0]{client}, {name => 'ngx_hermes', version => $version},
+          "initialize's clientInfo names this build's version");
 my @calls = grep { $_->{method} eq 'tools/call' } @$h;
 is(scalar @calls, 6, 'one tools/call a call, one session for all');
 ok(!grep({ !$_->{known} || ($_->{version} // '') ne '2025-06-18' } @calls),

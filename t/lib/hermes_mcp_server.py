@@ -76,6 +76,7 @@ class Handler(BaseHTTPRequestHandler):
         with open(LOG, "a") as f:
             f.write(json.dumps({
                 "path": mode, "cursor": params.get("cursor"),
+                "client": params.get("clientInfo"),
                 "method": method, "name": params.get("name"),
                 "arguments": params.get("arguments"), "id": msg.get("id"),
                 "session": sid, "known": sid in SESSIONS,
