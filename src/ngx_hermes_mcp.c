@@ -126,6 +126,12 @@ ngx_http_hermes_mcp_next(ngx_http_hermes_rpc_t *rpc,
         call->used_session = 0;
         call->cursor.len = 0;
         call->step = NGX_HTTP_HERMES_MCP_INIT;
+
+        if (!rpc->mcp_initializing) {
+            rpc->mcp_initializing = 1;
+            call->initializer = 1;
+        }
+
         goto next;
     }
 
@@ -191,18 +197,26 @@ ngx_http_hermes_mcp_next(ngx_http_hermes_rpc_t *rpc,
             return NGX_DONE;
         }
 
-        /* this kernel's, for its next calls (any worker's) */
-
         ngx_memcpy(call->ms.session, call->session.data, call->session.len);
         call->ms.session_len = call->session.len;
-
-        ngx_http_hermes_registry_set_mcp_session(rpc->zone, rpc->ref,
-                                                 &call->ms);
 
         call->step = NGX_HTTP_HERMES_MCP_NOTIFY;
         break;
 
     case NGX_HTTP_HERMES_MCP_NOTIFY:
+
+        /* initialized: the kernel's, for its next calls (any worker's) */
+
+        ngx_http_hermes_registry_set_mcp_session(rpc->zone, rpc->ref,
+                                                 &call->ms);
+
+        if (call->initializer) {
+            /* the calls that waited for the session go on with it */
+            call->initializer = 0;
+            rpc->mcp_initializing = 0;
+            ngx_http_hermes_rpc_next(rpc);
+        }
+
         call->step = (rpc->hlcf->tools_auto && !peer->listed)
                      ? NGX_HTTP_HERMES_MCP_LIST : NGX_HTTP_HERMES_MCP_CALL;
         break;

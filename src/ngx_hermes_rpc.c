@@ -100,7 +100,6 @@ static void ngx_http_hermes_rpc_take(ngx_http_hermes_rpc_t *rpc,
     ngx_http_hermes_rpc_req_t *req);
 static ngx_int_t ngx_http_hermes_rpc_start(ngx_http_hermes_rpc_t *rpc,
     ngx_http_hermes_rpc_call_t *call);
-static void ngx_http_hermes_rpc_next(ngx_http_hermes_rpc_t *rpc);
 static void ngx_http_hermes_rpc_call_free(void *data);
 static ngx_int_t ngx_http_hermes_rpc_dispatch(ngx_http_hermes_rpc_t *rpc,
     ngx_http_hermes_rpc_req_t *req);
@@ -1173,6 +1172,14 @@ ngx_http_hermes_rpc_start(ngx_http_hermes_rpc_t *rpc,
                                                  &call->ms)
             != NGX_OK)
         {
+            if (rpc->mcp_initializing) {
+                /* one initialize at a time: this call waits for its end */
+                call->waiting = 1;
+                return NGX_OK;
+            }
+
+            rpc->mcp_initializing = 1;
+            call->initializer = 1;
             call->step = NGX_HTTP_HERMES_MCP_INIT;
 
         } else if (rpc->hlcf->tools_auto && !call->peer->listed) {
@@ -1195,7 +1202,7 @@ ngx_http_hermes_rpc_start(ngx_http_hermes_rpc_t *rpc,
 
 /* a call ended: the first that waits starts */
 
-static void
+void
 ngx_http_hermes_rpc_next(ngx_http_hermes_rpc_t *rpc)
 {
     ngx_queue_t                 *q;
@@ -1508,6 +1515,12 @@ ngx_http_hermes_rpc_done(ngx_http_request_t *sr, void *data, ngx_int_t rc)
 
         if (rc == NGX_AGAIN) {
             return NGX_OK;
+        }
+
+        if (call->initializer) {
+            /* it failed to make the session: the next waiting call tries */
+            call->initializer = 0;
+            rpc->mcp_initializing = 0;
         }
     }
 

@@ -66,6 +66,9 @@ struct ngx_http_hermes_rpc_s {
 
     ngx_uint_t                      calls;      /* dispatched */
     ngx_uint_t                      running;    /* of them, not waiting */
+    unsigned                        mcp_initializing:1; /* one call makes
+                                                   the kernel's session,
+                                                   the others wait */
     ngx_queue_t                     inflight;   /* ngx_http_hermes_rpc_call_t */
 
     ngx_http_hermes_rpc_event_pt    event;
@@ -115,6 +118,7 @@ typedef struct {
     unsigned                        sse:1;
     unsigned                        used_session:1;
     unsigned                        retried:1;
+    unsigned                        initializer:1;
 } ngx_http_hermes_rpc_call_t;
 
 
@@ -134,6 +138,7 @@ ngx_int_t ngx_http_hermes_rpc_header(ngx_http_request_t *sr, char *key,
     u_char *value, size_t len);
 ngx_int_t ngx_http_hermes_rpc_done(ngx_http_request_t *sr, void *data,
     ngx_int_t rc);
+void ngx_http_hermes_rpc_next(ngx_http_hermes_rpc_t *rpc);
 
 /* the MCP client: a call's steps over the streamable HTTP transport */
 

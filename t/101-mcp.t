@@ -151,6 +151,31 @@ is_deeply([map { $_->{method} } @{ hits() }[$n .. $#{ hits() }]],
           ['tools/call', 'initialize', 'notifications/initialized', 'tools/call'],
           '404, initialize again, the call again');
 
+# a new kernel's first calls at once: one initialize, the others wait for
+# its session and use it
+$n = @{ hits() };
+$r = $t->execute('/x', {session => 'conc', code => <<'PY'});
+import threading
+out = []
+def f(i):
+    out.append(hermes_tools.add(a=i, b=i)["sum"])
+ts = [threading.Thread(target=f, args=(i,)) for i in range(4)]
+for t in ts:
+    t.start()
+for t in ts:
+    t.join()
+print(sorted(out))
+PY
+is($r->{result}{output}, "[0, 2, 4, 6]\n", 'four first calls at once') or diag explain $r;
+my @new = @{ hits() }[$n .. $#{ hits() }];
+is(scalar(grep { $_->{method} eq 'initialize' } @new), 1, '... one initialize for all of them');
+my %sess = map { ($_->{session} // '') => 1 } grep { $_->{method} eq 'tools/call' } @new;
+is(scalar(keys %sess), 1, '... one session for the four calls');
+ok(!grep({ $_->{method} eq 'tools/call' && !$_->{known} } @new), '... each sent once the session was made');
+my ($first_call) = grep { $new[$_]{method} eq 'tools/call' } 0 .. $#new;
+my ($notified) = grep { $new[$_]{method} eq 'notifications/initialized' } 0 .. $#new;
+ok(defined $notified && $notified < $first_call, '... and initialized before any call');
+
 # hermes_tools auto: the server's tools/list
 $n = @{ hits() };
 $r = $t->execute('/auto', {session => 'a', code => <<'PY'});
