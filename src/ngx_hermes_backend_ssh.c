@@ -98,6 +98,22 @@ typedef struct {
     ngx_msec_t                    connect_timeout;
 } ngx_http_hermes_ssh_conf_t;
 
+/* its parameters that are a string each: user=, identity=, known_hosts= */
+
+typedef struct {
+    ngx_str_t                     name;
+    size_t                        offset;
+} ngx_http_hermes_ssh_string_t;
+
+static ngx_http_hermes_ssh_string_t  ngx_http_hermes_ssh_strings[] = {
+    { ngx_string("user="), offsetof(ngx_http_hermes_ssh_conf_t, user) },
+    { ngx_string("identity="),
+      offsetof(ngx_http_hermes_ssh_conf_t, identity) },
+    { ngx_string("known_hosts="),
+      offsetof(ngx_http_hermes_ssh_conf_t, known_hosts) },
+    { ngx_null_string, 0 }
+};
+
 #define ngx_http_hermes_ssh_conf(bcf)                                         \
     ((ngx_http_hermes_ssh_conf_t *) (bcf)->data)
 
@@ -363,10 +379,11 @@ ngx_http_hermes_ssh_parse(ngx_conf_t *cf, void *conf, ngx_str_t *param)
 {
     ngx_http_hermes_ssh_conf_t *scf = conf;
 
-    u_char                       *p, *host;
-    ngx_int_t                     port;
-    ngx_str_t                     name, v;
-    ngx_http_hermes_ssh_host_t  **h;
+    u_char                        *p, *host;
+    ngx_int_t                      port;
+    ngx_str_t                      name, v, *s;
+    ngx_http_hermes_ssh_host_t   **h;
+    ngx_http_hermes_ssh_string_t  *sp;
 
     if (ngx_strncmp(param->data, "host=", 5) == 0) {
         name.data = param->data + 5;
@@ -415,22 +432,15 @@ ngx_http_hermes_ssh_parse(ngx_conf_t *cf, void *conf, ngx_str_t *param)
         return NGX_OK;
     }
 
-    if (ngx_strncmp(param->data, "user=", 5) == 0) {
-        scf->user.data = param->data + 5;
-        scf->user.len = param->len - 5;
-        return NGX_OK;
-    }
-
-    if (ngx_strncmp(param->data, "identity=", 9) == 0) {
-        scf->identity.data = param->data + 9;
-        scf->identity.len = param->len - 9;
-        return NGX_OK;
-    }
-
-    if (ngx_strncmp(param->data, "known_hosts=", 12) == 0) {
-        scf->known_hosts.data = param->data + 12;
-        scf->known_hosts.len = param->len - 12;
-        return NGX_OK;
+    for (sp = ngx_http_hermes_ssh_strings; sp->name.len; sp++) {
+        if (param->len >= sp->name.len
+            && ngx_strncmp(param->data, sp->name.data, sp->name.len) == 0)
+        {
+            s = (ngx_str_t *) ((char *) scf + sp->offset);
+            s->data = param->data + sp->name.len;
+            s->len = param->len - sp->name.len;
+            return NGX_OK;
+        }
     }
 
     if (ngx_strncmp(param->data, "connect_timeout=", 16) == 0) {
