@@ -20,6 +20,14 @@ static yajl_val ngx_http_hermes_mcp_parse(ngx_http_hermes_rpc_t *rpc,
 static yajl_val ngx_http_hermes_mcp_json(ngx_pool_t *pool, u_char *data,
     size_t len);
 static void ngx_http_hermes_mcp_gen(yajl_gen g, yajl_val v);
+static ngx_int_t ngx_http_hermes_mcp_note(ngx_http_hermes_rpc_t *rpc,
+    ngx_http_hermes_mcp_session_t *ms, ngx_buf_t *body);
+static yajl_val ngx_http_hermes_mcp_event(ngx_http_hermes_rpc_t *rpc,
+    u_char *p, u_char *last);
+static void ngx_http_hermes_mcp_message(ngx_http_hermes_rpc_t *rpc,
+    ngx_http_hermes_rpc_call_t *call, yajl_val v);
+static void ngx_http_hermes_mcp_answer_request(ngx_http_hermes_rpc_t *rpc,
+    ngx_http_hermes_rpc_call_t *call, const char *method, yajl_val id);
 static ngx_uint_t ngx_http_hermes_mcp_names_session(
     ngx_http_hermes_rpc_call_t *call);
 static ngx_uint_t ngx_http_hermes_mcp_version_ours(const char *version);
@@ -783,8 +791,9 @@ ngx_http_hermes_mcp_body(ngx_http_hermes_rpc_t *rpc,
 
     case NGX_HTTP_HERMES_MCP_CALL:
         len = sizeof("{\"jsonrpc\":\"2.0\",\"id\":,\"method\":\"tools/call\","
-                     "\"params\":{\"name\":\"\",\"arguments\":}}") - 1
-              + NGX_INT64_LEN + call->tool.len
+                     "\"params\":{\"name\":\"\",\"arguments\":,"
+                     "\"_meta\":{\"progressToken\":}}}") - 1
+              + 2 * NGX_INT64_LEN + call->tool.len
               + ngx_escape_json(NULL, call->tool.data, call->tool.len)
               + call->args.len;
 
@@ -799,7 +808,9 @@ ngx_http_hermes_mcp_body(ngx_http_hermes_rpc_t *rpc,
         p = (u_char *) ngx_escape_json(p, call->tool.data, call->tool.len);
         p = ngx_cpymem(p, "\",\"arguments\":", sizeof("\",\"arguments\":") - 1);
         p = ngx_cpymem(p, call->args.data, call->args.len);
-        p = ngx_cpymem(p, "}}", 2);
+
+        /* the call's own token: its progress reaches the cell's stream */
+        p = ngx_sprintf(p, ",\"_meta\":{\"progressToken\":%uL}}}", call->seq);
 
         b->last = p;
         b->last_buf = 1;
@@ -828,25 +839,18 @@ fixed:
 
 /*
  * The MCP sessions of kernels that ended (whichever worker saw them end)
- * with this server, ended with DELETE as the transport asks: background
- * subrequests of this call's request, their answers dropped (a server
- * that cannot end sessions answers 405, and forgets them on its own).
- * Nothing of the cell's request goes with them: no body, no X-Hermes-*.
+ * with this server, ended with DELETE as the transport asks, as notes
+ * (below).  A server that cannot end sessions answers 405, and forgets
+ * them on its own.
  */
 
 void
 ngx_http_hermes_mcp_end_sessions(ngx_http_hermes_rpc_t *rpc, uint32_t peer)
 {
     ngx_uint_t                     i, n;
-    ngx_http_request_t            *r, *sr;
-    ngx_http_request_body_t       *rb;
-    ngx_http_post_subrequest_t    *ps;
-    ngx_http_hermes_rpc_call_t    *call;
     ngx_http_hermes_mcp_session_t  ms[NGX_HTTP_HERMES_MCP_END_BATCH];
 
-    r = rpc->r;
-
-    if (r == NULL) {
+    if (rpc->r == NULL) {
         return;
     }
 
@@ -854,60 +858,350 @@ ngx_http_hermes_mcp_end_sessions(ngx_http_hermes_rpc_t *rpc, uint32_t peer)
                                            NGX_HTTP_HERMES_MCP_END_BATCH);
 
     for (i = 0; i < n; i++) {
-        call = ngx_pcalloc(r->pool, sizeof(ngx_http_hermes_rpc_call_t));
-        ps = ngx_palloc(r->pool, sizeof(ngx_http_post_subrequest_t));
-        rb = ngx_pcalloc(r->pool, sizeof(ngx_http_request_body_t));
-
-        if (call == NULL || ps == NULL || rb == NULL) {
+        if (ngx_http_hermes_mcp_note(rpc, &ms[i], NULL) != NGX_OK) {
             return;
         }
-
-        /* no rpc: its end is nobody's; no cap: its answer is dropped */
-
-        call->step = NGX_HTTP_HERMES_MCP_END;
-        call->ms = ms[i];
-
-        ps->handler = ngx_http_hermes_rpc_done;
-        ps->data = call;
-
-        if (ngx_http_subrequest(r, &rpc->hlcf->tools_pass, NULL, &sr, ps,
-                                NGX_HTTP_SUBREQUEST_BACKGROUND)
-            != NGX_OK)
-        {
-            return;
-        }
-
-        call->sr = sr;
-
-        sr->method = NGX_HTTP_DELETE;
-        ngx_str_set(&sr->method_name, "DELETE");
-
-        ngx_memzero(&sr->headers_in, sizeof(ngx_http_headers_in_t));
-        sr->headers_in.content_length_n = 0;
-        sr->headers_in.keep_alive_n = -1;
-
-        if (ngx_list_init(&sr->headers_in.headers, r->pool, 4,
-                          sizeof(ngx_table_elt_t))
-            != NGX_OK
-            || ngx_http_hermes_rpc_header(sr, "Mcp-Session-Id",
-                                          call->ms.session,
-                                          call->ms.session_len)
-               != NGX_OK
-            || (call->ms.version_len
-                && ngx_http_hermes_rpc_header(sr, "MCP-Protocol-Version",
-                                              call->ms.version,
-                                              call->ms.version_len)
-                   != NGX_OK))
-        {
-            return;
-        }
-
-        sr->request_body = rb;
-        sr->request_body_in_single_buf = 1;
 
         ngx_log_debug2(NGX_LOG_DEBUG_HTTP, rpc->log, 0,
                        "hermes: ending MCP session \"%*s\" of a kernel "
-                       "that ended", call->ms.session_len, call->ms.session);
+                       "that ended", ms[i].session_len, ms[i].session);
+    }
+}
+
+
+/*
+ * A note to the server in a session: a DELETE ending it (body NULL), or
+ * a POST of a JSON-RPC message (an answer to the server's request).  A
+ * background subrequest of the cell's request whose answer is dropped (no
+ * rpc, no cap); nothing of the cell's request goes with it: no body of
+ * its, no X-Hermes-*.
+ */
+
+static ngx_int_t
+ngx_http_hermes_mcp_note(ngx_http_hermes_rpc_t *rpc,
+    ngx_http_hermes_mcp_session_t *ms, ngx_buf_t *body)
+{
+    u_char                      *p;
+    size_t                       len;
+    ngx_chain_t                 *cl;
+    ngx_http_request_t          *r, *sr;
+    ngx_http_request_body_t     *rb;
+    ngx_http_post_subrequest_t  *ps;
+    ngx_http_hermes_rpc_call_t  *call;
+
+    r = rpc->r;
+
+    if (r == NULL) {
+        return NGX_ERROR;
+    }
+
+    call = ngx_pcalloc(r->pool, sizeof(ngx_http_hermes_rpc_call_t));
+    ps = ngx_palloc(r->pool, sizeof(ngx_http_post_subrequest_t));
+    rb = ngx_pcalloc(r->pool, sizeof(ngx_http_request_body_t));
+
+    if (call == NULL || ps == NULL || rb == NULL) {
+        return NGX_ERROR;
+    }
+
+    call->step = NGX_HTTP_HERMES_MCP_END;
+    call->ms = *ms;
+
+    ps->handler = ngx_http_hermes_rpc_done;
+    ps->data = call;
+
+    if (ngx_http_subrequest(r, &rpc->hlcf->tools_pass, NULL, &sr, ps,
+                            NGX_HTTP_SUBREQUEST_BACKGROUND)
+        != NGX_OK)
+    {
+        return NGX_ERROR;
+    }
+
+    call->sr = sr;
+
+    ngx_memzero(&sr->headers_in, sizeof(ngx_http_headers_in_t));
+    sr->headers_in.keep_alive_n = -1;
+
+    if (ngx_list_init(&sr->headers_in.headers, r->pool, 6,
+                      sizeof(ngx_table_elt_t))
+        != NGX_OK
+        || ngx_http_hermes_rpc_header(sr, "Mcp-Session-Id", call->ms.session,
+                                      call->ms.session_len)
+           != NGX_OK
+        || (call->ms.version_len
+            && ngx_http_hermes_rpc_header(sr, "MCP-Protocol-Version",
+                                          call->ms.version,
+                                          call->ms.version_len)
+               != NGX_OK))
+    {
+        return NGX_ERROR;
+    }
+
+    sr->request_body = rb;
+    sr->request_body_in_single_buf = 1;
+
+    if (body == NULL) {
+        sr->method = NGX_HTTP_DELETE;
+        ngx_str_set(&sr->method_name, "DELETE");
+        sr->headers_in.content_length_n = 0;
+        return NGX_OK;
+    }
+
+    sr->method = NGX_HTTP_POST;
+    ngx_str_set(&sr->method_name, "POST");
+
+    len = body->last - body->pos;
+    sr->headers_in.content_length_n = len;
+
+    p = ngx_pnalloc(r->pool, NGX_SIZE_T_LEN);
+    cl = ngx_alloc_chain_link(r->pool);
+
+    if (p == NULL || cl == NULL) {
+        return NGX_ERROR;
+    }
+
+    if (ngx_http_hermes_rpc_header(sr, "Content-Type",
+                                   (u_char *) "application/json",
+                                   sizeof("application/json") - 1)
+        != NGX_OK
+        || ngx_http_hermes_rpc_header(sr, "Content-Length", p,
+                                      ngx_sprintf(p, "%uz", len) - p)
+           != NGX_OK
+        || ngx_http_hermes_rpc_header(sr, "Accept", (u_char *)
+                                      "application/json, text/event-stream",
+                                      sizeof("application/json, "
+                                             "text/event-stream") - 1)
+           != NGX_OK)
+    {
+        return NGX_ERROR;
+    }
+
+    cl->buf = body;
+    cl->next = NULL;
+    rb->bufs = cl;
+    rb->buf = body;
+
+    return NGX_OK;
+}
+
+
+/*
+ * A tools/call answered as an SSE stream, as it comes (the location must
+ * pass it on unbuffered: proxy_buffering off): each whole event is looked
+ * at once.  The server's requests are answered at once, as a client that
+ * offers none of their features: ping, empty roots, an elicitation
+ * declined, sampling refused, others "Method not found"; the server would
+ * otherwise wait for them and the call hang.  Progress (the call's
+ * progressToken) goes to the cell's stream as a tool_progress event.
+ */
+
+void
+ngx_http_hermes_mcp_stream(ngx_event_t *ev)
+{
+    ngx_http_hermes_rpc_call_t *call = ev->data;
+
+    u_char                 *p, *last, *end, *next;
+    yajl_val                v;
+    ngx_http_hermes_rpc_t  *rpc;
+
+    rpc = call->rpc;
+
+    if (rpc == NULL || call->body == NULL) {
+        return;                         /* the call is over */
+    }
+
+    p = call->body + call->scanned;
+    last = call->body + call->len;
+
+    for ( ;; ) {
+        /* an event ends with a blank line */
+
+        end = ngx_strlcasestrn(p, last, (u_char *) "\n\n", 2 - 1);
+        next = end ? end + 2 : NULL;
+
+        if (end == NULL) {
+            end = ngx_strlcasestrn(p, last, (u_char *) "\r\n\r\n", 4 - 1);
+            next = end ? end + 4 : NULL;
+        }
+
+        if (end == NULL) {
+            break;
+        }
+
+        v = ngx_http_hermes_mcp_event(rpc, p, end);
+
+        if (v) {
+            ngx_http_hermes_mcp_message(rpc, call, v);
+            yajl_tree_free(v);
+        }
+
+        p = next;
+    }
+
+    call->scanned = p - call->body;
+
+    if (rpc->r) {
+        /* out of a request's own handler: the answers' subrequests run */
+        ngx_http_run_posted_requests(rpc->r->connection);
+    }
+}
+
+
+/* an event's "data:" lines, joined by "\n", as JSON; NULL: none, or not */
+
+static yajl_val
+ngx_http_hermes_mcp_event(ngx_http_hermes_rpc_t *rpc, u_char *p, u_char *last)
+{
+    u_char  *nl, *data, *d;
+
+    data = ngx_pnalloc(rpc->pool, last - p + 1);
+    if (data == NULL) {
+        return NULL;
+    }
+
+    d = data;
+
+    while (p < last) {
+        nl = ngx_strlchr(p, last, '\n');
+        if (nl == NULL) {
+            nl = last;
+        }
+
+        if (nl - p >= 5 && ngx_strncmp(p, "data:", 5) == 0) {
+            p += 5;
+
+            if (p < nl && *p == ' ') {
+                p++;
+            }
+
+            if (d > data) {
+                *d++ = '\n';
+            }
+
+            d = ngx_cpymem(d, p, (nl > p && nl[-1] == '\r') ? nl - 1 - p
+                                                            : nl - p);
+        }
+
+        p = nl + 1;
+    }
+
+    if (d == data) {
+        return NULL;
+    }
+
+    return ngx_http_hermes_mcp_json(rpc->pool, data, d - data);
+}
+
+
+/* a message of the server's within a call's stream: a request, progress */
+
+static void
+ngx_http_hermes_mcp_message(ngx_http_hermes_rpc_t *rpc,
+    ngx_http_hermes_rpc_call_t *call, yajl_val v)
+{
+    const char  *method;
+    yajl_val     m, id, total, message, progress;
+
+    static const char  *pmethod[] = { "method", NULL };
+    static const char  *pid[] = { "id", NULL };
+    static const char  *pprogress[] = { "params", "progress", NULL };
+    static const char  *ptotal[] = { "params", "total", NULL };
+    static const char  *pmessage[] = { "params", "message", NULL };
+
+    m = yajl_tree_get(v, pmethod, yajl_t_string);
+    if (m == NULL) {
+        return;                         /* the call's own answer, later */
+    }
+
+    method = m->u.string;
+    id = yajl_tree_get(v, pid, yajl_t_any);
+
+    if (id) {
+        ngx_http_hermes_mcp_answer_request(rpc, call, method, id);
+        return;
+    }
+
+    if (ngx_strcmp(method, "notifications/progress") != 0) {
+        return;
+    }
+
+    progress = yajl_tree_get(v, pprogress, yajl_t_number);
+    total = yajl_tree_get(v, ptotal, yajl_t_number);
+    message = yajl_tree_get(v, pmessage, yajl_t_string);
+
+    if (progress == NULL) {
+        return;
+    }
+
+    ngx_http_hermes_rpc_progress(rpc, call, progress->u.number.r,
+                                 total ? total->u.number.r : NULL,
+                                 message ? message->u.string : NULL);
+}
+
+
+/* the client's answer to a request of the server's, as a note */
+
+static void
+ngx_http_hermes_mcp_answer_request(ngx_http_hermes_rpc_t *rpc,
+    ngx_http_hermes_rpc_call_t *call, const char *method, yajl_val id)
+{
+    size_t          len;
+    ngx_buf_t      *b;
+    yajl_gen        g;
+    const u_char   *buf;
+    const char     *tail;
+
+    if (ngx_strcmp(method, "ping") == 0) {
+        tail = ",\"result\":{}}";
+
+    } else if (ngx_strcmp(method, "roots/list") == 0) {
+        tail = ",\"result\":{\"roots\":[]}}";
+
+    } else if (ngx_strcmp(method, "elicitation/create") == 0) {
+        tail = ",\"result\":{\"action\":\"decline\"}}";
+
+    } else if (ngx_strcmp(method, "sampling/createMessage") == 0) {
+        tail = ",\"error\":{\"code\":-1,\"message\":\"the gateway does "
+               "not sample\"}}";
+
+    } else {
+        tail = ",\"error\":{\"code\":-32601,\"message\":\"Method not "
+               "found\"}}";
+    }
+
+    /* the id as it came, a string or a number */
+
+    g = yajl_gen_alloc(NULL);
+    if (g == NULL) {
+        return;
+    }
+
+    ngx_http_hermes_mcp_gen(g, id);
+
+    if (yajl_gen_get_buf(g, &buf, &len) != yajl_gen_status_ok) {
+        yajl_gen_free(g);
+        return;
+    }
+
+    b = ngx_create_temp_buf(rpc->r ? rpc->r->pool : rpc->pool,
+                            sizeof("{\"jsonrpc\":\"2.0\",\"id\":") - 1 + len
+                            + ngx_strlen(tail));
+    if (b == NULL) {
+        yajl_gen_free(g);
+        return;
+    }
+
+    b->last = ngx_cpymem(b->last, "{\"jsonrpc\":\"2.0\",\"id\":",
+                         sizeof("{\"jsonrpc\":\"2.0\",\"id\":") - 1);
+    b->last = ngx_cpymem(b->last, buf, len);
+    b->last = ngx_cpymem(b->last, tail, ngx_strlen(tail));
+    b->last_buf = 1;
+
+    yajl_gen_free(g);
+
+    if (ngx_http_hermes_mcp_note(rpc, &call->ms, b) != NGX_OK) {
+        ngx_log_error(NGX_LOG_WARN, rpc->log, 0,
+                      "hermes: could not answer the MCP server's \"%s\"",
+                      method);
     }
 }
 

@@ -1235,6 +1235,10 @@ ngx_http_hermes_rpc_call_free(void *data)
 {
     ngx_http_hermes_rpc_call_t *call = data;
 
+    if (call->stream.posted) {
+        ngx_delete_posted_event(&call->stream);
+    }
+
     if (call->body) {
         ngx_free(call->body);
         call->body = NULL;
@@ -1301,6 +1305,7 @@ ngx_http_hermes_rpc_subrequest(ngx_http_hermes_rpc_t *rpc,
     call->too_big = 0;
     call->sse = 0;
     call->session.len = 0;
+    call->scanned = 0;
 
     /* POST, our body and our headers only: not the client's */
 
@@ -2074,6 +2079,54 @@ ngx_http_hermes_rpc_emit(ngx_http_hermes_rpc_t *rpc, const char *type,
 }
 
 
+/*
+ * A call's progress, as its MCP server tells it: a tool_progress event in
+ * the cell's stream ("progress" and "total" JSON numbers as the server
+ * wrote them).
+ */
+
+void
+ngx_http_hermes_rpc_progress(ngx_http_hermes_rpc_t *rpc,
+    ngx_http_hermes_rpc_call_t *call, char *progress, char *total,
+    char *message)
+{
+    u_char  *p, *last;
+    u_char   line[NGX_HTTP_HERMES_RPC_TOOL_MAX * 6 + 512
+                  + 6 * NGX_HTTP_HERMES_RPC_PROGRESS_TEXT];
+    size_t   len;
+
+    if (rpc->event == NULL) {
+        return;
+    }
+
+    last = line + sizeof(line);
+
+    p = ngx_sprintf(line, "{\"type\":\"tool_progress\",\"seq\":%uL,"
+                    "\"tool\":\"", call->seq);
+    p = (u_char *) ngx_escape_json(p, call->tool.data, call->tool.len);
+    p = ngx_slprintf(p, last, "\",\"progress\":%*s",
+                     ngx_min(ngx_strlen(progress), 64), progress);
+
+    if (total) {
+        p = ngx_slprintf(p, last, ",\"total\":%*s",
+                         ngx_min(ngx_strlen(total), 64), total);
+    }
+
+    if (message) {
+        len = ngx_http_hermes_rpc_utf8_cut((u_char *) message,
+                              ngx_min(ngx_strlen(message),
+                                      NGX_HTTP_HERMES_RPC_PROGRESS_TEXT), 1);
+        p = ngx_cpymem(p, ",\"message\":\"", sizeof(",\"message\":\"") - 1);
+        p = (u_char *) ngx_escape_json(p, (u_char *) message, len);
+        *p++ = '"';
+    }
+
+    p = ngx_cpymem(p, "}\n", 2);
+
+    rpc->event(rpc->data, line, p - line);
+}
+
+
 /* the client left: calls in flight are answered, none is made any more */
 
 void
@@ -2280,6 +2333,20 @@ ngx_http_hermes_rpc_body_filter(ngx_http_request_t *r, ngx_chain_t *in)
 
         b->pos = b->last;
         b->file_pos = b->file_last;
+    }
+
+    if (call->sse && call->rpc && call->step == NGX_HTTP_HERMES_MCP_CALL
+        && !call->too_big && !call->stream.posted)
+    {
+        /*
+         * the server's messages within the answer, as they come: looked at
+         * from the event loop, not in here (an answer is a subrequest, a
+         * progress line the client's output)
+         */
+        call->stream.handler = ngx_http_hermes_mcp_stream;
+        call->stream.data = call;
+        call->stream.log = r->connection->log;
+        ngx_post_event(&call->stream, &ngx_posted_events);
     }
 
     return NGX_OK;

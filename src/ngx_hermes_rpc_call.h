@@ -33,6 +33,9 @@
 #define NGX_HTTP_HERMES_MCP_CALL       4
 #define NGX_HTTP_HERMES_MCP_END        5     /* DELETE, nobody waits */
 
+/* bytes of a progress message passed on to the cell's stream, at most */
+#define NGX_HTTP_HERMES_RPC_PROGRESS_TEXT  256
+
 /* pages of tools/list a worker follows (nextCursor), at most */
 #define NGX_HTTP_HERMES_MCP_PAGES      64
 
@@ -110,6 +113,10 @@ typedef struct {
     ngx_uint_t                      step;
     ngx_str_t                       session;    /* Mcp-Session-Id got */
     ngx_str_t                       cursor;     /* tools/list's next page */
+    size_t                          scanned;    /* of an SSE body: events
+                                                   looked at */
+    ngx_event_t                     stream;     /* to look at them, posted
+                                                   out of the filter */
     ngx_uint_t                      pages;      /* of tools/list, so far */
     ngx_str_t                       err;        /* an MCP step's word */
     u_char                          err_buf[NGX_HTTP_HERMES_RPC_ERROR_MAX];
@@ -139,6 +146,9 @@ ngx_int_t ngx_http_hermes_rpc_header(ngx_http_request_t *sr, char *key,
 ngx_int_t ngx_http_hermes_rpc_done(ngx_http_request_t *sr, void *data,
     ngx_int_t rc);
 void ngx_http_hermes_rpc_next(ngx_http_hermes_rpc_t *rpc);
+void ngx_http_hermes_rpc_progress(ngx_http_hermes_rpc_t *rpc,
+    ngx_http_hermes_rpc_call_t *call, char *progress, char *total,
+    char *message);
 
 /* the MCP client: a call's steps over the streamable HTTP transport */
 
@@ -153,6 +163,7 @@ ngx_int_t ngx_http_hermes_mcp_answer(ngx_http_hermes_rpc_t *rpc,
     ngx_http_hermes_rpc_call_t *call);
 void ngx_http_hermes_mcp_end_sessions(ngx_http_hermes_rpc_t *rpc,
     uint32_t peer);
+void ngx_http_hermes_mcp_stream(ngx_event_t *ev);
 
 
 #endif /* _NGX_HERMES_RPC_CALL_H_INCLUDED_ */

@@ -30,7 +30,7 @@ $t->write_conf(<<'CONF');
 
         hermes_tools_pass /mcp protocol=mcp;
 
-        location = /x { hermes_execute; hermes_tools add greet two oops stream missing; }
+        location = /x { hermes_execute; hermes_tools add greet two oops stream missing ask; }
         location = /auto { hermes_execute; hermes_tools auto; }
         location = /schema { hermes_schema; hermes_tools auto; }
         location = /paged {
@@ -50,6 +50,7 @@ $t->write_conf(<<'CONF');
             internal;
             proxy_pass http://127.0.0.1:%%PORT_1%%/mcp;
             proxy_read_timeout 5s;
+            proxy_buffering off;
         }
     }
 CONF
@@ -150,6 +151,29 @@ is($r->{result}{output}, "10\n", 'an expired session is replaced');
 is_deeply([map { $_->{method} } @{ hits() }[$n .. $#{ hits() }]],
           ['tools/call', 'initialize', 'notifications/initialized', 'tools/call'],
           '404, initialize again, the call again');
+
+# a call answered as an SSE stream that the server sends as it goes: its
+# progress reaches the cell's stream, its requests are answered at once
+# (no hang until the proxy's timeout)
+{
+    my $t0 = time;
+    my $sr = $t->execute('/x', {session => 'ask', code => 'import json; print(json.loads(hermes_tools.ask()))'});
+    my $took = time - $t0;
+    is($sr->{result}{status}, 'success', 'a call whose stream asks the client things') or diag explain $sr->{result};
+    is($sr->{result}{output},
+       "{'elicitation/create': {'action': 'decline'}, 'ping': {}, 'roots/list': {'roots': []}, "
+       . "'sampling/createMessage': {'code': -1, 'message': 'the gateway does not sample'}, "
+       . "'x/other': {'code': -32601, 'message': 'Method not found'}}\n",
+       '... each request answered as a client without those features: roots empty, elicitation declined, sampling refused');
+    ok($took < 4, sprintf('... at once, not at a timeout (%.2f s)', $took));
+    my ($pg) = grep { ($_->{type} // '') eq 'tool_progress' } @{ $sr->{events} };
+    is_deeply($pg && {map { $_ => $pg->{$_} } qw(tool progress total message)},
+              {tool => 'ask', progress => 1, total => 2, message => 'half way'},
+              '... and its progress is a tool_progress event in the cell\'s stream');
+    my @ans = grep { $_->{method} eq 'answer' } @{ hits() };
+    is(scalar @ans, 5, '... five answers, one a request');
+    ok(!grep({ !$_->{session} || defined $_->{owner} } @ans), '... in the kernel\'s session, nothing of the cell\'s request');
+}
 
 # a new kernel's first calls at once: one initialize, the others wait for
 # its session and use it

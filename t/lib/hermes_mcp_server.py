@@ -13,19 +13,26 @@ version nobody speaks.  POST
 
 Tools: add {a,b} (structuredContent {"sum"} and a text), greet {name}
 (text), two (two texts), oops (isError), stream (answered as an SSE
-stream, a progress notification first), remember {x} and recall (state
+stream, a progress notification first), ask (an SSE answer sent as it
+goes: progress for the call's progressToken, then requests of the
+server's, roots/list, elicitation/create, sampling/createMessage, ping and
+an unknown one, each waited for, then a text of what the client answered
+each), remember {x} and recall (state
 kept per session, as a memory or browser server keeps it), anything
 else: JSON-RPC error.
 """
 
 import json
 import sys
+import threading
 import uuid
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 PORT, LOG = int(sys.argv[1]), sys.argv[2]
 SESSIONS = {}           # id -> the session's state (remember/recall)
-TOOLS = ["add", "greet", "two", "oops", "stream", "remember", "recall"]
+ANSWERS = {}            # a request of ours -> the client's answer
+WAITING = {}            # a request of ours -> threading.Event
+TOOLS = ["add", "greet", "two", "oops", "stream", "remember", "recall", "ask"]
 
 
 class Handler(BaseHTTPRequestHandler):
@@ -69,6 +76,19 @@ class Handler(BaseHTTPRequestHandler):
             msg = json.loads(raw)
         except ValueError:
             return self.send(400, {"error": "not json"})
+        if isinstance(msg, dict) and "method" not in msg and "id" in msg:
+            # the client's answer to a request of ours, in a call's stream
+            ANSWERS[msg["id"]] = msg.get("result", msg.get("error"))
+            with open(LOG, "a") as f:
+                f.write(json.dumps({"method": "answer", "id": msg["id"],
+                                    "answer": ANSWERS[msg["id"]],
+                                    "session": self.headers.get("Mcp-Session-Id"),
+                                    "owner": self.headers.get("X-Hermes-Owner")})
+                        + "\n")
+            ev = WAITING.pop(msg["id"], None)
+            if ev:
+                ev.set()
+            return self.send(202)
         method = msg.get("method")
         params = msg.get("params") or {}
         sid = self.headers.get("Mcp-Session-Id")
@@ -135,6 +155,8 @@ class Handler(BaseHTTPRequestHandler):
         elif name == "recall":
             res = {"content": [{"type": "text",
                                 "text": str(SESSIONS[sid].get("x"))}]}
+        elif name == "ask":
+            return self.ask(rid, params)
         elif name == "oops":
             res = {"content": [{"type": "text", "text": "it broke"}], "isError": True}
         elif name == "stream":
@@ -149,6 +171,35 @@ class Handler(BaseHTTPRequestHandler):
             return self.send(200, {"jsonrpc": "2.0", "id": rid, "error": {
                 "code": -32602, "message": "Unknown tool: %s" % name}})
         return self.send(200, {"jsonrpc": "2.0", "id": rid, "result": res})
+
+
+    def ask(self, rid, params):
+        """An SSE answer as it comes: progress, then requests of the
+        server's, each waited for (5 s at most), then the result: what
+        the client answered to each."""
+        token = (params.get("_meta") or {}).get("progressToken")
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.end_headers()          # no length: it ends with the connection
+
+        def event(obj):
+            self.wfile.write(("event: message\ndata: %s\n\n"
+                              % json.dumps(obj)).encode())
+            self.wfile.flush()
+
+        event({"jsonrpc": "2.0", "method": "notifications/progress",
+               "params": {"progressToken": token, "progress": 1,
+                          "total": 2, "message": "half way"}})
+        got = {}
+        for i, m in enumerate(("roots/list", "elicitation/create",
+                               "sampling/createMessage", "ping", "x/other")):
+            qid = "q%d" % i if i % 2 else 1000 + i     # strings and numbers
+            ev = WAITING[qid] = threading.Event()
+            event({"jsonrpc": "2.0", "id": qid, "method": m, "params": {}})
+            got[m] = ANSWERS.get(qid) if ev.wait(5) else "no answer"
+        event({"jsonrpc": "2.0", "id": rid, "result": {"content": [
+            {"type": "text", "text": json.dumps(got, sort_keys=True)}]}})
+        self.close_connection = True
 
 
 ThreadingHTTPServer.daemon_threads = True
