@@ -2030,7 +2030,10 @@ ngx_http_hermes_rpc_answer_error(ngx_http_hermes_rpc_t *rpc, uint64_t seq,
 }
 
 
-/* res_N: tmp + rename on the verified rpc/ fd; hermes_tools.py watches */
+/*
+ * res_N: tmp + rename on the verified rpc/ fd; hermes_tools.py watches.
+ * A full disk is NGX_ERROR here: answer_ok's NGX_DECLINED says "not JSON".
+ */
 
 static ngx_int_t
 ngx_http_hermes_rpc_write(ngx_http_hermes_rpc_t *rpc, uint64_t seq,
@@ -2048,9 +2051,10 @@ ngx_http_hermes_rpc_write(ngx_http_hermes_rpc_t *rpc, uint64_t seq,
         return NGX_ERROR;
     }
 
-    return ngx_http_hermes_local_write_at(rpc->rpc_fd, (char *) name, data,
-                                          len, (ngx_uid_t) rpc->ref->uid,
-                                          rpc->log);
+    return (ngx_http_hermes_local_write_at(rpc->rpc_fd, (char *) name, data,
+                                           len, (ngx_uid_t) rpc->ref->uid,
+                                           rpc->log)
+            == NGX_OK) ? NGX_OK : NGX_ERROR;
 }
 
 
