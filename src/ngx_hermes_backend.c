@@ -83,7 +83,10 @@ ngx_http_hermes_backend_give(ngx_http_hermes_conn_t *conn)
 }
 
 
-/* thread pool: a command on the kernel's host; NGX_DECLINED: unreachable */
+/*
+ * Thread pool: a command on the kernel's host.  NGX_DECLINED: the host
+ * cannot be reached (nothing ran on it).
+ */
 
 ngx_int_t
 ngx_http_hermes_backend_exec(ngx_http_hermes_conn_t *conn,

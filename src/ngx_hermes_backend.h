@@ -79,7 +79,10 @@ struct ngx_http_hermes_backend_ops_s {
     /* each process that may use it, once, before any use */
     ngx_int_t                   (*init_process)(ngx_cycle_t *cycle);
 
-    /* thread pool tasks */
+    /*
+     * Thread pool tasks.  exec, ready: NGX_DECLINED: the host cannot be
+     * reached (nothing ran on it).
+     */
     void                        (*take)(ngx_http_hermes_conn_t *conn);
     void                        (*give)(ngx_http_hermes_conn_t *conn);
     ngx_int_t                   (*exec)(ngx_http_hermes_conn_t *conn,
@@ -97,7 +100,10 @@ struct ngx_http_hermes_backend_ops_s {
     ngx_str_t                  *(*host_name)(
                                     ngx_http_hermes_backend_conf_t *bcf,
                                     ngx_uint_t host);
-    /* "N\n" into the kernel's intr FIFO, never waiting */
+    /*
+     * "N\n" into the kernel's intr FIFO, never waiting.  NGX_DECLINED: the
+     * kernel is not there (any more).
+     */
     ngx_int_t                   (*interrupt)(
                                     ngx_http_hermes_backend_conf_t *bcf,
                                     ngx_http_hermes_victim_t *v,

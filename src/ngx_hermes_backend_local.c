@@ -360,7 +360,11 @@ ngx_http_hermes_local_host_name(ngx_http_hermes_backend_conf_t *bcf,
 }
 
 
-/* event loop: "N\n" into the intr FIFO of the kernel, if it is still it */
+/*
+ * Event loop: "N\n" into the intr FIFO of the kernel, if it is still it.
+ * NGX_DECLINED: it is not there (any more), or its FIFO took nothing
+ * (logged).
+ */
 
 static ngx_int_t
 ngx_http_hermes_local_interrupt_kernel(ngx_http_hermes_backend_conf_t *bcf,
@@ -661,8 +665,10 @@ ngx_http_hermes_local_exec(ngx_http_hermes_cmd_t *cmd)
  * non-blocking, no-follow; only regular files are read.
  */
 
-/* NAME.tmp, 0600, a new file, then renamed into place: NGX_DECLINED when
- * the disk is full */
+/*
+ * NAME.tmp, 0600, a new file, then renamed into place.  NGX_DECLINED: the
+ * disk is full (logged).
+ */
 
 ngx_int_t
 ngx_http_hermes_local_write_at(ngx_fd_t dir, const char *name, u_char *data,
@@ -807,7 +813,10 @@ ngx_http_hermes_local_fifo(ngx_fd_t dir, const char *name, u_char *data,
 }
 
 
-/* one byte into "wake" says "look at cells/" */
+/*
+ * One byte into "wake" says "look at cells/".  NGX_DECLINED: the kernel is
+ * gone.
+ */
 
 ngx_int_t
 ngx_http_hermes_local_wake(ngx_fd_t dir, ngx_log_t *log)
@@ -816,7 +825,10 @@ ngx_http_hermes_local_wake(ngx_fd_t dir, ngx_log_t *log)
 }
 
 
-/* "N\n" into "intr": interrupt cell N; NGX_DECLINED when it cannot be */
+/*
+ * "N\n" into "intr": interrupt cell N.  NGX_DECLINED: it cannot be: the
+ * kernel is gone, or the write failed (logged).
+ */
 
 ngx_int_t
 ngx_http_hermes_local_interrupt(ngx_fd_t dir, uint32_t cell, ngx_log_t *log)

@@ -371,7 +371,7 @@ ngx_http_hermes_ssh_create_conf(ngx_conf_t *cf)
 
 /*
  * host=HOST[:PORT] (one or more) user=NAME identity=FILE known_hosts=FILE
- * [connect_timeout=TIME]
+ * [connect_timeout=TIME].  NGX_DECLINED: not one of its parameters.
  */
 
 static ngx_int_t
@@ -874,6 +874,8 @@ ngx_http_hermes_ssh_exec(ngx_http_hermes_conn_t *conn,
  * Thread pool: a stream whose first frame is an EXEC or a READY, to the
  * link's I/O thread, which answers it by its deadline with the agent's x
  * (or the link's failure) in "cmd".  "s" is the I/O thread's from here on.
+ * NGX_DECLINED: no link, or it failed before the agent took the frame:
+ * the host cannot be reached, nothing ran.
  */
 
 static ngx_int_t
@@ -949,7 +951,8 @@ ngx_http_hermes_ssh_request(ngx_http_hermes_conn_t *conn,
 /*
  * Thread pool: the runner says "ready" with its pid, and /proc tells the
  * pid's start time, in one READY of the agent: woken by inotify and the
- * pid's pidfd on the host, not a shell polling every 10 ms.
+ * pid's pidfd on the host, not a shell polling every 10 ms.  NGX_DECLINED:
+ * the host cannot be reached.
  */
 
 static ngx_int_t
@@ -1013,6 +1016,7 @@ ngx_http_hermes_ssh_ready(ngx_http_hermes_conn_t *conn, u_char *dir,
  * INTERRUPT frame to the host's agent: no command, no thread-pool slot;
  * the agent writes "N\n" into the kernel's intr FIFO (never through a
  * link, never waiting) if the directory is still the kernel's inode.
+ * NGX_DECLINED: its host is not one of the backend's any more.
  */
 
 static ngx_int_t
@@ -2673,7 +2677,10 @@ ngx_http_hermes_ssh_give_up(ngx_http_hermes_ssh_link_t *l,
 }
 
 
-/* an EXEC answered, or failed: its waiter goes on */
+/*
+ * An EXEC answered, or failed: its waiter goes on.  rc NGX_DECLINED: it
+ * never reached the agent (nothing ran); NGX_ERROR: it failed otherwise.
+ */
 
 static void
 ngx_http_hermes_ssh_exec_done(ngx_http_hermes_ssh_link_t *l,

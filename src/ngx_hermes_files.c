@@ -72,7 +72,9 @@ typedef struct {
     ngx_http_hermes_files_owner_t *owner;       /* its count, taken */
     size_t                         head_len;
     u_char                         head[NGX_HTTP_HERMES_FILES_HEAD];
-    ngx_int_t                      rc;
+    ngx_int_t                      rc;          /* the last command's:
+                                                   NGX_DECLINED: the host
+                                                   cannot be reached */
     int                            status;
     ngx_str_t                      path;
     u_char                         dir[NGX_HTTP_HERMES_DIR_MAX];
@@ -334,7 +336,7 @@ ngx_http_hermes_files_handler(ngx_http_request_t *r,
 /*
  * Relative, no "..", "." or empty part, printable ASCII without quotes
  * or backslashes (it goes into a single-quoted shell word), and not one
- * of the kernel's own files at the top.
+ * of the kernel's own files at the top.  NGX_DECLINED: it is not.
  */
 
 static ngx_int_t

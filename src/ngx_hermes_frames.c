@@ -221,7 +221,10 @@ ngx_http_hermes_frames_json_int(ngx_str_t *json, char *key, int64_t *value)
 }
 
 
-/* its value, a string without escapes (a name): NGX_OK, or NGX_DECLINED */
+/*
+ * Its value, a string without escapes (a name): NGX_OK, or NGX_DECLINED
+ * (not there, not such a string).
+ */
 
 ngx_int_t
 ngx_http_hermes_frames_json_str(ngx_str_t *json, char *key, ngx_str_t *value)

@@ -260,8 +260,8 @@ ngx_http_hermes_execute_body(ngx_http_request_t *r)
 
 
 /*
- * Who the caller is.  NGX_DECLINED: there is none, the answer is under
- * way and *rc is what the handler returns for it.
+ * Who the caller is.  NGX_DECLINED: none that may be taken: the request
+ * ends with *rc, its answer under way or an error status.
  */
 
 static ngx_int_t
@@ -346,8 +346,8 @@ ngx_http_hermes_owner(ngx_http_request_t *r, ngx_str_t *owner, ngx_int_t *rc)
  * The session: the body's, or hermes_session's (a header, a URL capture)
  * so that a router can see it; when both name one, they must agree.  A
  * request that names none, or says "ephemeral", runs in a one-shot
- * kernel of a session made up for it.  NGX_DECLINED: the answer is under
- * way, *rc is what to return.
+ * kernel of a session made up for it.  NGX_DECLINED: none it may run in:
+ * the request ends with *rc, its answer under way or an error status.
  */
 
 static ngx_int_t
@@ -1012,8 +1012,8 @@ ngx_http_hermes_kernel_delete(ngx_http_request_t *r,
  * (KERNEL), and below it /interrupt, /cells/ID and /files/PATH ("rest":
  * "cells/ID", or PATH).  Only a "/" right after the location's prefix
  * starts a session, so "/v1/kernelszz" is nothing.  A regex location has
- * no prefix: it only lists.  NGX_DECLINED: the answer is under way and
- * *rc is what the handler returns for it.
+ * no prefix: it only lists.  NGX_DECLINED: no such resource, or an
+ * invalid session: the request ends with *rc, its answer under way.
  */
 
 static ngx_int_t

@@ -711,6 +711,12 @@ ngx_http_hermes_json_session_valid(ngx_str_t *s)
     return NGX_DECLINED
 
 
+/*
+ * A cell request's body, in any of its envelopes.  NGX_DECLINED: not one
+ * that runs, *http_status, *err_code and *err_msg say why; NGX_ERROR: no
+ * memory.
+ */
+
 ngx_int_t
 ngx_http_hermes_json_parse_request(ngx_pool_t *pool, u_char *body,
     size_t len, ngx_http_hermes_request_t *req, size_t max_code,
@@ -1217,6 +1223,11 @@ ngx_http_hermes_json_displays(ngx_pool_t *pool, u_char *data, size_t len,
     return NGX_OK;
 }
 
+
+/*
+ * A runner's result.  NGX_DECLINED: not one (not a JSON object, or no
+ * status of ours); NGX_ERROR: no memory.
+ */
 
 ngx_int_t
 ngx_http_hermes_json_parse_result(ngx_pool_t *pool, u_char *data, size_t len,

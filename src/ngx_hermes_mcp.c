@@ -69,6 +69,8 @@ ngx_http_hermes_mcp_peer(ngx_str_t *uri)
 }
 
 
+/* NGX_DECLINED: not one of the tools the server listed (tools/list) */
+
 ngx_int_t
 ngx_http_hermes_mcp_peer_has(ngx_http_hermes_mcp_peer_t *peer,
     ngx_str_t *name)

@@ -380,7 +380,8 @@ ngx_http_hermes_registry_session_next(ngx_http_hermes_zone_t *zone,
 /*
  * A new kernel for an owner at max_kernels_per_owner: its own least
  * recently used idle kernel makes room, never another owner's.
- * NGX_DECLINED: all of its kernels are busy (running, queued, spawning).
+ * NGX_DECLINED: no room: all of its kernels are busy (running, queued,
+ * spawning), or victims is full.
  */
 
 static ngx_int_t
@@ -791,7 +792,10 @@ ngx_http_hermes_registry_set_mcp_session(ngx_http_hermes_zone_t *zone,
 }
 
 
-/* the kernel died between cells: the turn's holder spawns a new one */
+/*
+ * The kernel died between cells: the turn's holder spawns a new one.
+ * NGX_DECLINED: the turn is not this request's any more.
+ */
 
 ngx_int_t
 ngx_http_hermes_registry_renew(ngx_http_hermes_zone_t *zone,
@@ -848,6 +852,11 @@ ngx_http_hermes_registry_kernel_up(ngx_http_hermes_node_t *kn,
     kn->had_kernel = 1;
 }
 
+
+/*
+ * The kernel the request spawned is up: its first cell runs.  NGX_DECLINED:
+ * the turn is not this request's any more (shut down while spawning).
+ */
 
 ngx_int_t
 ngx_http_hermes_registry_spawned(ngx_http_hermes_zone_t *zone,
@@ -969,7 +978,10 @@ ngx_http_hermes_registry_delete(ngx_http_hermes_zone_t *zone,
 }
 
 
-/* remove an entry; its kernel, if any, goes on the list to kill */
+/*
+ * Remove an entry; its kernel, if any, goes on the list to kill.
+ * NGX_DECLINED: victims is full, the entry stays.
+ */
 
 static ngx_int_t
 ngx_http_hermes_registry_evict(ngx_http_hermes_zone_t *zone,
@@ -992,6 +1004,7 @@ ngx_http_hermes_registry_evict(ngx_http_hermes_zone_t *zone,
  * its owner deleted: the entry stays as a tombstone, so that the session's
  * next call hears that its state is lost, and why.  Tombstones go with the
  * idle sweep (an idle_timeout after), or when the zone needs the room.
+ * NGX_DECLINED: victims is full, the entry stays as it is.
  */
 
 static ngx_int_t
@@ -1038,7 +1051,10 @@ ngx_http_hermes_registry_retire(ngx_http_hermes_zone_t *zone,
 }
 
 
-/* what killing the kernel takes: its host, backend, directory, group */
+/*
+ * What killing the kernel takes: its host, backend, directory, group.
+ * NGX_DECLINED: victims is full.
+ */
 
 static ngx_int_t
 ngx_http_hermes_registry_victim(ngx_http_hermes_node_t *kn,
@@ -1194,7 +1210,8 @@ ngx_http_hermes_registry_sweep_locked(ngx_http_hermes_zone_t *zone,
 /*
  * Idle entries of a queue, from its tail: the queue is ordered by last
  * use, so the walk stops at the first not idle long enough.  A kernel
- * becomes a tombstone (another queue); a tombstone goes.
+ * becomes a tombstone (another queue); a tombstone goes.  NGX_DECLINED:
+ * victims is full, the rest waits.
  */
 
 static ngx_int_t
@@ -1369,11 +1386,6 @@ ngx_http_hermes_registry_recent_first(const void *one, const void *two)
     return (a->last_used < b->last_used) - (a->last_used > b->last_used);
 }
 
-
-/*
- * Shut down the owner's kernels of a session: NGX_OK, NGX_DECLINED (none),
- * NGX_BUSY (a cell runs or waits, and not forced).
- */
 
 /*
  * The caller's kernels of that session with a running cell: the first
@@ -1552,6 +1564,11 @@ ngx_http_hermes_registry_recovering(ngx_http_hermes_zone_t *zone)
     return ngx_atomic_cmp_set(&zone->sh->recovered, 0, 1);
 }
 
+
+/*
+ * Shut down the owner's kernels of a session: NGX_OK, NGX_DECLINED (none),
+ * NGX_BUSY (a cell runs or waits, and not forced).
+ */
 
 ngx_int_t
 ngx_http_hermes_registry_shutdown(ngx_http_hermes_zone_t *zone,
@@ -2404,7 +2421,10 @@ ngx_http_hermes_registry_warm_reserve(ngx_http_hermes_zone_t *zone,
 }
 
 
-/* a warm kernel is up: idle, in the pool, until a new session takes it */
+/*
+ * A warm kernel is up: idle, in the pool, until a new session takes it.
+ * NGX_DECLINED: the turn is not this worker's any more (its slot went).
+ */
 
 ngx_int_t
 ngx_http_hermes_registry_warm_spawned(ngx_http_hermes_zone_t *zone,

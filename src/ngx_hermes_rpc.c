@@ -236,7 +236,10 @@ ngx_http_hermes_rpc_check(u_char *data, size_t len, uint64_t name_seq,
 }
 
 
-/* digits only, no leading zero, at least 1: what hermes_tools.py writes */
+/*
+ * Digits only, no leading zero, at least 1: what hermes_tools.py writes.
+ * NGX_DECLINED: it is not.
+ */
 
 static ngx_int_t
 ngx_http_hermes_rpc_seq_value(u_char *s, size_t len, uint64_t *seq)
@@ -1794,7 +1797,11 @@ ngx_http_hermes_rpc_utf8_cut(u_char *p, size_t len, ngx_uint_t back)
 }
 
 
-/* NGX_DECLINED: not JSON */
+/*
+ * A tool's answer, JSON, for the code (archived when over
+ * hermes_max_output).  NGX_DECLINED: it is not JSON; NGX_ERROR: it could
+ * not be passed on (logged, or no memory).
+ */
 
 ngx_int_t
 ngx_http_hermes_rpc_answer_ok(ngx_http_hermes_rpc_t *rpc, uint64_t seq,
@@ -2028,7 +2035,10 @@ ngx_http_hermes_rpc_answer_error(ngx_http_hermes_rpc_t *rpc, uint64_t seq,
 }
 
 
-/* res_N: tmp + rename on the verified rpc/ fd; hermes_tools.py watches */
+/*
+ * res_N: tmp + rename on the verified rpc/ fd; hermes_tools.py watches.
+ * A full disk is NGX_ERROR here: answer_ok's NGX_DECLINED says "not JSON".
+ */
 
 static ngx_int_t
 ngx_http_hermes_rpc_write(ngx_http_hermes_rpc_t *rpc, uint64_t seq,
@@ -2046,9 +2056,10 @@ ngx_http_hermes_rpc_write(ngx_http_hermes_rpc_t *rpc, uint64_t seq,
         return NGX_ERROR;
     }
 
-    return ngx_http_hermes_local_write_at(rpc->rpc_fd, (char *) name, data,
-                                          len, (ngx_uid_t) rpc->ref->uid,
-                                          rpc->log);
+    return (ngx_http_hermes_local_write_at(rpc->rpc_fd, (char *) name, data,
+                                           len, (ngx_uid_t) rpc->ref->uid,
+                                           rpc->log)
+            == NGX_OK) ? NGX_OK : NGX_ERROR;
 }
 
 

@@ -79,6 +79,7 @@ struct ngx_http_hermes_transport_s {
     ngx_int_t                   (*run)(ngx_http_hermes_stream_t *st);
     /* the client took what was sent, or left: read on */
     void                        (*resume)(ngx_http_hermes_stream_t *st);
+    /* NGX_DECLINED: not told: not shipped, or the kernel is not there */
     ngx_int_t                   (*interrupt)(ngx_http_hermes_stream_t *st);
     void                        (*salvage)(ngx_http_hermes_stream_t *st,
                                            ngx_http_hermes_windows_t *w);

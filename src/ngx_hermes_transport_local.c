@@ -366,6 +366,8 @@ ngx_http_hermes_local_stream_open_kernel(ngx_http_hermes_local_stream_t *ls)
 }
 
 
+/* a directory of uid's, owner-only (0700); NGX_DECLINED: it is not */
+
 static ngx_int_t
 ngx_http_hermes_local_stream_private_dir(ngx_file_info_t *fi, uint32_t uid)
 {
@@ -873,7 +875,8 @@ done:
 /*
  * "N\n" into the kernel's intr FIFO: the runner raises KeyboardInterrupt
  * in cell N if it still runs.  The runner may be in a sandbox of its own,
- * where no signal of ours reaches it.
+ * where no signal of ours reaches it.  NGX_DECLINED: not told: the cell is
+ * not shipped, or the kernel is not there (any more).
  */
 
 static ngx_int_t

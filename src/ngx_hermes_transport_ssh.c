@@ -467,7 +467,11 @@ ngx_http_hermes_ssh_stream_resume(ngx_http_hermes_stream_t *st)
 }
 
 
-/* a command on the kernel's host, in the thread pool */
+/*
+ * An INTERRUPT frame to the agent of the kernel's host (the backend's).
+ * NGX_DECLINED: not told: the cell is not shipped, or the kernel is not
+ * there (any more).
+ */
 
 static ngx_int_t
 ngx_http_hermes_ssh_stream_interrupt(ngx_http_hermes_stream_t *st)

@@ -280,7 +280,11 @@ ngx_http_hermes_warm_upkeep(ngx_http_hermes_zone_t *zone, ngx_log_t *log)
     }
 }
 
-/* NGX_OK: a slot reserved and its spawn posted; else the pool is full */
+
+/*
+ * NGX_OK: a slot reserved and its spawn posted.  NGX_DECLINED: none now:
+ * the pool or the registry is full, or the thread pool is.
+ */
 
 static ngx_int_t
 ngx_http_hermes_warm_spawn(ngx_http_hermes_zone_t *zone,
