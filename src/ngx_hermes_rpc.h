@@ -36,10 +36,11 @@ typedef struct {
     u_char                        seq_buf[16];
 } ngx_http_hermes_rpc_req_t;
 
-/* a stream event line ("...\n") for the cell's client */
 /* an answer, or an archived one, to a file NAME of a remote rpc/ */
 typedef ngx_int_t (*ngx_http_hermes_rpc_write_pt)(void *data, u_char *name,
     size_t len, u_char *buf, size_t n);
+
+/* a stream event line ("...\n") for the cell's client */
 typedef void (*ngx_http_hermes_rpc_event_pt)(void *data, u_char *line,
     size_t len);
 
