@@ -10,6 +10,13 @@
 #include "ngx_hermes_rpc_call.h"
 
 
+/* a tool's name as a Python identifier, at most: "tool_", 128, "_" */
+#define NGX_HTTP_HERMES_SCHEMA_IDENT  (128 + 8)
+
+
+static u_char *ngx_http_hermes_schema_tool(u_char *p, u_char *last,
+    ngx_str_t *name, ngx_str_t *all, ngx_uint_t n);
+static size_t ngx_http_hermes_schema_ident(u_char *dst, ngx_str_t *name);
 static void ngx_http_hermes_schema_function(yajl_gen g, u_char *desc,
     size_t len, const char *params);
 static void ngx_http_hermes_schema_property(yajl_gen g, const char *name,
@@ -30,7 +37,7 @@ ngx_http_hermes_schema_handler(ngx_http_request_t *r)
     size_t                       len, n;
     ngx_int_t                    rc;
     ngx_buf_t                   *b;
-    ngx_str_t                    fmt, *name;
+    ngx_str_t                    fmt, *name, *listed;
     yajl_gen                     g;
     ngx_uint_t                   i, which;
     ngx_chain_t                  out;
@@ -74,7 +81,7 @@ ngx_http_hermes_schema_handler(ngx_http_request_t *r)
         name = hlcf->tools->elts;
 
         for (i = 0; i < hlcf->tools->nelts; i++) {
-            len += 2 * name[i].len + 32;
+            len += 3 * name[i].len + 48;
         }
     }
 
@@ -86,7 +93,7 @@ ngx_http_hermes_schema_handler(ngx_http_request_t *r)
         peer = ngx_http_hermes_mcp_peer(&hlcf->tools_pass);
 
         if (peer && peer->listed) {
-            len += 2 * peer->tools_len + 32 * (peer->tools_len / 2 + 1);
+            len += 3 * peer->tools_len + 48 * (peer->tools_len / 2 + 1);
         }
     }
 
@@ -118,11 +125,28 @@ ngx_http_hermes_schema_handler(ngx_http_request_t *r)
                 "the tool's answer as Python data and raising "
                 "hermes_tools.ToolError when it fails: ");
 
-        for (t = peer->tools, i = 0; t < peer->tools + peer->tools_len; i++) {
-            n = ngx_strlen(t);
-            p = ngx_slprintf(p, last, "%shermes_tools.%*s(...)",
-                             i ? ", " : "", n, t);
-            t += n + 1;
+        /* the listed names, as the explicit ones are */
+
+        n = 0;
+
+        for (t = peer->tools; t < peer->tools + peer->tools_len; n++) {
+            t += ngx_strlen(t) + 1;
+        }
+
+        listed = ngx_palloc(r->pool, (n + 1) * sizeof(ngx_str_t));
+        if (listed == NULL) {
+            return NGX_HTTP_INTERNAL_SERVER_ERROR;
+        }
+
+        for (t = peer->tools, i = 0; i < n; i++) {
+            listed[i].data = t;
+            listed[i].len = ngx_strlen(t);
+            t += listed[i].len + 1;
+        }
+
+        for (i = 0; i < n; i++) {
+            p = ngx_slprintf(p, last, "%s", i ? ", " : "");
+            p = ngx_http_hermes_schema_tool(p, last, &listed[i], listed, n);
         }
 
         p = ngx_slprintf(p, last, ".  At most %ui tool calls per run.",
@@ -142,8 +166,9 @@ ngx_http_hermes_schema_handler(ngx_http_request_t *r)
         name = hlcf->tools->elts;
 
         for (i = 0; i < hlcf->tools->nelts; i++) {
-            p = ngx_slprintf(p, last, "%shermes_tools.%V(...)",
-                             i ? ", " : "", &name[i]);
+            p = ngx_slprintf(p, last, "%s", i ? ", " : "");
+            p = ngx_http_hermes_schema_tool(p, last, &name[i], name,
+                                            hlcf->tools->nelts);
         }
 
         p = ngx_slprintf(p, last, ".  At most %ui tool calls per run.",
@@ -274,4 +299,94 @@ ngx_http_hermes_schema_property(yajl_gen g, const char *name,
     yajl_gen_string(g, (u_char *) "description", 11);
     yajl_gen_string(g, (u_char *) desc, ngx_strlen(desc));
     yajl_gen_map_close(g);
+}
+
+
+/*
+ * A tool as code calls it: hermes_tools.IDENT(...), IDENT its name as a
+ * Python identifier; a name whose identifier another tool's shares is
+ * reached through call() only, as hermes_tools.py has it.
+ */
+
+static u_char *
+ngx_http_hermes_schema_tool(u_char *p, u_char *last, ngx_str_t *name,
+    ngx_str_t *all, ngx_uint_t n)
+{
+    size_t      len, olen;
+    ngx_uint_t  i;
+    u_char      ident[NGX_HTTP_HERMES_SCHEMA_IDENT];
+    u_char      other[NGX_HTTP_HERMES_SCHEMA_IDENT];
+
+    len = ngx_http_hermes_schema_ident(ident, name);
+
+    for (i = 0; i < n; i++) {
+        if (all[i].len == name->len
+            && ngx_strncmp(all[i].data, name->data, name->len) == 0)
+        {
+            continue;
+        }
+
+        olen = ngx_http_hermes_schema_ident(other, &all[i]);
+
+        if (olen == len && ngx_strncmp(other, ident, len) == 0) {
+            return ngx_slprintf(p, last, "hermes_tools.call(\"%V\", {...})",
+                                name);
+        }
+    }
+
+    return ngx_slprintf(p, last, "hermes_tools.%*s(...)", len, ident);
+}
+
+
+/*
+ * hermes_tools.py's _identifier(): "-" and "." as "_", "tool_" before a
+ * leading digit, "_" after a Python keyword.  "dst" holds
+ * NGX_HTTP_HERMES_SCHEMA_IDENT bytes (a tool's name is 128 at most).
+ */
+
+static size_t
+ngx_http_hermes_schema_ident(u_char *dst, ngx_str_t *name)
+{
+    u_char      *p;
+    size_t       i, len;
+    ngx_uint_t   k;
+
+    static ngx_str_t  keywords[] = {
+        ngx_string("False"), ngx_string("None"), ngx_string("True"),
+        ngx_string("and"), ngx_string("as"), ngx_string("assert"),
+        ngx_string("async"), ngx_string("await"), ngx_string("break"),
+        ngx_string("class"), ngx_string("continue"), ngx_string("def"),
+        ngx_string("del"), ngx_string("elif"), ngx_string("else"),
+        ngx_string("except"), ngx_string("finally"), ngx_string("for"),
+        ngx_string("from"), ngx_string("global"), ngx_string("if"),
+        ngx_string("import"), ngx_string("in"), ngx_string("is"),
+        ngx_string("lambda"), ngx_string("nonlocal"), ngx_string("not"),
+        ngx_string("or"), ngx_string("pass"), ngx_string("raise"),
+        ngx_string("return"), ngx_string("try"), ngx_string("while"),
+        ngx_string("with"), ngx_string("yield"), ngx_null_string
+    };
+
+    len = ngx_min(name->len, NGX_HTTP_HERMES_SCHEMA_IDENT - 8);
+
+    p = dst;
+
+    if (len && name->data[0] >= '0' && name->data[0] <= '9') {
+        p = ngx_cpymem(p, "tool_", sizeof("tool_") - 1);
+    }
+
+    for (i = 0; i < len; i++) {
+        *p++ = (name->data[i] == '-' || name->data[i] == '.')
+               ? '_' : name->data[i];
+    }
+
+    for (k = 0; keywords[k].len; k++) {
+        if ((size_t) (p - dst) == keywords[k].len
+            && ngx_strncmp(dst, keywords[k].data, keywords[k].len) == 0)
+        {
+            *p++ = '_';
+            break;
+        }
+    }
+
+    return p - dst;
 }

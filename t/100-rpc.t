@@ -71,6 +71,7 @@ $t->write_conf(<<'CONF');
     server {
         listen 127.0.0.1:%%PORT_3%%;
         location = /v1/schema { hermes_tools web_search fetch_url; hermes_schema; }
+        location = /odd/schema { hermes_tools get-sum web.search class 3d a-b a.b; hermes_schema; }
     }
 CONF
 $t->run;
@@ -445,6 +446,9 @@ like($t->http(GET => '/schema-none')->{json}{openai}{function}{description},
 like($t->http(GET => '/v1/schema', port => $t->port(3))->{json}{openai}{function}{description},
      qr/hermes_tools\.web_search\(\.\.\.\), hermes_tools\.fetch_url\(\.\.\.\)\.  At most 50 tool calls/,
      'a schema location without hermes_tools_pass names its hermes_tools');
+like($t->http(GET => '/odd/schema', port => $t->port(3))->{json}{openai}{function}{description},
+     qr/hermes_tools\.get_sum\(\.\.\.\), hermes_tools\.web_search\(\.\.\.\), hermes_tools\.class_\(\.\.\.\), hermes_tools\.tool_3d\(\.\.\.\), hermes_tools\.call\("a-b", \{\.\.\.\}\), hermes_tools\.call\("a\.b", \{\.\.\.\}\)\./,
+     'names that are not Python identifiers: as the code calls them (get_sum, class_, tool_3d), call() where two meet');
 
 $t->stop;
 

@@ -4,6 +4,12 @@
     import hermes_tools
     hermes_tools.call("web_search", {"query": "nginx"})
     hermes_tools.web_search(query="nginx")          # the same call
+    hermes_tools.get_sum(a=1, b=2)                  # the tool "get-sum"
+
+A tool whose name is not a Python identifier is there under one: "-" and
+"." become "_", a name starting with a digit gets "tool_" before it, a
+keyword "_" after it ("class_"), as docs/protocol.md says; two names that
+meet in one identifier are reachable through call() only.
 
 Only the tools the gateway enables (hermes_tools) are there: the runner
 sets them before each cell; any other name raises at once, naming the
@@ -31,6 +37,7 @@ count, so make tool calls from one process of a fork family at a time.
 
 import errno
 import json
+import keyword
 import os
 import select
 import stat
@@ -233,22 +240,51 @@ def _wait(req, res, fd, deadline):
                 pass
 
 
+def _identifier(name):
+    """A tool's name as a Python identifier: get-sum -> get_sum, 3d ->
+    tool_3d, class -> class_ (the gateway's hermes_schema names it so)."""
+    ident = name.replace("-", "_").replace(".", "_")
+    if ident[:1].isdigit():
+        ident = "tool_" + ident
+    if keyword.iskeyword(ident):
+        ident += "_"
+    return ident
+
+
+def _identifiers():
+    """{identifier: tool} of the enabled tools; one two tools share is
+    neither's (call() reaches them)."""
+    found, shared = {}, set()
+    for name in _allowed or ():
+        ident = _identifier(name)
+        if ident in found and found[ident] != name:
+            shared.add(ident)
+        found[ident] = name
+    for ident in shared:
+        del found[ident]
+    return found
+
+
 def __getattr__(name):
     """hermes_tools.NAME(**args) calls tool NAME; NAME(args_dict) also works.
     Use call() to pass a timeout."""
     if name.startswith("_"):   # __path__, __wrapped__, ...: not tools
         raise AttributeError("module 'hermes_tools' has no attribute %r" % name)
+    tool = name
     if _allowed is not None and name not in _allowed:
-        raise _not_enabled(name)
+        tool = _identifiers().get(name)
+        if tool is None:
+            raise _not_enabled(name)
 
-    def tool(args=None, /, **kwargs):
+    def stub(args=None, /, **kwargs):
         if args is not None and kwargs:
             raise TypeError("pass a dict or keyword arguments, not both")
-        return call(name, args if args is not None else kwargs)
+        return call(tool, args if args is not None else kwargs)
 
-    tool.__name__ = tool.__qualname__ = name
-    return tool
+    stub.__name__ = stub.__qualname__ = name
+    stub.__doc__ = "Calls the gateway's tool %r with these arguments." % tool
+    return stub
 
 
 def __dir__():
-    return sorted(set(__all__) | set(_allowed or ()))
+    return sorted(set(__all__) | set(_identifiers()))

@@ -910,6 +910,31 @@ class RunnerTest(unittest.TestCase):
         self.assertEqual(r["output"],
                          "tool 'echo' is not enabled here; enabled tools: none\n")
 
+    def test_tool_names_that_are_not_identifiers(self):
+        k = self.kernel()
+        tools = ["get-sum", "web.search", "class", "3d", "a-b", "a.b", "echo"]
+        n = k.send("print([n for n in dir(hermes_tools) if n.islower() "
+                   "and n != 'call'])\n"
+                   "print(hermes_tools.get_sum.__doc__)\n"
+                   "print(hermes_tools.get_sum(a=1))\n"
+                   "for n in ('a_b', 'web-search'):\n"
+                   "    try:\n        getattr(hermes_tools, n)()\n"
+                   "    except hermes_tools.ToolNotEnabled as e:\n"
+                   "        print(type(e).__name__)\n", tools=tools)
+        req = os.path.join(k.rpc, "req_000001")
+        self.assertTrue(_wait_for(lambda: os.path.exists(req)), "no " + req)
+        with open(req) as f:
+            self.assertEqual(json.load(f)["tool"], "get-sum")
+        os.unlink(req)
+        _write_atomic(os.path.join(k.rpc, "res_000001"),
+                      json.dumps({"seq": 1, "ok": True, "result": 3,
+                                  "error": None}).encode())
+        r = k.result(n)
+        self.assertEqual(r["output"],
+                         "['class_', 'echo', 'get_sum', 'tool_3d', 'web_search']\n"
+                         "Calls the gateway's tool 'get-sum' with these arguments.\n"
+                         "3\nToolNotEnabled\nToolNotEnabled\n", r)
+
     def test_leftover_rpc_files_are_swept_before_each_cell(self):
         k = self.kernel()
         for name in ("req_000007", "res_000003", "req_000009.tmp", "keep.txt"):
