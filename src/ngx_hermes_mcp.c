@@ -73,13 +73,16 @@ ngx_http_hermes_mcp_peer(ngx_str_t *uri)
 
 ngx_int_t
 ngx_http_hermes_mcp_peer_has(ngx_http_hermes_mcp_peer_t *peer,
-    ngx_str_t *name)
+    ngx_str_t *name, ngx_pool_t *pool)
 {
-    u_char  *p, *last;
-    size_t   len;
+    u_char     *p, *last, *found;
+    size_t      len, ilen;
+    ngx_str_t   listed;
+    u_char      ident[NGX_HTTP_HERMES_TOOL_IDENT];
 
     p = peer->tools;
     last = p + peer->tools_len;
+    found = NULL;
 
     while (p && p < last) {
         len = ngx_strlen(p);
@@ -88,10 +91,40 @@ ngx_http_hermes_mcp_peer_has(ngx_http_hermes_mcp_peer_t *peer,
             return NGX_OK;
         }
 
+        /* the code may call "get-sum" as get_sum: one such name, not two */
+
+        listed.data = p;
+        listed.len = len;
+        ilen = ngx_http_hermes_tool_ident(ident, &listed);
+
+        if (ilen == name->len && ngx_strncmp(ident, name->data, ilen) == 0) {
+            if (found) {
+                return NGX_DECLINED;
+            }
+
+            found = p;
+        }
+
         p += len + 1;
     }
 
-    return NGX_DECLINED;
+    if (found == NULL) {
+        return NGX_DECLINED;
+    }
+
+    /* the server's own name for it, the listing's copy may be replaced */
+
+    len = ngx_strlen(found);
+
+    name->data = ngx_pnalloc(pool, len);
+    if (name->data == NULL) {
+        return NGX_DECLINED;
+    }
+
+    ngx_memcpy(name->data, found, len);
+    name->len = len;
+
+    return NGX_OK;
 }
 
 
@@ -310,7 +343,9 @@ ngx_http_hermes_mcp_next(ngx_http_hermes_rpc_t *rpc,
         call->cursor.len = 0;
         peer->listed = 1;
 
-        if (ngx_http_hermes_mcp_peer_has(peer, &call->tool) != NGX_OK) {
+        if (ngx_http_hermes_mcp_peer_has(peer, &call->tool, rpc->pool)
+            != NGX_OK)
+        {
             ngx_http_hermes_mcp_call_error(call, "not one of the MCP "
                                            "server's tools (tools/list)");
             return NGX_DONE;

@@ -1018,7 +1018,9 @@ ngx_http_hermes_rpc_take(ngx_http_hermes_rpc_t *rpc,
         /* the MCP server's tools/list says, now (cached) or before the call */
         peer = ngx_http_hermes_mcp_peer(&rpc->hlcf->tools_pass);
         allowed = (peer == NULL || !peer->listed
-                   || ngx_http_hermes_mcp_peer_has(peer, &req->tool) == NGX_OK);
+                   || ngx_http_hermes_mcp_peer_has(peer, &req->tool,
+                                                   rpc->pool)
+                      == NGX_OK);
 
     } else if (rpc->hlcf->tools) {
         name = rpc->hlcf->tools->elts;
@@ -2374,4 +2376,58 @@ ngx_http_hermes_rpc_filter_init(ngx_conf_t *cf)
     ngx_http_top_body_filter = ngx_http_hermes_rpc_body_filter;
 
     return NGX_OK;
+}
+
+
+/*
+ * hermes_tools.py's _identifier(): "-" and "." as "_", "tool_" before a
+ * leading digit, "_" after a Python keyword.  "dst" holds
+ * NGX_HTTP_HERMES_TOOL_IDENT bytes (a tool's name is 128 at most).
+ */
+
+size_t
+ngx_http_hermes_tool_ident(u_char *dst, ngx_str_t *name)
+{
+    u_char      *p;
+    size_t       i, len;
+    ngx_uint_t   k;
+
+    static ngx_str_t  keywords[] = {
+        ngx_string("False"), ngx_string("None"), ngx_string("True"),
+        ngx_string("and"), ngx_string("as"), ngx_string("assert"),
+        ngx_string("async"), ngx_string("await"), ngx_string("break"),
+        ngx_string("class"), ngx_string("continue"), ngx_string("def"),
+        ngx_string("del"), ngx_string("elif"), ngx_string("else"),
+        ngx_string("except"), ngx_string("finally"), ngx_string("for"),
+        ngx_string("from"), ngx_string("global"), ngx_string("if"),
+        ngx_string("import"), ngx_string("in"), ngx_string("is"),
+        ngx_string("lambda"), ngx_string("nonlocal"), ngx_string("not"),
+        ngx_string("or"), ngx_string("pass"), ngx_string("raise"),
+        ngx_string("return"), ngx_string("try"), ngx_string("while"),
+        ngx_string("with"), ngx_string("yield"), ngx_null_string
+    };
+
+    len = ngx_min(name->len, NGX_HTTP_HERMES_TOOL_IDENT - 8);
+
+    p = dst;
+
+    if (len && name->data[0] >= '0' && name->data[0] <= '9') {
+        p = ngx_cpymem(p, "tool_", sizeof("tool_") - 1);
+    }
+
+    for (i = 0; i < len; i++) {
+        *p++ = (name->data[i] == '-' || name->data[i] == '.')
+               ? '_' : name->data[i];
+    }
+
+    for (k = 0; keywords[k].len; k++) {
+        if ((size_t) (p - dst) == keywords[k].len
+            && ngx_strncmp(dst, keywords[k].data, keywords[k].len) == 0)
+        {
+            *p++ = '_';
+            break;
+        }
+    }
+
+    return p - dst;
 }

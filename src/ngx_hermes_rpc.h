@@ -49,6 +49,11 @@ ngx_int_t ngx_http_hermes_rpc_check(u_char *data, size_t len,
     ngx_uint_t nseen, ngx_http_hermes_rpc_req_t *req);
 uint64_t ngx_http_hermes_rpc_name_seq(u_char *name, size_t len);
 ngx_uint_t ngx_http_hermes_tool_name_valid(u_char *name, size_t len);
+
+/* a tool's name as a Python identifier, at most: "tool_", 128, "_" */
+#define NGX_HTTP_HERMES_TOOL_IDENT  (128 + 8)
+
+size_t ngx_http_hermes_tool_ident(u_char *dst, ngx_str_t *name);
 ngx_http_hermes_rpc_t *ngx_http_hermes_rpc_create(ngx_pool_t *pool,
     ngx_http_request_t *r, ngx_http_hermes_loc_conf_t *hlcf,
     ngx_http_hermes_kernel_ref_t *ref, ngx_http_hermes_rpc_event_pt event,

@@ -154,7 +154,7 @@ void ngx_http_hermes_rpc_progress(ngx_http_hermes_rpc_t *rpc,
 
 ngx_http_hermes_mcp_peer_t *ngx_http_hermes_mcp_peer(ngx_str_t *uri);
 ngx_int_t ngx_http_hermes_mcp_peer_has(ngx_http_hermes_mcp_peer_t *peer,
-    ngx_str_t *name);
+    ngx_str_t *name, ngx_pool_t *pool);
 ngx_buf_t *ngx_http_hermes_mcp_body(ngx_http_hermes_rpc_t *rpc,
     ngx_http_hermes_rpc_call_t *call);
 ngx_int_t ngx_http_hermes_mcp_next(ngx_http_hermes_rpc_t *rpc,

@@ -10,13 +10,8 @@
 #include "ngx_hermes_rpc_call.h"
 
 
-/* a tool's name as a Python identifier, at most: "tool_", 128, "_" */
-#define NGX_HTTP_HERMES_SCHEMA_IDENT  (128 + 8)
-
-
 static u_char *ngx_http_hermes_schema_tool(u_char *p, u_char *last,
     ngx_str_t *name, ngx_str_t *all, ngx_uint_t n);
-static size_t ngx_http_hermes_schema_ident(u_char *dst, ngx_str_t *name);
 static void ngx_http_hermes_schema_function(yajl_gen g, u_char *desc,
     size_t len, const char *params);
 static void ngx_http_hermes_schema_property(yajl_gen g, const char *name,
@@ -314,10 +309,10 @@ ngx_http_hermes_schema_tool(u_char *p, u_char *last, ngx_str_t *name,
 {
     size_t      len, olen;
     ngx_uint_t  i;
-    u_char      ident[NGX_HTTP_HERMES_SCHEMA_IDENT];
-    u_char      other[NGX_HTTP_HERMES_SCHEMA_IDENT];
+    u_char      ident[NGX_HTTP_HERMES_TOOL_IDENT];
+    u_char      other[NGX_HTTP_HERMES_TOOL_IDENT];
 
-    len = ngx_http_hermes_schema_ident(ident, name);
+    len = ngx_http_hermes_tool_ident(ident, name);
 
     for (i = 0; i < n; i++) {
         if (all[i].len == name->len
@@ -326,7 +321,7 @@ ngx_http_hermes_schema_tool(u_char *p, u_char *last, ngx_str_t *name,
             continue;
         }
 
-        olen = ngx_http_hermes_schema_ident(other, &all[i]);
+        olen = ngx_http_hermes_tool_ident(other, &all[i]);
 
         if (olen == len && ngx_strncmp(other, ident, len) == 0) {
             return ngx_slprintf(p, last, "hermes_tools.call(\"%V\", {...})",
@@ -335,58 +330,4 @@ ngx_http_hermes_schema_tool(u_char *p, u_char *last, ngx_str_t *name,
     }
 
     return ngx_slprintf(p, last, "hermes_tools.%*s(...)", len, ident);
-}
-
-
-/*
- * hermes_tools.py's _identifier(): "-" and "." as "_", "tool_" before a
- * leading digit, "_" after a Python keyword.  "dst" holds
- * NGX_HTTP_HERMES_SCHEMA_IDENT bytes (a tool's name is 128 at most).
- */
-
-static size_t
-ngx_http_hermes_schema_ident(u_char *dst, ngx_str_t *name)
-{
-    u_char      *p;
-    size_t       i, len;
-    ngx_uint_t   k;
-
-    static ngx_str_t  keywords[] = {
-        ngx_string("False"), ngx_string("None"), ngx_string("True"),
-        ngx_string("and"), ngx_string("as"), ngx_string("assert"),
-        ngx_string("async"), ngx_string("await"), ngx_string("break"),
-        ngx_string("class"), ngx_string("continue"), ngx_string("def"),
-        ngx_string("del"), ngx_string("elif"), ngx_string("else"),
-        ngx_string("except"), ngx_string("finally"), ngx_string("for"),
-        ngx_string("from"), ngx_string("global"), ngx_string("if"),
-        ngx_string("import"), ngx_string("in"), ngx_string("is"),
-        ngx_string("lambda"), ngx_string("nonlocal"), ngx_string("not"),
-        ngx_string("or"), ngx_string("pass"), ngx_string("raise"),
-        ngx_string("return"), ngx_string("try"), ngx_string("while"),
-        ngx_string("with"), ngx_string("yield"), ngx_null_string
-    };
-
-    len = ngx_min(name->len, NGX_HTTP_HERMES_SCHEMA_IDENT - 8);
-
-    p = dst;
-
-    if (len && name->data[0] >= '0' && name->data[0] <= '9') {
-        p = ngx_cpymem(p, "tool_", sizeof("tool_") - 1);
-    }
-
-    for (i = 0; i < len; i++) {
-        *p++ = (name->data[i] == '-' || name->data[i] == '.')
-               ? '_' : name->data[i];
-    }
-
-    for (k = 0; keywords[k].len; k++) {
-        if ((size_t) (p - dst) == keywords[k].len
-            && ngx_strncmp(dst, keywords[k].data, keywords[k].len) == 0)
-        {
-            *p++ = '_';
-            break;
-        }
-    }
-
-    return p - dst;
 }

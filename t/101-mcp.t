@@ -218,6 +218,13 @@ ToolError: tool "nope": not one of the MCP server's tools (tools/list)
 OUT
 is(scalar(grep { $_->{method} eq 'tools/list' } @{ hits() }[$n .. $#{ hits() }]), 1,
    'tools/list once, cached');
+
+# a listed name that is not a Python identifier, called as one
+$n = @{ hits() };
+$r = $t->execute('/auto', {session => 'a', code => 'print(hermes_tools.get_sum(a=2, b=3)["sum"])'});
+is($r->{result}{output}, "5\n", 'auto: get-sum called as get_sum') or diag explain $r->{result};
+is_deeply([map { $_->{name} } grep { $_->{method} eq 'tools/call' } @{ hits() }[$n .. $#{ hits() }]],
+          ['get-sum'], '... the server is asked for get-sum');
 ok(!grep({ ($_->{name} // '') eq 'nope' } @{ hits() }), 'an unlisted tool is never called');
 
 like($t->http(GET => '/schema')->{json}{openai}{function}{description},
@@ -229,7 +236,7 @@ $n = @{ hits() };
 $r = $t->execute('/paged', {session => 'p', code => 'print(hermes_tools.recall(), hermes_tools.add(a=1, b=1)["sum"])'});
 is($r->{result}{output}, "None 2\n", 'paged tools/list: a tool of the last page and of the first') or diag explain $r;
 my @lists = grep { $_->{method} eq 'tools/list' } @{ hits() }[$n .. $#{ hits() }];
-is_deeply([map { $_->{cursor} } @lists], [undef, 'p2', 'p4', 'p6'], 'every page asked for, nextCursor followed');
+is_deeply([map { $_->{cursor} } @lists], [undef, 'p2', 'p4', 'p6', 'p8'], 'every page asked for, nextCursor followed');
 
 # a server that answers a forgotten session 400, naming it: a new session
 $r = $t->execute('/f400', {session => 'f', code => 'print(hermes_tools.add(a=1, b=2)["sum"])'});

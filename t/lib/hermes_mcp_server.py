@@ -11,7 +11,8 @@ answers a forgotten session 400 naming it, /mcp-old chooses a protocol
 version nobody speaks.  POST
 /forget (the test's, not nginx's) drops every session.  Each hit is logged to HITLOG as a JSON line.
 
-Tools: add {a,b} (structuredContent {"sum"} and a text), greet {name}
+Tools: add {a,b} and get-sum {a,b} (structuredContent {"sum"} and a
+text), greet {name}
 (text), two (two texts), oops (isError), stream (answered as an SSE
 stream, a progress notification first), ask (an SSE answer sent as it
 goes: progress for the call's progressToken, then requests of the
@@ -32,7 +33,8 @@ PORT, LOG = int(sys.argv[1]), sys.argv[2]
 SESSIONS = {}           # id -> the session's state (remember/recall)
 ANSWERS = {}            # a request of ours -> the client's answer
 WAITING = {}            # a request of ours -> threading.Event
-TOOLS = ["add", "greet", "two", "oops", "stream", "remember", "recall", "ask"]
+TOOLS = ["add", "greet", "two", "oops", "stream", "remember", "recall", "ask",
+         "get-sum"]
 
 
 class Handler(BaseHTTPRequestHandler):
@@ -140,7 +142,7 @@ class Handler(BaseHTTPRequestHandler):
             return self.send(200, {"jsonrpc": "2.0", "id": rid, "error": {
                 "code": -32601, "message": "Method not found"}})
         name, args = params.get("name"), params.get("arguments") or {}
-        if name == "add":
+        if name in ("add", "get-sum"):
             s = args.get("a", 0) + args.get("b", 0)
             res = {"content": [{"type": "text", "text": str(s)}],
                    "structuredContent": {"sum": s}}
