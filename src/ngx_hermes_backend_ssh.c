@@ -1455,7 +1455,8 @@ ngx_http_hermes_ssh_poll(ngx_http_hermes_ssh_link_t *l, ngx_msec_t next)
     {
         s = ngx_queue_data(q, ngx_http_hermes_ssh_stream_t, queue);
 
-        if (s->exec) {
+        if (s->exec || s->note) {
+            /* no fd; a note is freed once sent, HELLO may send it below */
             continue;
         }
 

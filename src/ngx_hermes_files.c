@@ -451,7 +451,7 @@ ngx_http_hermes_files_post(ngx_http_request_t *r, ngx_http_hermes_files_t *f)
 
 /*
  * Thread pool: the file moved in pieces of at most f->piece bytes, one
- * hermes_files.py command each (one in all locally; over ssh the agent's
+ * hermes_files.py command each (4 MiB locally; over ssh the agent's
  * frames bound a command's input and output).
  */
 

@@ -75,14 +75,16 @@ ngx_int_t
 ngx_http_hermes_mcp_peer_has(ngx_http_hermes_mcp_peer_t *peer,
     ngx_str_t *name, ngx_pool_t *pool)
 {
-    u_char     *p, *last, *found;
-    size_t      len, ilen;
-    ngx_str_t   listed;
+    u_char      *p, *last, *found;
+    size_t       len, ilen;
+    ngx_str_t    listed;
+    ngx_uint_t   shared;
     u_char      ident[NGX_HTTP_HERMES_TOOL_IDENT];
 
     p = peer->tools;
     last = p + peer->tools_len;
     found = NULL;
+    shared = 0;
 
     while (p && p < last) {
         len = ngx_strlen(p);
@@ -91,24 +93,29 @@ ngx_http_hermes_mcp_peer_has(ngx_http_hermes_mcp_peer_t *peer,
             return NGX_OK;
         }
 
-        /* the code may call "get-sum" as get_sum: one such name, not two */
+        /*
+         * the code may call "get-sum" as get_sum: one such name, not two,
+         * and only a name of the grammar (it goes into headers and lines)
+         */
 
         listed.data = p;
         listed.len = len;
-        ilen = ngx_http_hermes_tool_ident(ident, &listed);
 
-        if (ilen == name->len && ngx_strncmp(ident, name->data, ilen) == 0) {
-            if (found) {
-                return NGX_DECLINED;
+        if (ngx_http_hermes_tool_name_valid(p, len)) {
+            ilen = ngx_http_hermes_tool_ident(ident, &listed);
+
+            if (ilen == name->len
+                && ngx_strncmp(ident, name->data, ilen) == 0)
+            {
+                shared = (found != NULL);
+                found = p;
             }
-
-            found = p;
         }
 
         p += len + 1;
     }
 
-    if (found == NULL) {
+    if (found == NULL || shared) {
         return NGX_DECLINED;
     }
 
@@ -138,11 +145,12 @@ ngx_int_t
 ngx_http_hermes_mcp_next(ngx_http_hermes_rpc_t *rpc,
     ngx_http_hermes_rpc_call_t *call, ngx_int_t rc)
 {
-    u_char                      *p;
-    size_t                       len, n, old;
-    yajl_val                     root, v, tools, name;
-    ngx_uint_t                   i, status;
-    ngx_http_hermes_mcp_peer_t  *peer;
+    u_char                         *p;
+    size_t                          len, n, old;
+    yajl_val                        root, v, tools, name;
+    ngx_uint_t                      i, status;
+    ngx_http_hermes_mcp_peer_t     *peer;
+    ngx_http_hermes_mcp_session_t   fresh;
 
     static const char  *presult[] = { "result", NULL };
     static const char  *pversion[] = { "result", "protocolVersion", NULL };
@@ -163,11 +171,30 @@ ngx_http_hermes_mcp_next(ngx_http_hermes_rpc_t *rpc,
          * the server forgot the session (404, as the transport says, or
          * a 400 naming it, as some servers answer): a new one, once
          */
-        call->ms.session_len = 0;
-        call->ms.version_len = 0;
         call->retried = 1;
         call->used_session = 0;
         call->cursor.len = 0;
+        call->pages = 0;
+
+        /* another call of the kernel's may have made a new one already */
+
+        fresh.peer = call->ms.peer;
+
+        if (call->step != NGX_HTTP_HERMES_MCP_NOTIFY
+            && ngx_http_hermes_registry_mcp_session(rpc->zone, rpc->ref,
+                                                    &fresh)
+               == NGX_OK
+            && (fresh.session_len != call->ms.session_len
+                || ngx_memcmp(fresh.session, call->ms.session,
+                              fresh.session_len)
+                   != 0))
+        {
+            call->ms = fresh;
+            goto next;
+        }
+
+        call->ms.session_len = 0;
+        call->ms.version_len = 0;
         call->step = NGX_HTTP_HERMES_MCP_INIT;
 
         if (!rpc->mcp_initializing) {
@@ -278,9 +305,12 @@ ngx_http_hermes_mcp_next(ngx_http_hermes_rpc_t *rpc,
             return NGX_DONE;
         }
 
-        /* a later page adds to the names the first ones gave */
+        /*
+         * the pages' names gather in the call's own list, the worker's is
+         * replaced once the last came (another call may be listing too)
+         */
 
-        old = call->pages ? peer->tools_len : 0;
+        old = call->pages ? call->list_len : 0;
         len = old;
 
         for (i = 0; i < tools->u.array.len; i++) {
@@ -298,15 +328,15 @@ ngx_http_hermes_mcp_next(ngx_http_hermes_rpc_t *rpc,
         }
 
         if (old) {
-            ngx_memcpy(p, peer->tools, old);
+            ngx_memcpy(p, call->list, old);
         }
 
-        if (peer->tools) {
-            ngx_free(peer->tools);
+        if (call->list) {
+            ngx_free(call->list);
         }
 
-        peer->tools = p;
-        peer->tools_len = len;
+        call->list = p;
+        call->list_len = len;
         p += old;
 
         for (i = 0; i < tools->u.array.len; i++) {
@@ -341,7 +371,17 @@ ngx_http_hermes_mcp_next(ngx_http_hermes_rpc_t *rpc,
         yajl_tree_free(root);
 
         call->cursor.len = 0;
+
+        if (peer->tools) {
+            ngx_free(peer->tools);
+        }
+
+        peer->tools = call->list;
+        peer->tools_len = call->list_len;
         peer->listed = 1;
+
+        call->list = NULL;
+        call->list_len = 0;
 
         if (ngx_http_hermes_mcp_peer_has(peer, &call->tool, rpc->pool)
             != NGX_OK)
@@ -598,7 +638,10 @@ ngx_http_hermes_mcp_parse(ngx_http_hermes_rpc_t *rpc,
             nl = last;
             v = ngx_http_hermes_mcp_json(rpc->pool, data, d - data);
 
-            if (v && yajl_tree_get(v, pid, yajl_t_any)) {
+            if (v && yajl_tree_get(v, pid, yajl_t_any)
+                && (yajl_tree_get(v, presult, yajl_t_any)
+                    || yajl_tree_get(v, perror, yajl_t_any)))
+            {
                 if (found) {
                     yajl_tree_free(found);
                 }
@@ -961,9 +1004,11 @@ ngx_http_hermes_mcp_note(ngx_http_hermes_rpc_t *rpc,
     if (ngx_list_init(&sr->headers_in.headers, r->pool, 6,
                       sizeof(ngx_table_elt_t))
         != NGX_OK
-        || ngx_http_hermes_rpc_header(sr, "Mcp-Session-Id", call->ms.session,
-                                      call->ms.session_len)
-           != NGX_OK
+        || (call->ms.session_len
+            && ngx_http_hermes_rpc_header(sr, "Mcp-Session-Id",
+                                          call->ms.session,
+                                          call->ms.session_len)
+               != NGX_OK)
         || (call->ms.version_len
             && ngx_http_hermes_rpc_header(sr, "MCP-Protocol-Version",
                                           call->ms.version,
@@ -1036,7 +1081,7 @@ ngx_http_hermes_mcp_stream(ngx_event_t *ev)
 {
     ngx_http_hermes_rpc_call_t *call = ev->data;
 
-    u_char                 *p, *last, *end, *next;
+    u_char                 *p, *last, *end, *next, *crlf;
     yajl_val                v;
     ngx_http_hermes_rpc_t  *rpc;
 
@@ -1055,9 +1100,12 @@ ngx_http_hermes_mcp_stream(ngx_event_t *ev)
         end = ngx_strlcasestrn(p, last, (u_char *) "\n\n", 2 - 1);
         next = end ? end + 2 : NULL;
 
-        if (end == NULL) {
-            end = ngx_strlcasestrn(p, last, (u_char *) "\r\n\r\n", 4 - 1);
-            next = end ? end + 4 : NULL;
+        crlf = ngx_strlcasestrn(p, end ? end + 2 : last,
+                                (u_char *) "\r\n\r\n", 4 - 1);
+
+        if (crlf && (end == NULL || crlf < end)) {
+            end = crlf;
+            next = crlf + 4;
         }
 
         if (end == NULL) {
@@ -1136,11 +1184,12 @@ ngx_http_hermes_mcp_message(ngx_http_hermes_rpc_t *rpc,
     ngx_http_hermes_rpc_call_t *call, yajl_val v)
 {
     const char  *method;
-    yajl_val     m, id, total, message, progress;
+    yajl_val     m, id, total, message, progress, token;
 
     static const char  *pmethod[] = { "method", NULL };
     static const char  *pid[] = { "id", NULL };
     static const char  *pprogress[] = { "params", "progress", NULL };
+    static const char  *ptoken[] = { "params", "progressToken", NULL };
     static const char  *ptotal[] = { "params", "total", NULL };
     static const char  *pmessage[] = { "params", "message", NULL };
 
@@ -1158,6 +1207,16 @@ ngx_http_hermes_mcp_message(ngx_http_hermes_rpc_t *rpc,
     }
 
     if (ngx_strcmp(method, "notifications/progress") != 0) {
+        return;
+    }
+
+    /* this call's own progress: the token it sent */
+
+    token = yajl_tree_get(v, ptoken, yajl_t_number);
+
+    if (token == NULL || !YAJL_IS_INTEGER(token)
+        || token->u.number.i != (long long) call->seq)
+    {
         return;
     }
 

@@ -779,6 +779,16 @@ ngx_http_hermes_registry_set_mcp_session(ngx_http_hermes_zone_t *zone,
     kn = ngx_http_hermes_registry_mine(zone, ref);
 
     if (kn) {
+        if (kn->mcp_peer
+            && (kn->mcp_session_len != ms->session_len
+                || ngx_memcmp(kn->mcp_session, ms->session,
+                              kn->mcp_session_len)
+                   != 0))
+        {
+            /* one another call made meanwhile, or a dead one: ended */
+            ngx_http_hermes_registry_mcp_end(zone, kn);
+        }
+
         kn->mcp_peer = ms->peer;
         kn->mcp_session_len = (uint8_t) ngx_min(ms->session_len,
                                                 NGX_HTTP_HERMES_MCP_SESSION_MAX);
@@ -811,6 +821,9 @@ ngx_http_hermes_registry_renew(ngx_http_hermes_zone_t *zone,
         ngx_shmtx_unlock(&zone->shpool->mutex);
         return NGX_DECLINED;
     }
+
+    /* the kernel that is gone: its MCP session goes with it */
+    ngx_http_hermes_registry_mcp_end(zone, kn);
 
     ngx_http_hermes_registry_new_kernel(kn, root);
     ngx_http_hermes_registry_set_state(zone, kn,
@@ -1502,7 +1515,9 @@ ngx_http_hermes_registry_mcp_end(ngx_http_hermes_zone_t *zone,
 {
     ngx_http_hermes_mcp_session_t  *ms;
 
-    if (kn->mcp_peer == 0) {
+    if (kn->mcp_peer == 0 || kn->mcp_session_len == 0) {
+        /* none, or a server that keeps no sessions: nothing to end */
+        kn->mcp_peer = 0;
         return;
     }
 

@@ -1196,6 +1196,12 @@ ngx_http_hermes_rpc_start(ngx_http_hermes_rpc_t *rpc,
     }
 
     if (ngx_http_hermes_rpc_subrequest(rpc, call) != NGX_OK) {
+        if (call->initializer) {
+            /* the next waiting call makes the session instead */
+            call->initializer = 0;
+            rpc->mcp_initializing = 0;
+        }
+
         return NGX_ERROR;
     }
 
@@ -1242,6 +1248,11 @@ ngx_http_hermes_rpc_call_free(void *data)
 
     if (call->stream.posted) {
         ngx_delete_posted_event(&call->stream);
+    }
+
+    if (call->list) {
+        ngx_free(call->list);
+        call->list = NULL;
     }
 
     if (call->body) {
@@ -2108,8 +2119,12 @@ ngx_http_hermes_rpc_progress(ngx_http_hermes_rpc_t *rpc,
                   + 6 * NGX_HTTP_HERMES_RPC_PROGRESS_TEXT];
     size_t   len;
 
-    if (rpc->event == NULL) {
+    if (rpc->event == NULL || ngx_strlen(progress) > 64) {
         return;
+    }
+
+    if (total && ngx_strlen(total) > 64) {
+        total = NULL;           /* a number that long is not passed on, cut */
     }
 
     last = line + sizeof(line);
@@ -2117,12 +2132,10 @@ ngx_http_hermes_rpc_progress(ngx_http_hermes_rpc_t *rpc,
     p = ngx_sprintf(line, "{\"type\":\"tool_progress\",\"seq\":%uL,"
                     "\"tool\":\"", call->seq);
     p = (u_char *) ngx_escape_json(p, call->tool.data, call->tool.len);
-    p = ngx_slprintf(p, last, "\",\"progress\":%*s",
-                     ngx_min(ngx_strlen(progress), 64), progress);
+    p = ngx_slprintf(p, last, "\",\"progress\":%s", progress);
 
     if (total) {
-        p = ngx_slprintf(p, last, ",\"total\":%*s",
-                         ngx_min(ngx_strlen(total), 64), total);
+        p = ngx_slprintf(p, last, ",\"total\":%s", total);
     }
 
     if (message) {

@@ -113,6 +113,8 @@ typedef struct {
     ngx_uint_t                      step;
     ngx_str_t                       session;    /* Mcp-Session-Id got */
     ngx_str_t                       cursor;     /* tools/list's next page */
+    u_char                         *list;       /* its names so far */
+    size_t                          list_len;
     size_t                          scanned;    /* of an SSE body: events
                                                    looked at */
     ngx_event_t                     stream;     /* to look at them, posted

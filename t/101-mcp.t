@@ -225,6 +225,17 @@ $r = $t->execute('/auto', {session => 'a', code => 'print(hermes_tools.get_sum(a
 is($r->{result}{output}, "5\n", 'auto: get-sum called as get_sum') or diag explain $r->{result};
 is_deeply([map { $_->{name} } grep { $_->{method} eq 'tools/call' } @{ hits() }[$n .. $#{ hits() }]],
           ['get-sum'], '... the server is asked for get-sum');
+
+# a listed name outside the name grammar (300 characters) is never reached,
+# not even by the identifier of its first 128
+$r = $t->execute('/auto', {session => 'a', code => <<'PY'});
+try:
+    hermes_tools.call("x" * 128, {})
+except hermes_tools.ToolError as e:
+    print("ToolError:", e)
+PY
+like($r->{result}{output}, qr/^ToolError: tool "x{128}": not one of the MCP server's tools/,
+     'a listed name longer than a tool name may be is not reached by a prefix') or diag explain $r->{result};
 ok(!grep({ ($_->{name} // '') eq 'nope' } @{ hits() }), 'an unlisted tool is never called');
 
 like($t->http(GET => '/schema')->{json}{openai}{function}{description},

@@ -482,6 +482,11 @@ def interrupt(path, ino, cell):
         try:
             if os.fstat(d).st_ino != ino:
                 raise OSError(errno.ESTALE, "not the kernel's directory")
+            # a FIFO before it is opened: opening a node the kernel put
+            # there (a device, hard-linked) has effects of its own
+            if not stat.S_ISFIFO(os.stat("intr", dir_fd=d,
+                                         follow_symlinks=False).st_mode):
+                raise OSError(errno.EINVAL, "intr is not a FIFO")
             fd = os.open("intr", os.O_WRONLY | os.O_NONBLOCK | os.O_NOFOLLOW
                          | os.O_CLOEXEC, dir_fd=d)
         finally:

@@ -34,7 +34,7 @@ SESSIONS = {}           # id -> the session's state (remember/recall)
 ANSWERS = {}            # a request of ours -> the client's answer
 WAITING = {}            # a request of ours -> threading.Event
 TOOLS = ["add", "greet", "two", "oops", "stream", "remember", "recall", "ask",
-         "get-sum"]
+         "get-sum", "x" * 300]
 
 
 class Handler(BaseHTTPRequestHandler):
