@@ -961,108 +961,21 @@ static ngx_int_t
 ngx_http_hermes_mcp_note(ngx_http_hermes_rpc_t *rpc,
     ngx_http_hermes_mcp_session_t *ms, ngx_buf_t *body)
 {
-    u_char                      *p;
-    size_t                       len;
-    ngx_chain_t                 *cl;
-    ngx_http_request_t          *r, *sr;
-    ngx_http_request_body_t     *rb;
-    ngx_http_post_subrequest_t  *ps;
     ngx_http_hermes_rpc_call_t  *call;
 
-    r = rpc->r;
-
-    if (r == NULL) {
+    if (rpc->r == NULL) {
         return NGX_ERROR;
     }
 
-    call = ngx_pcalloc(r->pool, sizeof(ngx_http_hermes_rpc_call_t));
-    ps = ngx_palloc(r->pool, sizeof(ngx_http_post_subrequest_t));
-    rb = ngx_pcalloc(r->pool, sizeof(ngx_http_request_body_t));
-
-    if (call == NULL || ps == NULL || rb == NULL) {
+    call = ngx_pcalloc(rpc->r->pool, sizeof(ngx_http_hermes_rpc_call_t));
+    if (call == NULL) {
         return NGX_ERROR;
     }
 
     call->step = NGX_HTTP_HERMES_MCP_END;
     call->ms = *ms;
 
-    ps->handler = ngx_http_hermes_rpc_done;
-    ps->data = call;
-
-    if (ngx_http_subrequest(r, &rpc->hlcf->tools_pass, NULL, &sr, ps,
-                            NGX_HTTP_SUBREQUEST_BACKGROUND)
-        != NGX_OK)
-    {
-        return NGX_ERROR;
-    }
-
-    call->sr = sr;
-
-    ngx_memzero(&sr->headers_in, sizeof(ngx_http_headers_in_t));
-    sr->headers_in.keep_alive_n = -1;
-
-    if (ngx_list_init(&sr->headers_in.headers, r->pool, 6,
-                      sizeof(ngx_table_elt_t))
-        != NGX_OK
-        || (call->ms.session_len
-            && ngx_http_hermes_rpc_header(sr, "Mcp-Session-Id",
-                                          call->ms.session,
-                                          call->ms.session_len)
-               != NGX_OK)
-        || (call->ms.version_len
-            && ngx_http_hermes_rpc_header(sr, "MCP-Protocol-Version",
-                                          call->ms.version,
-                                          call->ms.version_len)
-               != NGX_OK))
-    {
-        return NGX_ERROR;
-    }
-
-    sr->request_body = rb;
-    sr->request_body_in_single_buf = 1;
-
-    if (body == NULL) {
-        sr->method = NGX_HTTP_DELETE;
-        ngx_str_set(&sr->method_name, "DELETE");
-        sr->headers_in.content_length_n = 0;
-        return NGX_OK;
-    }
-
-    sr->method = NGX_HTTP_POST;
-    ngx_str_set(&sr->method_name, "POST");
-
-    len = body->last - body->pos;
-    sr->headers_in.content_length_n = len;
-
-    p = ngx_pnalloc(r->pool, NGX_SIZE_T_LEN);
-    cl = ngx_alloc_chain_link(r->pool);
-
-    if (p == NULL || cl == NULL) {
-        return NGX_ERROR;
-    }
-
-    if (ngx_http_hermes_rpc_header(sr, "Content-Type",
-                                   (u_char *) "application/json",
-                                   sizeof("application/json") - 1)
-        != NGX_OK
-        || ngx_http_hermes_rpc_header(sr, "Content-Length", p,
-                                      ngx_sprintf(p, "%uz", len) - p)
-           != NGX_OK
-        || ngx_http_hermes_rpc_header(sr, "Accept", (u_char *)
-                                      "application/json, text/event-stream",
-                                      sizeof("application/json, "
-                                             "text/event-stream") - 1)
-           != NGX_OK)
-    {
-        return NGX_ERROR;
-    }
-
-    cl->buf = body;
-    cl->next = NULL;
-    rb->bufs = cl;
-    rb->buf = body;
-
-    return NGX_OK;
+    return ngx_http_hermes_rpc_post(rpc, call, body) ? NGX_OK : NGX_ERROR;
 }
 
 

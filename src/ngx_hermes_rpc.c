@@ -1271,18 +1271,11 @@ ngx_int_t
 ngx_http_hermes_rpc_subrequest(ngx_http_hermes_rpc_t *rpc,
     ngx_http_hermes_rpc_call_t *call)
 {
-    u_char                       *p;
-    size_t                        len;
-    ngx_buf_t                    *b;
-    ngx_str_t                     owner, accept;
-    ngx_chain_t                  *cl;
-    ngx_http_request_t           *r, *sr;
-    ngx_http_request_body_t      *rb;
-    ngx_http_post_subrequest_t   *ps;
+    ngx_buf_t           *b;
+    ngx_str_t            owner;
+    ngx_http_request_t  *sr;
 
-    r = rpc->r;
-
-    if (r == NULL) {
+    if (rpc->r == NULL) {
         return NGX_ERROR;
     }
 
@@ -1300,22 +1293,11 @@ ngx_http_hermes_rpc_subrequest(ngx_http_hermes_rpc_t *rpc,
         return NGX_ERROR;
     }
 
-    ps = ngx_palloc(r->pool, sizeof(ngx_http_post_subrequest_t));
-    if (ps == NULL) {
+    sr = ngx_http_hermes_rpc_post(rpc, call, b);
+    if (sr == NULL) {
         return NGX_ERROR;
     }
 
-    ps->handler = ngx_http_hermes_rpc_done;
-    ps->data = call;
-
-    if (ngx_http_subrequest(r, &rpc->hlcf->tools_pass, NULL, &sr, ps,
-                            NGX_HTTP_SUBREQUEST_BACKGROUND)
-        != NGX_OK)
-    {
-        return NGX_ERROR;
-    }
-
-    call->sr = sr;
     call->status = 0;
     call->len = 0;
     call->too_big = 0;
@@ -1323,46 +1305,9 @@ ngx_http_hermes_rpc_subrequest(ngx_http_hermes_rpc_t *rpc,
     call->session.len = 0;
     call->scanned = 0;
 
-    /* POST, our body and our headers only: not the client's */
-
-    sr->method = NGX_HTTP_POST;
-    ngx_str_set(&sr->method_name, "POST");
-
-    ngx_memzero(&sr->headers_in, sizeof(ngx_http_headers_in_t));
-    sr->headers_in.content_length_n = b->last - b->pos;
-    sr->headers_in.keep_alive_n = -1;
-
-    if (ngx_list_init(&sr->headers_in.headers, r->pool, 10,
-                      sizeof(ngx_table_elt_t))
-        != NGX_OK)
-    {
-        return NGX_ERROR;
-    }
-
-    p = ngx_pnalloc(r->pool, NGX_OFF_T_LEN);
-    if (p == NULL) {
-        return NGX_ERROR;
-    }
-
-    len = ngx_sprintf(p, "%O", sr->headers_in.content_length_n) - p;
-
-    if (call->step) {
-        ngx_str_set(&accept, "application/json, text/event-stream");
-
-    } else {
-        ngx_str_set(&accept, "application/json");
-    }
-
-    if (ngx_http_hermes_rpc_header(sr, "Content-Type",
-                                   (u_char *) "application/json",
-                                   sizeof("application/json") - 1)
+    if (ngx_http_hermes_rpc_header(sr, "X-Hermes-Owner", owner.data,
+                                   owner.len)
         != NGX_OK
-        || ngx_http_hermes_rpc_header(sr, "Content-Length", p, len) != NGX_OK
-        || ngx_http_hermes_rpc_header(sr, "Accept", accept.data, accept.len)
-           != NGX_OK
-        || ngx_http_hermes_rpc_header(sr, "X-Hermes-Owner", owner.data,
-                                      owner.len)
-           != NGX_OK
         || ngx_http_hermes_rpc_header(sr, "X-Hermes-Session",
                                       rpc->ref->session.data,
                                       rpc->ref->session.len)
@@ -1378,7 +1323,70 @@ ngx_http_hermes_rpc_subrequest(ngx_http_hermes_rpc_t *rpc,
         return NGX_ERROR;
     }
 
-    if (call->peer && call->step != NGX_HTTP_HERMES_MCP_INIT) {
+    return NGX_OK;
+}
+
+
+/*
+ * A background subrequest of the cell's request to hermes_tools_pass, for
+ * "call": a POST of "body" (JSON), or a DELETE without one (body NULL),
+ * with our headers only, never the client's: its content headers and, in
+ * an MCP session (any step after initialize), the kernel's session and
+ * protocol version.  The caller adds its own; NULL: it could not be made.
+ */
+
+ngx_http_request_t *
+ngx_http_hermes_rpc_post(ngx_http_hermes_rpc_t *rpc,
+    ngx_http_hermes_rpc_call_t *call, ngx_buf_t *body)
+{
+    u_char                      *p;
+    ngx_str_t                    accept;
+    ngx_chain_t                 *cl;
+    ngx_http_request_t          *r, *sr;
+    ngx_http_request_body_t     *rb;
+    ngx_http_post_subrequest_t  *ps;
+
+    r = rpc->r;
+
+    if (r == NULL) {
+        return NULL;
+    }
+
+    ps = ngx_palloc(r->pool, sizeof(ngx_http_post_subrequest_t));
+    rb = ngx_pcalloc(r->pool, sizeof(ngx_http_request_body_t));
+
+    if (ps == NULL || rb == NULL) {
+        return NULL;
+    }
+
+    ps->handler = ngx_http_hermes_rpc_done;
+    ps->data = call;
+
+    if (ngx_http_subrequest(r, &rpc->hlcf->tools_pass, NULL, &sr, ps,
+                            NGX_HTTP_SUBREQUEST_BACKGROUND)
+        != NGX_OK)
+    {
+        return NULL;
+    }
+
+    call->sr = sr;
+
+    ngx_memzero(&sr->headers_in, sizeof(ngx_http_headers_in_t));
+    sr->headers_in.keep_alive_n = -1;
+
+    /* an empty body, not the cell request's that the subrequest inherits */
+
+    sr->request_body = rb;
+    sr->request_body_in_single_buf = 1;
+
+    if (ngx_list_init(&sr->headers_in.headers, r->pool, 10,
+                      sizeof(ngx_table_elt_t))
+        != NGX_OK)
+    {
+        return NULL;
+    }
+
+    if (call->step && call->step != NGX_HTTP_HERMES_MCP_INIT) {
 
         /* the kernel's session: the call's copy lives with sr */
 
@@ -1390,7 +1398,7 @@ ngx_http_hermes_rpc_subrequest(ngx_http_hermes_rpc_t *rpc,
                                            call->ms.session_len)
                 != NGX_OK)
             {
-                return NGX_ERROR;
+                return NULL;
             }
         }
 
@@ -1400,27 +1408,56 @@ ngx_http_hermes_rpc_subrequest(ngx_http_hermes_rpc_t *rpc,
                                           call->ms.version_len)
                != NGX_OK)
         {
-            return NGX_ERROR;
+            return NULL;
         }
     }
 
-    rb = ngx_pcalloc(r->pool, sizeof(ngx_http_request_body_t));
-    cl = ngx_alloc_chain_link(r->pool);
-
-    if (rb == NULL || cl == NULL) {
-        return NGX_ERROR;
+    if (body == NULL) {
+        sr->method = NGX_HTTP_DELETE;
+        ngx_str_set(&sr->method_name, "DELETE");
+        sr->headers_in.content_length_n = 0;
+        return sr;
     }
 
-    cl->buf = b;
+    sr->method = NGX_HTTP_POST;
+    ngx_str_set(&sr->method_name, "POST");
+    sr->headers_in.content_length_n = body->last - body->pos;
+
+    p = ngx_pnalloc(r->pool, NGX_OFF_T_LEN);
+    cl = ngx_alloc_chain_link(r->pool);
+
+    if (p == NULL || cl == NULL) {
+        return NULL;
+    }
+
+    if (call->step) {
+        ngx_str_set(&accept, "application/json, text/event-stream");
+
+    } else {
+        ngx_str_set(&accept, "application/json");
+    }
+
+    if (ngx_http_hermes_rpc_header(sr, "Content-Type",
+                                   (u_char *) "application/json",
+                                   sizeof("application/json") - 1)
+        != NGX_OK
+        || ngx_http_hermes_rpc_header(sr, "Content-Length", p,
+                                      ngx_sprintf(p, "%O",
+                                          sr->headers_in.content_length_n)
+                                      - p)
+           != NGX_OK
+        || ngx_http_hermes_rpc_header(sr, "Accept", accept.data, accept.len)
+           != NGX_OK)
+    {
+        return NULL;
+    }
+
+    cl->buf = body;
     cl->next = NULL;
     rb->bufs = cl;
-    rb->buf = b;
-    rb->rest = 0;
+    rb->buf = body;
 
-    sr->request_body = rb;
-    sr->request_body_in_single_buf = 1;
-
-    return NGX_OK;
+    return sr;
 }
 
 

@@ -145,6 +145,8 @@ size_t ngx_http_hermes_rpc_utf8_cut(u_char *p, size_t len,
     ngx_uint_t back);
 ngx_int_t ngx_http_hermes_rpc_header(ngx_http_request_t *sr, char *key,
     u_char *value, size_t len);
+ngx_http_request_t *ngx_http_hermes_rpc_post(ngx_http_hermes_rpc_t *rpc,
+    ngx_http_hermes_rpc_call_t *call, ngx_buf_t *body);
 ngx_int_t ngx_http_hermes_rpc_done(ngx_http_request_t *sr, void *data,
     ngx_int_t rc);
 void ngx_http_hermes_rpc_next(ngx_http_hermes_rpc_t *rpc);
