@@ -508,6 +508,12 @@ ngx_http_hermes_local_exec(ngx_http_hermes_cmd_t *cmd)
     posix_spawn_file_actions_adddup2(&fa, out[1], 2);
     /* the worker's sockets and files must not leak into kernels */
     posix_spawn_file_actions_addclosefrom_np(&fa, 3);
+    /*
+     * from "/", not nginx's own directory: a worker that is not root may
+     * not be let into it (a private checkout), and the commands, the
+     * kernels they start and their tools would stumble on it
+     */
+    posix_spawn_file_actions_addchdir_np(&fa, "/");
 
     /*
      * Threads of the pool block every signal, and nginx ignores some:
