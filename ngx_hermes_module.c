@@ -43,7 +43,7 @@ static ngx_int_t ngx_http_hermes_postconfiguration(ngx_conf_t *cf);
 
 
 static char  *ngx_http_hermes_handler_names[] = {
-    "", "execute", "kernels", "status"
+    "", "execute", "kernels", "status", "mcp"
 };
 
 
@@ -100,6 +100,41 @@ static ngx_command_t  ngx_http_hermes_commands[] = {
       NGX_HTTP_LOC_CONF_OFFSET,
       NGX_HTTP_HERMES_HANDLER_STATUS,
       ngx_http_hermes_status_handler },
+
+    { ngx_string("hermes_mcp"),
+      NGX_HTTP_LOC_CONF|NGX_CONF_NOARGS|NGX_CONF_TAKE1,
+      ngx_http_hermes_content,
+      NGX_HTTP_LOC_CONF_OFFSET,
+      NGX_HTTP_HERMES_HANDLER_MCP,
+      ngx_http_hermes_mcp_handler },
+
+    { ngx_string("hermes_mcp_hosts"),
+      NGX_HTTP_MAIN_CONF|NGX_HTTP_SRV_CONF|NGX_HTTP_LOC_CONF|NGX_CONF_1MORE,
+      ngx_conf_set_str_array_slot,
+      NGX_HTTP_LOC_CONF_OFFSET,
+      offsetof(ngx_http_hermes_loc_conf_t, mcp_hosts),
+      NULL },
+
+    { ngx_string("hermes_mcp_origins"),
+      NGX_HTTP_MAIN_CONF|NGX_HTTP_SRV_CONF|NGX_HTTP_LOC_CONF|NGX_CONF_1MORE,
+      ngx_conf_set_str_array_slot,
+      NGX_HTTP_LOC_CONF_OFFSET,
+      offsetof(ngx_http_hermes_loc_conf_t, mcp_origins),
+      NULL },
+
+    { ngx_string("hermes_mcp_sessions"),
+      NGX_HTTP_MAIN_CONF|NGX_HTTP_SRV_CONF|NGX_HTTP_LOC_CONF|NGX_CONF_TAKE1,
+      ngx_conf_set_num_slot,
+      NGX_HTTP_LOC_CONF_OFFSET,
+      offsetof(ngx_http_hermes_loc_conf_t, mcp_sessions),
+      NULL },
+
+    { ngx_string("hermes_mcp_session_timeout"),
+      NGX_HTTP_MAIN_CONF|NGX_HTTP_SRV_CONF|NGX_HTTP_LOC_CONF|NGX_CONF_TAKE1,
+      ngx_conf_set_msec_slot,
+      NGX_HTTP_LOC_CONF_OFFSET,
+      offsetof(ngx_http_hermes_loc_conf_t, mcp_session_timeout),
+      NULL },
 
     { ngx_string("hermes_owner"),
       NGX_HTTP_MAIN_CONF|NGX_HTTP_SRV_CONF|NGX_HTTP_LOC_CONF|NGX_CONF_TAKE1,
@@ -456,6 +491,10 @@ ngx_http_hermes_create_loc_conf(ngx_conf_t *cf)
     conf->tools_auto = NGX_CONF_UNSET_UINT;
     conf->tools_protocol = NGX_CONF_UNSET_UINT;
     conf->max_tool_calls = NGX_CONF_UNSET_UINT;
+    conf->mcp_hosts = NGX_CONF_UNSET_PTR;
+    conf->mcp_origins = NGX_CONF_UNSET_PTR;
+    conf->mcp_sessions = NGX_CONF_UNSET_UINT;
+    conf->mcp_session_timeout = NGX_CONF_UNSET_MSEC;
 
     return conf;
 }
@@ -498,6 +537,11 @@ ngx_http_hermes_merge_loc_conf(ngx_conf_t *cf, void *parent, void *child)
     ngx_conf_merge_uint_value(conf->tools_protocol, prev->tools_protocol,
                               NGX_HTTP_HERMES_TOOLS_HERMES);
     ngx_conf_merge_uint_value(conf->max_tool_calls, prev->max_tool_calls, 50);
+    ngx_conf_merge_ptr_value(conf->mcp_hosts, prev->mcp_hosts, NULL);
+    ngx_conf_merge_ptr_value(conf->mcp_origins, prev->mcp_origins, NULL);
+    ngx_conf_merge_uint_value(conf->mcp_sessions, prev->mcp_sessions, 1024);
+    ngx_conf_merge_msec_value(conf->mcp_session_timeout,
+                              prev->mcp_session_timeout, 86400000);
 
     if (conf->session == NULL) {
         conf->session = prev->session;
@@ -545,7 +589,8 @@ ngx_http_hermes_merge_loc_conf(ngx_conf_t *cf, void *parent, void *child)
 
     if (conf->tools_auto
         && conf->tools_protocol != NGX_HTTP_HERMES_TOOLS_MCP
-        && conf->handler == NGX_HTTP_HERMES_HANDLER_EXECUTE)
+        && (conf->handler == NGX_HTTP_HERMES_HANDLER_EXECUTE
+            || conf->handler == NGX_HTTP_HERMES_HANDLER_MCP))
     {
         ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
                            "\"hermes_tools auto\" needs "
@@ -557,7 +602,8 @@ ngx_http_hermes_merge_loc_conf(ngx_conf_t *cf, void *parent, void *child)
         return NGX_CONF_OK;
     }
 
-    if (conf->handler == NGX_HTTP_HERMES_HANDLER_EXECUTE
+    if ((conf->handler == NGX_HTTP_HERMES_HANDLER_EXECUTE
+         || conf->handler == NGX_HTTP_HERMES_HANDLER_MCP)
         && conf->sandbox->implicit
         && conf->backend->ops == &ngx_http_hermes_backend_local_ops
         && ngx_http_hermes_sandbox_check(cf, conf->sandbox) != NGX_OK)
@@ -610,7 +656,9 @@ ngx_http_hermes_merge_loc_conf(ngx_conf_t *cf, void *parent, void *child)
         return NGX_CONF_ERROR;
     }
 
-    if (conf->handler == NGX_HTTP_HERMES_HANDLER_EXECUTE) {
+    if (conf->handler == NGX_HTTP_HERMES_HANDLER_EXECUTE
+        || conf->handler == NGX_HTTP_HERMES_HANDLER_MCP)
+    {
         return ngx_http_hermes_warm_conf(cf, conf);
     }
 
@@ -1071,7 +1119,7 @@ ngx_http_hermes_backend(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
 }
 
 
-/* hermes_execute, hermes_kernels, hermes_status [zone=NAME] */
+/* hermes_execute, hermes_kernels, hermes_status, hermes_mcp [zone=NAME] */
 
 static char *
 ngx_http_hermes_content(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)

@@ -76,6 +76,7 @@ extern ngx_str_t  ngx_http_hermes_commit;
 
 
 #include "ngx_hermes_config.h"
+#include "ngx_hermes_mcp_server.h"
 #include "ngx_hermes_registry.h"
 #include "ngx_hermes_backend.h"
 #include "ngx_hermes_frames.h"

@@ -102,7 +102,8 @@ typedef enum {
     NGX_HTTP_HERMES_HANDLER_NONE = 0,
     NGX_HTTP_HERMES_HANDLER_EXECUTE,
     NGX_HTTP_HERMES_HANDLER_KERNELS,
-    NGX_HTTP_HERMES_HANDLER_STATUS
+    NGX_HTTP_HERMES_HANDLER_STATUS,
+    NGX_HTTP_HERMES_HANDLER_MCP
 } ngx_http_hermes_handler_e;
 
 
@@ -134,6 +135,11 @@ typedef struct {
     ngx_uint_t                    tools_protocol;
     ngx_uint_t                    tools_auto;   /* the MCP server's list */
     ngx_uint_t                    max_tool_calls;
+    /* hermes_mcp (ngx_hermes_mcp_server.c) */
+    ngx_array_t                  *mcp_hosts;    /* ngx_str_t; NULL: local */
+    ngx_array_t                  *mcp_origins;
+    ngx_uint_t                    mcp_sessions;
+    ngx_msec_t                    mcp_session_timeout;
 } ngx_http_hermes_loc_conf_t;
 
 

@@ -42,8 +42,6 @@ typedef enum {
 } ngx_http_hermes_route_e;
 
 
-static ngx_int_t ngx_http_hermes_owner(ngx_http_request_t *r,
-    ngx_str_t *owner, ngx_int_t *rc);
 static ngx_int_t ngx_http_hermes_session(ngx_http_request_t *r,
     ngx_http_hermes_request_t *req, ngx_int_t *rc);
 static void ngx_http_hermes_execute_body(ngx_http_request_t *r);
@@ -66,11 +64,8 @@ static ngx_int_t ngx_http_hermes_variable_queue_ms(ngx_http_request_t *r,
     ngx_http_variable_value_t *v, uintptr_t data);
 static ngx_int_t ngx_http_hermes_variable_lost_reason(ngx_http_request_t *r,
     ngx_http_variable_value_t *v, uintptr_t data);
-static u_char *ngx_http_hermes_read_body(ngx_http_request_t *r,
-    size_t *len);
 static u_char *ngx_http_hermes_media_type(u_char *p, u_char *last,
     ngx_http_hermes_media_t *m);
-static ngx_uint_t ngx_http_hermes_content_is_json(ngx_http_request_t *r);
 static ngx_uint_t ngx_http_hermes_accepts_json(ngx_http_request_t *r);
 static ngx_int_t ngx_http_hermes_kernels_path(ngx_http_request_t *r,
     ngx_str_t *session, ngx_http_hermes_route_e *route, ngx_str_t *rest,
@@ -264,7 +259,7 @@ ngx_http_hermes_execute_body(ngx_http_request_t *r)
  * ends with *rc, its answer under way or an error status.
  */
 
-static ngx_int_t
+ngx_int_t
 ngx_http_hermes_owner(ngx_http_request_t *r, ngx_str_t *owner, ngx_int_t *rc)
 {
     u_char                      *p, *last;
@@ -426,7 +421,7 @@ ngx_http_hermes_session(ngx_http_request_t *r,
 
 /* the body in one piece, NUL-terminated, from memory or its temp file */
 
-static u_char *
+u_char *
 ngx_http_hermes_read_body(ngx_http_request_t *r, size_t *len)
 {
     u_char       *p, *body;
@@ -654,7 +649,7 @@ ngx_http_hermes_media_is(ngx_str_t *s, const char *name)
  * application/json in a parameter is a cross-site form, not JSON.
  */
 
-static ngx_uint_t
+ngx_uint_t
 ngx_http_hermes_content_is_json(ngx_http_request_t *r)
 {
     u_char                   *p, *last;

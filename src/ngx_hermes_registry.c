@@ -182,6 +182,8 @@ ngx_http_hermes_registry_init_zone(ngx_shm_zone_t *shm_zone, void *data)
     ngx_queue_init(&zone->sh->lru);
     ngx_queue_init(&zone->sh->lost);
 
+    ngx_http_hermes_mcp_sessions_init(zone->sh);
+
     len = sizeof(" in hermes_zone \"\"") + shm_zone->shm.name.len;
 
     zone->shpool->log_ctx = ngx_slab_alloc(zone->shpool, len);
@@ -1779,6 +1781,16 @@ ngx_http_hermes_registry_stats(ngx_http_hermes_zone_t *zone,
     for (i = 0; i < NGX_HTTP_HERMES_RPC_NREJECT; i++) {
         st->rpc_rejected_total[i] = sh->counters.rpc_rejected_total[i];
     }
+
+    for (i = 0; i < NGX_HTTP_HERMES_MCP_NMETHOD; i++) {
+        st->mcp_requests_total[i] = sh->counters.mcp_requests_total[i];
+    }
+
+    for (i = 0; i < NGX_HTTP_HERMES_MCP_NTOOL; i++) {
+        st->mcp_tool_calls_total[i] = sh->counters.mcp_tool_calls_total[i];
+    }
+
+    st->mcp_sessions = sh->mcp_sessions;
 
     for (i = 0; i < NGX_HTTP_HERMES_NHIST; i++) {
         for (j = 0; j < NGX_HTTP_HERMES_BUCKETS; j++) {

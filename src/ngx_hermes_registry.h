@@ -106,6 +106,8 @@ struct ngx_http_hermes_counters_s {
     ngx_atomic_uint_t             tool_calls_total;
     ngx_atomic_uint_t             cells_total[NGX_HTTP_HERMES_CELL_NSTATUS];
     ngx_atomic_uint_t             rpc_rejected_total[NGX_HTTP_HERMES_RPC_NREJECT];
+    ngx_atomic_uint_t             mcp_requests_total[NGX_HTTP_HERMES_MCP_NMETHOD];
+    ngx_atomic_uint_t             mcp_tool_calls_total[NGX_HTTP_HERMES_MCP_NTOOL];
 };
 
 
@@ -148,6 +150,9 @@ typedef struct {
     ngx_uint_t                    tool_calls_total;
     ngx_uint_t                    cells_total[NGX_HTTP_HERMES_CELL_NSTATUS];
     ngx_uint_t                    rpc_rejected_total[NGX_HTTP_HERMES_RPC_NREJECT];
+    ngx_uint_t                    mcp_requests_total[NGX_HTTP_HERMES_MCP_NMETHOD];
+    ngx_uint_t                    mcp_tool_calls_total[NGX_HTTP_HERMES_MCP_NTOOL];
+    ngx_uint_t                    mcp_sessions;
     ngx_uint_t                    hist[NGX_HTTP_HERMES_NHIST]
                                       [NGX_HTTP_HERMES_BUCKETS];
     ngx_uint_t                    hist_sum_ms[NGX_HTTP_HERMES_NHIST];

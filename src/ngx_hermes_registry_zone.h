@@ -4,7 +4,7 @@
  *
  * ngx_hermes: the registry's own layout in shared memory, private to
  * ngx_hermes_registry.c (and its unit tests), as limit_req keeps its node
- * type inside its .c.
+ * type inside its .c; ngx_hermes_mcp_sessions.c keeps its own tree in it.
  */
 
 
@@ -44,6 +44,11 @@ struct ngx_http_hermes_sh_s {
      */
     ngx_uint_t                    mcp_ended_next;
     ngx_http_hermes_mcp_session_t mcp_ended[NGX_HTTP_HERMES_MCP_ENDED];
+    /* hermes_mcp's clients' sessions (ngx_hermes_mcp_sessions.c) */
+    ngx_rbtree_t                  mcp_rbtree;
+    ngx_rbtree_node_t             mcp_sentinel;
+    ngx_queue_t                   mcp_lru;      /* most recent at head */
+    ngx_uint_t                    mcp_sessions;
 };
 
 

@@ -79,6 +79,18 @@ ngx_http_hermes_response_send_error(ngx_http_request_t *r, ngx_uint_t status,
 
     ctx->error_code = c;
 
+    if (ctx->answer) {
+        /* another protocol's message: the client reads it as one */
+
+        e = ctx->answer->error(r, ctx->answer_data, status, &c, &m);
+        if (e == NULL) {
+            return NGX_HTTP_INTERNAL_SERVER_ERROR;
+        }
+
+        return ngx_http_hermes_response_send_buf(r, NGX_HTTP_OK,
+                                        ctx->answer->error_type, e);
+    }
+
     if (ctx->envelope != NGX_HTTP_HERMES_ENVELOPE_NONE) {
         /* an agent's tool call: the model reads the error and reacts */
 
@@ -428,6 +440,8 @@ ngx_http_hermes_response_attach(ngx_http_hermes_response_t *rs,
     rs->cln->data = rs;
     rs->r = r;
     rs->ctx->response = rs;
+    rs->answer = rs->ctx->answer;
+    rs->answer_data = rs->ctx->answer_data;
 
     /* the client may go away; the cell runs on regardless */
     r->read_event_handler = ngx_http_test_reading;
@@ -467,6 +481,7 @@ ngx_http_hermes_response_detach(void *data)
     rs->ctx = NULL;
     rs->free = NULL;
     rs->busy = NULL;
+    rs->out = NULL;
 
     if (rs->gone) {
         rs->gone(rs->data);
@@ -492,7 +507,9 @@ ngx_http_hermes_response_kernel(ngx_http_hermes_response_t *rs,
         return NGX_OK;
     }
 
-    if (ngx_http_hermes_response_header(rs) != NGX_OK || rs->r == NULL) {
+    if (ngx_http_hermes_response_header(rs) != NGX_OK || rs->r == NULL
+        || rs->answer)
+    {
         return NGX_OK;
     }
 
@@ -528,7 +545,8 @@ ngx_http_hermes_response_kernel(ngx_http_hermes_response_t *rs,
 
 
 /*
- * Event lines, copied into the request's buffers and sent.  NGX_AGAIN:
+ * Event lines, copied into the request's buffers and sent (or given to
+ * the answer's protocol, which writes what it makes of them).  NGX_AGAIN:
  * the client has not taken them yet; "drained" says when it has.
  */
 
@@ -536,20 +554,47 @@ ngx_int_t
 ngx_http_hermes_response_output(ngx_http_hermes_response_t *rs, u_char *p,
     size_t n)
 {
-    size_t        k;
-    ngx_buf_t    *b;
-    ngx_chain_t  *cl, *out, **ll;
-
     if (rs->r == NULL || rs->json) {
         return NGX_OK;
+    }
+
+    if (rs->answer) {
+        if (rs->answer->output(rs, p, n) != NGX_OK) {
+            return NGX_ERROR;
+        }
+
+        return ngx_http_hermes_response_push(rs);
     }
 
     if (n) {
         rs->mid_line = (p[n - 1] != '\n');
     }
 
-    out = NULL;
-    ll = &out;
+    if (ngx_http_hermes_response_write(rs, p, n) != NGX_OK) {
+        return NGX_ERROR;
+    }
+
+    return ngx_http_hermes_response_push(rs);
+}
+
+
+/* bytes copied into the request's reused buffers, sent at the next push */
+
+ngx_int_t
+ngx_http_hermes_response_write(ngx_http_hermes_response_t *rs, u_char *p,
+    size_t n)
+{
+    size_t        k;
+    ngx_buf_t    *b;
+    ngx_chain_t  *cl;
+
+    if (rs->r == NULL) {
+        return NGX_OK;
+    }
+
+    if (rs->out == NULL) {
+        rs->last_out = &rs->out;
+    }
 
     while (n) {
         cl = ngx_chain_get_free_buf(rs->r->pool, &rs->free);
@@ -579,15 +624,28 @@ ngx_http_hermes_response_output(ngx_http_hermes_response_t *rs, u_char *p,
         p += k;
         n -= k;
 
-        *ll = cl;
-        ll = &cl->next;
+        *rs->last_out = cl;
+        rs->last_out = &cl->next;
+        cl->next = NULL;
     }
 
-    *ll = NULL;
+    return NGX_OK;
+}
 
-    if (out == NULL) {
-        return NGX_OK;
+
+/* what was written goes out; NGX_AGAIN: the client has not taken it yet */
+
+ngx_int_t
+ngx_http_hermes_response_push(ngx_http_hermes_response_t *rs)
+{
+    ngx_chain_t  *cl, *out;
+
+    if (rs->r == NULL || rs->out == NULL) {
+        return (rs->r && rs->busy) ? NGX_AGAIN : NGX_OK;
     }
+
+    out = rs->out;
+    rs->out = NULL;
 
     for (cl = out; cl->next; cl = cl->next) { /* void */ }
     cl->buf->flush = 1;
@@ -608,7 +666,7 @@ ngx_http_hermes_response_end_line(ngx_http_hermes_response_t *rs)
 {
     ngx_buf_t  *b;
 
-    if (!rs->mid_line || rs->r == NULL) {
+    if (!rs->mid_line || rs->r == NULL || rs->answer) {
         return;
     }
 
@@ -650,8 +708,15 @@ ngx_http_hermes_response_heartbeat(ngx_http_hermes_response_t *rs)
         return;
     }
 
-    b->pos = (u_char *) "{\"type\":\"heartbeat\"}\n";
-    b->last = b->pos + sizeof("{\"type\":\"heartbeat\"}\n") - 1;
+    if (rs->answer) {
+        b->pos = rs->answer->heartbeat.data;
+        b->last = b->pos + rs->answer->heartbeat.len;
+
+    } else {
+        b->pos = (u_char *) "{\"type\":\"heartbeat\"}\n";
+        b->last = b->pos + sizeof("{\"type\":\"heartbeat\"}\n") - 1;
+    }
+
     b->memory = 1;
     b->flush = 1;
 
@@ -683,8 +748,14 @@ ngx_http_hermes_response_result(ngx_http_hermes_response_t *rs,
         return;
     }
 
-    b = ngx_http_hermes_json_result(r->pool, res, ref, req, !rs->json,
-                                    rs->json && rs->tool_message);
+    if (rs->answer) {
+        b = rs->answer->result(r, rs->answer_data, res, ref, req);
+
+    } else {
+        b = ngx_http_hermes_json_result(r->pool, res, ref, req, !rs->json,
+                                        rs->json && rs->tool_message);
+    }
+
     if (b == NULL) {
         ngx_http_finalize_request(r, NGX_ERROR);
         return;
@@ -747,7 +818,11 @@ ngx_http_hermes_response_header(ngx_http_hermes_response_t *rs)
 
     r->headers_out.status = NGX_HTTP_OK;
 
-    if (rs->json) {
+    if (rs->answer) {
+        r->headers_out.content_type = rs->answer->content_type;
+        r->headers_out.content_length_n = -1;
+
+    } else if (rs->json) {
         ngx_str_set(&r->headers_out.content_type, "application/json");
 
     } else {

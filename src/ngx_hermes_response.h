@@ -17,6 +17,31 @@
 
 typedef struct ngx_http_hermes_response_s  ngx_http_hermes_response_t;
 
+
+/*
+ * A cell's answer in another protocol than ours (hermes_mcp: JSON-RPC,
+ * with events over SSE), set in the request's context before the cell
+ * starts.  "output" is given the cell's event lines as they come (in
+ * pieces, not always whole lines) and writes what it makes of them with
+ * ngx_http_hermes_response_write(); "result" and "error" return the last
+ * message (NULL: no memory).  An error comes before the stream started.
+ */
+
+typedef struct {
+    ngx_str_t                     content_type; /* of the stream */
+    const char                   *error_type;   /* of an error's answer */
+    ngx_str_t                     heartbeat;
+    ngx_int_t                   (*output)(ngx_http_hermes_response_t *rs,
+                                          u_char *p, size_t n);
+    ngx_buf_t                  *(*result)(ngx_http_request_t *r, void *data,
+                                          ngx_http_hermes_result_t *res,
+                                          ngx_http_hermes_kernel_ref_t *ref,
+                                          ngx_http_hermes_request_t *req);
+    ngx_buf_t                  *(*error)(ngx_http_request_t *r, void *data,
+                                         ngx_uint_t status, ngx_str_t *code,
+                                         ngx_str_t *message);
+} ngx_http_hermes_answer_t;
+
 typedef struct {
     ngx_buf_t                    *error_body;
     ngx_http_event_handler_pt     read_body;    /* nginx's, while reading */
@@ -32,6 +57,8 @@ typedef struct {
     ngx_str_t                     tool_call_id;
     ngx_uint_t                    envelope;     /* errors as tool messages
                                                    (a JSON answer wanted) */
+    ngx_http_hermes_answer_t     *answer;       /* NULL: ours */
+    void                         *answer_data;
     unsigned                      error_sent:1;
     unsigned                      has_kernel:1;
     unsigned                      has_queue:1;  /* the cell got its turn */
@@ -56,6 +83,10 @@ struct ngx_http_hermes_response_s {
     void                        (*drained)(void *data);
     void                        (*gone)(void *data);
     void                         *data;
+    ngx_http_hermes_answer_t     *answer;       /* the context's */
+    void                         *answer_data;
+    ngx_chain_t                  *out;          /* written, not sent */
+    ngx_chain_t                 **last_out;
     unsigned                      json:1;       /* one JSON answer */
     unsigned                      tool_message:1;
     unsigned                      header_sent:1;
@@ -71,6 +102,9 @@ ngx_int_t ngx_http_hermes_response_kernel(ngx_http_hermes_response_t *rs,
     ngx_http_hermes_kernel_ref_t *ref, ngx_http_hermes_request_t *req);
 ngx_int_t ngx_http_hermes_response_output(ngx_http_hermes_response_t *rs,
     u_char *p, size_t n);
+ngx_int_t ngx_http_hermes_response_write(ngx_http_hermes_response_t *rs,
+    u_char *p, size_t n);
+ngx_int_t ngx_http_hermes_response_push(ngx_http_hermes_response_t *rs);
 void ngx_http_hermes_response_end_line(ngx_http_hermes_response_t *rs);
 void ngx_http_hermes_response_heartbeat(ngx_http_hermes_response_t *rs);
 void ngx_http_hermes_response_result(ngx_http_hermes_response_t *rs,

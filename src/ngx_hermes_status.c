@@ -524,6 +524,24 @@ ngx_http_hermes_json_stats(ngx_pool_t *pool, ngx_http_hermes_stats_t *st,
     }
     yajl_gen_map_close(g);
 
+    ngx_http_hermes_gen_counter("mcp_sessions", st->mcp_sessions);
+
+    ngx_http_hermes_gen_key(g, "mcp_requests_total");
+    yajl_gen_map_open(g);
+    for (i = 0; i < NGX_HTTP_HERMES_MCP_NMETHOD; i++) {
+        ngx_http_hermes_gen_str(g, &ngx_http_hermes_mcp_method_names[i]);
+        ngx_http_hermes_gen_number(g, st->mcp_requests_total[i]);
+    }
+    yajl_gen_map_close(g);
+
+    ngx_http_hermes_gen_key(g, "mcp_tool_calls_total");
+    yajl_gen_map_open(g);
+    for (i = 0; i < NGX_HTTP_HERMES_MCP_NTOOL; i++) {
+        ngx_http_hermes_gen_str(g, &ngx_http_hermes_mcp_tool_names[i]);
+        ngx_http_hermes_gen_number(g, st->mcp_tool_calls_total[i]);
+    }
+    yajl_gen_map_close(g);
+
     /* by code, then error code ("" for none): answers come sorted */
 
     ngx_http_hermes_gen_key(g, "responses_total");
@@ -659,7 +677,8 @@ ngx_http_hermes_prometheus_stats(ngx_pool_t *pool,
     size += (st->nanswers + NGX_HTTP_HERMES_NHIST
                             * (NGX_HTTP_HERMES_BUCKETS + 2)
              + NGX_HTTP_HERMES_CELL_NSTATUS + NGX_HTTP_HERMES_RPC_NREJECT
-             + NGX_HTTP_HERMES_NEVICTIONS + 16)
+             + NGX_HTTP_HERMES_NEVICTIONS + NGX_HTTP_HERMES_MCP_NMETHOD
+             + NGX_HTTP_HERMES_MCP_NTOOL + 16)
             * (128 + NGX_HTTP_HERMES_ERROR_MAX + z.len);
 
     b = ngx_create_temp_buf(pool, size);
@@ -765,6 +784,28 @@ ngx_http_hermes_prometheus_stats(ngx_pool_t *pool,
                         "reason=\"%V\"} %ui\n", &z,
                         &ngx_http_hermes_rpc_reject_names[i],
                         st->rpc_rejected_total[i]);
+    }
+
+    ngx_http_hermes_prom("mcp_sessions", "gauge",
+                         "hermes_mcp client sessions open.",
+                         st->mcp_sessions);
+
+    ngx_http_hermes_prom_family("mcp_requests_total", "counter",
+                                "hermes_mcp requests by JSON-RPC method.");
+    for (i = 0; i < NGX_HTTP_HERMES_MCP_NMETHOD; i++) {
+        p = ngx_sprintf(p, "hermes_mcp_requests_total{zone=\"%V\","
+                        "method=\"%V\"} %ui\n", &z,
+                        &ngx_http_hermes_mcp_method_names[i],
+                        st->mcp_requests_total[i]);
+    }
+
+    ngx_http_hermes_prom_family("mcp_tool_calls_total", "counter",
+                                "hermes_mcp tools/call requests by tool.");
+    for (i = 0; i < NGX_HTTP_HERMES_MCP_NTOOL; i++) {
+        p = ngx_sprintf(p, "hermes_mcp_tool_calls_total{zone=\"%V\","
+                        "tool=\"%V\"} %ui\n", &z,
+                        &ngx_http_hermes_mcp_tool_names[i],
+                        st->mcp_tool_calls_total[i]);
     }
 
     if (st->nanswers) {
