@@ -122,20 +122,6 @@ static ngx_command_t  ngx_http_hermes_commands[] = {
       offsetof(ngx_http_hermes_loc_conf_t, mcp_origins),
       NULL },
 
-    { ngx_string("hermes_mcp_sessions"),
-      NGX_HTTP_MAIN_CONF|NGX_HTTP_SRV_CONF|NGX_HTTP_LOC_CONF|NGX_CONF_TAKE1,
-      ngx_conf_set_num_slot,
-      NGX_HTTP_LOC_CONF_OFFSET,
-      offsetof(ngx_http_hermes_loc_conf_t, mcp_sessions),
-      NULL },
-
-    { ngx_string("hermes_mcp_session_timeout"),
-      NGX_HTTP_MAIN_CONF|NGX_HTTP_SRV_CONF|NGX_HTTP_LOC_CONF|NGX_CONF_TAKE1,
-      ngx_conf_set_msec_slot,
-      NGX_HTTP_LOC_CONF_OFFSET,
-      offsetof(ngx_http_hermes_loc_conf_t, mcp_session_timeout),
-      NULL },
-
     { ngx_string("hermes_owner"),
       NGX_HTTP_MAIN_CONF|NGX_HTTP_SRV_CONF|NGX_HTTP_LOC_CONF|NGX_CONF_TAKE1,
       ngx_http_set_complex_value_slot,
@@ -493,8 +479,6 @@ ngx_http_hermes_create_loc_conf(ngx_conf_t *cf)
     conf->max_tool_calls = NGX_CONF_UNSET_UINT;
     conf->mcp_hosts = NGX_CONF_UNSET_PTR;
     conf->mcp_origins = NGX_CONF_UNSET_PTR;
-    conf->mcp_sessions = NGX_CONF_UNSET_UINT;
-    conf->mcp_session_timeout = NGX_CONF_UNSET_MSEC;
 
     return conf;
 }
@@ -539,9 +523,6 @@ ngx_http_hermes_merge_loc_conf(ngx_conf_t *cf, void *parent, void *child)
     ngx_conf_merge_uint_value(conf->max_tool_calls, prev->max_tool_calls, 50);
     ngx_conf_merge_ptr_value(conf->mcp_hosts, prev->mcp_hosts, NULL);
     ngx_conf_merge_ptr_value(conf->mcp_origins, prev->mcp_origins, NULL);
-    ngx_conf_merge_uint_value(conf->mcp_sessions, prev->mcp_sessions, 1024);
-    ngx_conf_merge_msec_value(conf->mcp_session_timeout,
-                              prev->mcp_session_timeout, 86400000);
 
     if (conf->session == NULL) {
         conf->session = prev->session;
@@ -872,6 +853,8 @@ ngx_http_hermes_zone(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
 
     zone->max_kernels = 64;
     zone->idle_timeout = 30 * 60 * 1000;
+    zone->mcp_sessions = 1024;
+    zone->mcp_session_timeout = 24 * 60 * 60;
     sweep = NGX_CONF_UNSET_MSEC;
     per_owner = NGX_CONF_UNSET_UINT;
 
@@ -953,6 +936,39 @@ ngx_http_hermes_zone(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
                 return NGX_CONF_ERROR;
             }
 
+            continue;
+        }
+
+        if (ngx_strncmp(value[i].data, "mcp_sessions=", 13) == 0) {
+            n = ngx_atoi(value[i].data + 13, value[i].len - 13);
+
+            if (n == NGX_ERROR || n < 1) {
+                ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                                   "invalid hermes_zone mcp_sessions \"%V\": "
+                                   "a number of at least 1 expected",
+                                   &value[i]);
+                return NGX_CONF_ERROR;
+            }
+
+            zone->mcp_sessions = n;
+            continue;
+        }
+
+        if (ngx_strncmp(value[i].data, "mcp_session_timeout=", 20) == 0) {
+            s.data = value[i].data + 20;
+            s.len = value[i].len - 20;
+
+            n = ngx_parse_time(&s, 1);
+
+            if (n == NGX_ERROR || n < 1) {
+                ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                                   "invalid hermes_zone mcp_session_timeout "
+                                   "\"%V\": a time of at least 1s expected",
+                                   &value[i]);
+                return NGX_CONF_ERROR;
+            }
+
+            zone->mcp_session_timeout = n;
             continue;
         }
 

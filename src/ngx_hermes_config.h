@@ -53,6 +53,8 @@ typedef struct {
     ngx_uint_t                    max_kernels_per_owner;
     ngx_msec_t                    idle_timeout;
     ngx_msec_t                    sweep;
+    ngx_uint_t                    mcp_sessions; /* hermes_mcp's clients' */
+    time_t                        mcp_session_timeout;
     ngx_thread_pool_t            *thread_pool;  /* kills evicted kernels */
     ngx_event_t                  *sweep_event;  /* this worker's */
     /* this gateway's zone (nginx.conf's path and the zone's name) */
@@ -138,8 +140,6 @@ typedef struct {
     /* hermes_mcp (ngx_hermes_mcp_server.c) */
     ngx_array_t                  *mcp_hosts;    /* ngx_str_t; NULL: local */
     ngx_array_t                  *mcp_origins;
-    ngx_uint_t                    mcp_sessions;
-    ngx_msec_t                    mcp_session_timeout;
 } ngx_http_hermes_loc_conf_t;
 
 

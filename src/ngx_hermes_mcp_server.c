@@ -55,7 +55,8 @@ static void ngx_http_hermes_mcp_body(ngx_http_request_t *r);
 static ngx_int_t ngx_http_hermes_mcp_dispatch(ngx_http_hermes_mcp_req_t *mr,
     const char *method);
 static ngx_int_t ngx_http_hermes_mcp_initialize(ngx_http_hermes_mcp_req_t *mr);
-static ngx_int_t ngx_http_hermes_mcp_session(ngx_http_hermes_mcp_req_t *mr);
+static ngx_int_t ngx_http_hermes_mcp_session(ngx_http_hermes_mcp_req_t *mr,
+    ngx_int_t *rc);
 static ngx_int_t ngx_http_hermes_mcp_set_level(ngx_http_hermes_mcp_req_t *mr);
 static ngx_int_t ngx_http_hermes_mcp_tools_call(ngx_http_hermes_mcp_req_t *mr);
 static ngx_int_t ngx_http_hermes_mcp_execute(ngx_http_hermes_mcp_req_t *mr,
@@ -68,7 +69,8 @@ static ngx_int_t ngx_http_hermes_mcp_reset(ngx_http_hermes_mcp_req_t *mr,
     yajl_val args);
 static ngx_int_t ngx_http_hermes_mcp_delete(ngx_http_request_t *r);
 static ngx_int_t ngx_http_hermes_mcp_kernel_session(
-    ngx_http_hermes_mcp_req_t *mr, yajl_val args, ngx_str_t *session);
+    ngx_http_hermes_mcp_req_t *mr, yajl_val args, ngx_str_t *session,
+    ngx_int_t *rc);
 static ngx_uint_t ngx_http_hermes_mcp_allowed(ngx_http_request_t *r);
 static ngx_uint_t ngx_http_hermes_mcp_local_host(u_char *p, size_t len);
 static ngx_table_elt_t *ngx_http_hermes_mcp_header(ngx_http_request_t *r,
@@ -408,8 +410,7 @@ ngx_http_hermes_mcp_dispatch(ngx_http_hermes_mcp_req_t *mr,
         return ngx_http_hermes_mcp_initialize(mr);
     }
 
-    rc = ngx_http_hermes_mcp_session(mr);
-    if (rc != NGX_OK) {
+    if (ngx_http_hermes_mcp_session(mr, &rc) != NGX_OK) {
         return rc;
     }
 
@@ -494,8 +495,7 @@ ngx_http_hermes_mcp_initialize(ngx_http_hermes_mcp_req_t *mr)
     mr->mc.level = NGX_HTTP_HERMES_MCP_LOG_NONE;
 
     if (ngx_http_hermes_mcp_sessions_open(hlcf->shm_zone->data, &mr->owner,
-                                          &mr->mc, hlcf->mcp_sessions,
-                                          hlcf->mcp_session_timeout / 1000)
+                                          &mr->mc)
         != NGX_OK)
     {
         return ngx_http_hermes_mcp_error(r, NGX_HTTP_SERVICE_UNAVAILABLE,
@@ -547,11 +547,12 @@ ngx_http_hermes_mcp_initialize(ngx_http_hermes_mcp_req_t *mr)
 
 /*
  * Every message after initialize names its session (ours, the owner's)
- * and may name the protocol version; NGX_OK, or the request's end.
+ * and may name the protocol version.  NGX_DECLINED: it does not; the
+ * request ends with *rc, its answer under way.
  */
 
 static ngx_int_t
-ngx_http_hermes_mcp_session(ngx_http_hermes_mcp_req_t *mr)
+ngx_http_hermes_mcp_session(ngx_http_hermes_mcp_req_t *mr, ngx_int_t *rc)
 {
     ngx_uint_t                   i;
     ngx_table_elt_t             *h;
@@ -564,20 +565,22 @@ ngx_http_hermes_mcp_session(ngx_http_hermes_mcp_req_t *mr)
     h = ngx_http_hermes_mcp_header(r, "MCP-Protocol-Version");
 
     if (h && ngx_http_hermes_mcp_version(&h->value) == NGX_ERROR) {
-        return ngx_http_hermes_mcp_error(r, NGX_HTTP_BAD_REQUEST, &mr->id,
+        *rc = ngx_http_hermes_mcp_error(r, NGX_HTTP_BAD_REQUEST, &mr->id,
                                          NGX_HTTP_HERMES_MCP_INVALID_REQUEST,
                                          "unsupported MCP-Protocol-Version: "
                                          "2025-11-25, 2025-06-18 and "
                                          "2025-03-26 are served");
+        return NGX_DECLINED;
     }
 
     h = ngx_http_hermes_mcp_header(r, "Mcp-Session-Id");
 
     if (h == NULL) {
-        return ngx_http_hermes_mcp_error(r, NGX_HTTP_BAD_REQUEST, &mr->id,
+        *rc = ngx_http_hermes_mcp_error(r, NGX_HTTP_BAD_REQUEST, &mr->id,
                                          NGX_HTTP_HERMES_MCP_INVALID_REQUEST,
                                          "no Mcp-Session-Id: initialize "
                                          "first");
+        return NGX_DECLINED;
     }
 
     if (h->value.len != NGX_HTTP_HERMES_MCP_ID_LEN) {
@@ -595,8 +598,7 @@ ngx_http_hermes_mcp_session(ngx_http_hermes_mcp_req_t *mr)
     ngx_memcpy(mr->mc.id, h->value.data, NGX_HTTP_HERMES_MCP_ID_LEN);
 
     if (ngx_http_hermes_mcp_sessions_find(hlcf->shm_zone->data, &mr->owner,
-                                          &mr->mc,
-                                          hlcf->mcp_session_timeout / 1000)
+                                          &mr->mc)
         == NGX_OK)
     {
         return NGX_OK;
@@ -606,9 +608,10 @@ unknown:
 
     /* the spec's answer: the client starts a new session */
 
-    return ngx_http_hermes_mcp_error(r, NGX_HTTP_NOT_FOUND, &mr->id,
-                                     NGX_HTTP_HERMES_MCP_INVALID_REQUEST,
-                                     "no such session: initialize again");
+    *rc = ngx_http_hermes_mcp_error(r, NGX_HTTP_NOT_FOUND, &mr->id,
+                                    NGX_HTTP_HERMES_MCP_INVALID_REQUEST,
+                                    "no such session: initialize again");
+    return NGX_DECLINED;
 }
 
 
@@ -741,8 +744,9 @@ ngx_http_hermes_mcp_execute(ngx_http_hermes_mcp_req_t *mr, yajl_val args)
                                               "server's hermes_max_code");
     }
 
-    rc = ngx_http_hermes_mcp_kernel_session(mr, args, &req.session);
-    if (rc != NGX_OK) {
+    if (ngx_http_hermes_mcp_kernel_session(mr, args, &req.session, &rc)
+        != NGX_OK)
+    {
         return rc;
     }
 
@@ -840,8 +844,9 @@ ngx_http_hermes_mcp_interrupt(ngx_http_hermes_mcp_req_t *mr, yajl_val args)
     hlcf = ngx_http_get_module_loc_conf(mr->r, ngx_http_hermes_module);
     zone = hlcf->shm_zone->data;
 
-    rc = ngx_http_hermes_mcp_kernel_session(mr, args, &session);
-    if (rc != NGX_OK) {
+    if (ngx_http_hermes_mcp_kernel_session(mr, args, &session, &rc)
+        != NGX_OK)
+    {
         return rc;
     }
 
@@ -925,8 +930,9 @@ ngx_http_hermes_mcp_reset(ngx_http_hermes_mcp_req_t *mr, yajl_val args)
 
     hlcf = ngx_http_get_module_loc_conf(mr->r, ngx_http_hermes_module);
 
-    rc = ngx_http_hermes_mcp_kernel_session(mr, args, &session);
-    if (rc != NGX_OK) {
+    if (ngx_http_hermes_mcp_kernel_session(mr, args, &session, &rc)
+        != NGX_OK)
+    {
         return rc;
     }
 
@@ -978,8 +984,7 @@ ngx_http_hermes_mcp_delete(ngx_http_request_t *r)
 
     ngx_http_hermes_count(zone, mcp_requests_total[NGX_HTTP_HERMES_MCP_M_DELETE]);
 
-    rc = ngx_http_hermes_mcp_session(&mr);
-    if (rc != NGX_OK) {
+    if (ngx_http_hermes_mcp_session(&mr, &rc) != NGX_OK) {
         return rc;
     }
 
@@ -1003,11 +1008,14 @@ ngx_http_hermes_mcp_delete(ngx_http_request_t *r)
 }
 
 
-/* the kernel session a tool names, or the MCP session's own */
+/*
+ * The kernel session a tool names, or the MCP session's own.
+ * NGX_DECLINED: an invalid one; the request ends with *rc.
+ */
 
 static ngx_int_t
 ngx_http_hermes_mcp_kernel_session(ngx_http_hermes_mcp_req_t *mr,
-    yajl_val args, ngx_str_t *session)
+    yajl_val args, ngx_str_t *session, ngx_int_t *rc)
 {
     u_char      *p;
     yajl_val     v;
@@ -1023,7 +1031,8 @@ ngx_http_hermes_mcp_kernel_session(ngx_http_hermes_mcp_req_t *mr,
         session->len = ngx_strlen(v->u.string);
         session->data = ngx_pnalloc(mr->r->pool, session->len);
         if (session->data == NULL) {
-            return NGX_HTTP_INTERNAL_SERVER_ERROR;
+            *rc = NGX_HTTP_INTERNAL_SERVER_ERROR;
+            return NGX_DECLINED;
         }
 
         ngx_memcpy(session->data, v->u.string, session->len);
@@ -1038,7 +1047,8 @@ ngx_http_hermes_mcp_kernel_session(ngx_http_hermes_mcp_req_t *mr,
     p = ngx_pnalloc(mr->r->pool, sizeof("mcp-") - 1
                                  + NGX_HTTP_HERMES_MCP_ID_LEN);
     if (p == NULL) {
-        return NGX_HTTP_INTERNAL_SERVER_ERROR;
+        *rc = NGX_HTTP_INTERNAL_SERVER_ERROR;
+        return NGX_DECLINED;
     }
 
     session->data = p;
@@ -1051,9 +1061,10 @@ ngx_http_hermes_mcp_kernel_session(ngx_http_hermes_mcp_req_t *mr,
 
 invalid:
 
-    return ngx_http_hermes_mcp_tool_error(mr, "invalid_session",
-                                          "\"session\" must be 1-128 "
-                                          "characters of [A-Za-z0-9._:-]");
+    *rc = ngx_http_hermes_mcp_tool_error(mr, "invalid_session",
+                                         "\"session\" must be 1-128 "
+                                         "characters of [A-Za-z0-9._:-]");
+    return NGX_DECLINED;
 }
 
 

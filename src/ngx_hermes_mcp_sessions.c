@@ -51,8 +51,7 @@ ngx_http_hermes_mcp_sessions_init(ngx_http_hermes_sh_t *sh)
 
 ngx_int_t
 ngx_http_hermes_mcp_sessions_open(ngx_http_hermes_zone_t *zone,
-    ngx_str_t *owner, ngx_http_hermes_mcp_client_t *mc, ngx_uint_t max,
-    time_t timeout)
+    ngx_str_t *owner, ngx_http_hermes_mcp_client_t *mc)
 {
     u_char                       raw[NGX_HTTP_HERMES_MCP_ID_LEN / 2];
     size_t                       size;
@@ -65,7 +64,9 @@ ngx_http_hermes_mcp_sessions_open(ngx_http_hermes_zone_t *zone,
 
     ngx_shmtx_lock(&zone->shpool->mutex);
 
-    ngx_http_hermes_mcp_sessions_expire(zone, max ? max - 1 : 0, timeout);
+    /* room for the new one within the zone's mcp_sessions */
+    ngx_http_hermes_mcp_sessions_expire(zone, zone->mcp_sessions - 1,
+                                        zone->mcp_session_timeout);
 
     mn = ngx_slab_alloc_locked(zone->shpool, size);
 
@@ -108,7 +109,7 @@ ngx_http_hermes_mcp_sessions_open(ngx_http_hermes_zone_t *zone,
 
 ngx_int_t
 ngx_http_hermes_mcp_sessions_find(ngx_http_hermes_zone_t *zone,
-    ngx_str_t *owner, ngx_http_hermes_mcp_client_t *mc, time_t timeout)
+    ngx_str_t *owner, ngx_http_hermes_mcp_client_t *mc)
 {
     time_t                       now;
     ngx_http_hermes_mcp_node_t  *mn;
@@ -127,7 +128,7 @@ ngx_http_hermes_mcp_sessions_find(ngx_http_hermes_zone_t *zone,
         return NGX_DECLINED;
     }
 
-    if (timeout && now - mn->last_used > timeout) {
+    if (now - mn->last_used > zone->mcp_session_timeout) {
         ngx_http_hermes_mcp_sessions_free(zone, mn);
         ngx_shmtx_unlock(&zone->shpool->mutex);
         return NGX_DECLINED;
@@ -227,8 +228,7 @@ ngx_http_hermes_mcp_sessions_expire(ngx_http_hermes_zone_t *zone,
         q = ngx_queue_last(&zone->sh->mcp_lru);
         mn = ngx_queue_data(q, ngx_http_hermes_mcp_node_t, queue);
 
-        if (zone->sh->mcp_sessions <= max
-            && (timeout == 0 || now - mn->last_used <= timeout))
+        if (zone->sh->mcp_sessions <= max && now - mn->last_used <= timeout)
         {
             break;
         }

@@ -650,7 +650,10 @@ sub raw_request {
     $sock->blocking(0);
 
     my $body = $opt{body};
-    my $req = "$method $path HTTP/1.1\r\nHost: 127.0.0.1:$port\r\nConnection: close\r\n";
+    # a Host of the caller's replaces ours (a list of them adds to it)
+    my $host = (grep { !ref } map { $opt{headers}{$_} } grep { lc eq 'host' }
+                keys %{ $opt{headers} || {} })[0] // "127.0.0.1:$port";
+    my $req = "$method $path HTTP/1.1\r\nHost: $host\r\nConnection: close\r\n";
     my %h = %{ $opt{headers} || {} };
     my %lc = map { lc($_) => 1 } keys %h;
     if (defined $body) {
@@ -660,6 +663,7 @@ sub raw_request {
             unless $lc{'content-length'} || $lc{'transfer-encoding'};
     }
     for my $k (sort keys %h) {
+        next if lc $k eq 'host' && !ref $h{$k};
         for my $v (ref $h{$k} ? @{ $h{$k} } : $h{$k}) {
             $req .= "$k: $v\r\n";
         }
