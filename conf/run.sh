@@ -70,6 +70,7 @@ Try:
        -H 'Accept: application/json' -d '{"session":"demo","code":"x + 1"}'
   curl -s http://127.0.0.1:$port/v1/kernels          # your kernels
   curl -s http://127.0.0.1:$port/v1/status           # figures (?format=prometheus|html)
+  claude mcp add --transport http hermes http://127.0.0.1:$port/mcp   # an MCP host
 Every endpoint with a curl: docs/protocol.md, "Try every endpoint"
 MSG
 
