@@ -40,6 +40,9 @@ typedef struct {
 /* an execute_code call while its cell runs: its answer's state */
 typedef struct {
     ngx_str_t                       id;
+    ngx_http_hermes_zone_t         *zone;       /* NULL: not a cell's */
+    u_char                          session[NGX_HTTP_HERMES_MCP_ID_LEN];
+    uint32_t                        crc;        /* of the id, for cancels */
     ngx_str_t                       token;      /* progressToken, as JSON */
     ngx_uint_t                      level;
     ngx_uint_t                      progress;
@@ -58,6 +61,8 @@ static ngx_int_t ngx_http_hermes_mcp_initialize(ngx_http_hermes_mcp_req_t *mr);
 static ngx_int_t ngx_http_hermes_mcp_session(ngx_http_hermes_mcp_req_t *mr,
     ngx_int_t *rc);
 static ngx_int_t ngx_http_hermes_mcp_set_level(ngx_http_hermes_mcp_req_t *mr);
+static void ngx_http_hermes_mcp_cancelled(ngx_http_hermes_mcp_req_t *mr);
+static uint32_t ngx_http_hermes_mcp_call_crc(ngx_str_t *id);
 static ngx_int_t ngx_http_hermes_mcp_tools_call(ngx_http_hermes_mcp_req_t *mr);
 static ngx_int_t ngx_http_hermes_mcp_execute(ngx_http_hermes_mcp_req_t *mr,
     yajl_val args);
@@ -416,6 +421,11 @@ ngx_http_hermes_mcp_dispatch(ngx_http_hermes_mcp_req_t *mr,
 
     if (notification) {
         /* initialized, cancelled, progress: nothing to answer */
+
+        if (ngx_strcmp(method, "notifications/cancelled") == 0) {
+            ngx_http_hermes_mcp_cancelled(mr);
+        }
+
         ngx_http_hermes_count(zone,
                      mcp_requests_total[NGX_HTTP_HERMES_MCP_M_NOTIFICATION]);
 
@@ -650,6 +660,66 @@ ngx_http_hermes_mcp_set_level(ngx_http_hermes_mcp_req_t *mr)
 }
 
 
+/*
+ * notifications/cancelled of an execute_code in flight: its cell is
+ * interrupted, as the interrupt tool would (the kernel lives on).  The
+ * session remembers its last call only: an earlier one is not found.
+ */
+
+static void
+ngx_http_hermes_mcp_cancelled(ngx_http_hermes_mcp_req_t *mr)
+{
+    u_char                       name[NGX_HTTP_HERMES_SESSION_MAX];
+    uint32_t                     cell;
+    ngx_str_t                    id, session;
+    yajl_val                     v;
+    ngx_http_hermes_zone_t      *zone;
+    ngx_http_hermes_victim_t     victim;
+    ngx_http_hermes_loc_conf_t  *hlcf;
+    const char                  *path[] = { "requestId", NULL };
+
+    hlcf = ngx_http_get_module_loc_conf(mr->r, ngx_http_hermes_module);
+    zone = hlcf->shm_zone->data;
+
+    v = mr->params ? yajl_tree_get(mr->params, path, yajl_t_any) : NULL;
+
+    if (v == NULL || !(YAJL_IS_STRING(v) || YAJL_IS_INTEGER(v))
+        || ngx_http_hermes_mcp_json_value(mr->r->pool, v, &id) != NGX_OK)
+    {
+        return;
+    }
+
+    session.data = name;
+
+    if (ngx_http_hermes_mcp_sessions_cancel(zone, &mr->owner, &mr->mc,
+                                            ngx_http_hermes_mcp_call_crc(&id),
+                                            &session)
+        != NGX_OK)
+    {
+        return;
+    }
+
+    if (ngx_http_hermes_registry_running(zone, &mr->owner, &session, &victim,
+                                         &cell)
+        == NGX_OK)
+    {
+        (void) ngx_http_hermes_kernel_interrupt(&victim, cell,
+                                                mr->r->connection->log);
+    }
+}
+
+
+static uint32_t
+ngx_http_hermes_mcp_call_crc(ngx_str_t *id)
+{
+    uint32_t  crc;
+
+    crc = ngx_crc32_short(id->data, id->len);
+
+    return crc ? crc : 1;
+}
+
+
 static ngx_int_t
 ngx_http_hermes_mcp_tools_call(ngx_http_hermes_mcp_req_t *mr)
 {
@@ -793,6 +863,11 @@ ngx_http_hermes_mcp_execute(ngx_http_hermes_mcp_req_t *mr, yajl_val args)
     call->id = mr->id;
     call->level = mr->mc.level;
 
+    /* a notifications/cancelled of this id, to any worker, interrupts */
+    call->zone = hlcf->shm_zone->data;
+    call->crc = ngx_http_hermes_mcp_call_crc(&mr->id);
+    ngx_memcpy(call->session, mr->mc.id, NGX_HTTP_HERMES_MCP_ID_LEN);
+
     token = mr->params ? yajl_tree_get(mr->params, ptoken, yajl_t_any) : NULL;
 
     if (token && (YAJL_IS_STRING(token) || YAJL_IS_INTEGER(token))) {
@@ -825,6 +900,9 @@ ngx_http_hermes_mcp_execute(ngx_http_hermes_mcp_req_t *mr, yajl_val args)
 
     ctx->answer = &ngx_http_hermes_mcp_answer;
     ctx->answer_data = call;
+
+    ngx_http_hermes_mcp_sessions_call(call->zone, call->session, call->crc,
+                                      &req.session);
 
     return ngx_http_hermes_cell_start(r, &req, &mr->owner);
 }
@@ -1642,6 +1720,9 @@ ngx_http_hermes_mcp_result(ngx_http_request_t *r, void *data,
     const char   *mimes[] = { "image/png", "image/jpeg" };
     const char   *pmime[] = { NULL, NULL };
 
+    ngx_http_hermes_mcp_sessions_call(call->zone, call->session, call->crc,
+                                      NULL);
+
     obj = ngx_http_hermes_json_result(r->pool, res, ref, req, 0, 0);
     if (obj == NULL) {
         return NULL;
@@ -1780,6 +1861,11 @@ ngx_http_hermes_mcp_cell_error(ngx_http_request_t *r, void *data,
     u_char    *p;
     yajl_gen   g;
     ngx_buf_t *b;
+
+    if (call->zone) {
+        ngx_http_hermes_mcp_sessions_call(call->zone, call->session,
+                                          call->crc, NULL);
+    }
 
     g = yajl_gen_alloc(NULL);
     if (g == NULL) {

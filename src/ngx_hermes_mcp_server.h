@@ -86,6 +86,11 @@ ngx_int_t ngx_http_hermes_mcp_sessions_set_level(ngx_http_hermes_zone_t *zone,
     ngx_str_t *owner, ngx_http_hermes_mcp_client_t *mc);
 ngx_int_t ngx_http_hermes_mcp_sessions_close(ngx_http_hermes_zone_t *zone,
     ngx_str_t *owner, ngx_http_hermes_mcp_client_t *mc);
+void ngx_http_hermes_mcp_sessions_call(ngx_http_hermes_zone_t *zone,
+    u_char *id, uint32_t call, ngx_str_t *session);
+ngx_int_t ngx_http_hermes_mcp_sessions_cancel(ngx_http_hermes_zone_t *zone,
+    ngx_str_t *owner, ngx_http_hermes_mcp_client_t *mc, uint32_t call,
+    ngx_str_t *session);
 ngx_uint_t ngx_http_hermes_mcp_sessions_count(ngx_http_hermes_zone_t *zone);
 
 

@@ -5,7 +5,9 @@
  * ngx_hermes: hermes_mcp's client sessions in the zone.  Each is bound to
  * the owner that made it: another owner's id is as good as none.  The
  * least recently used give way at the cap, and any idle past the
- * timeout goes when the next session is made.
+ * timeout goes when the next session is made.  Each remembers its last
+ * execute_code call in flight, for notifications/cancelled, which may
+ * come to any worker.
  */
 
 
@@ -23,6 +25,10 @@ typedef struct {
     uint8_t                       version;
     uint8_t                       level;
     uint16_t                      owner_len;
+    /* the call in flight: a crc32 of its request id, its kernel session */
+    uint32_t                      call;
+    uint8_t                       call_session_len;
+    u_char                        call_session[NGX_HTTP_HERMES_SESSION_MAX];
     u_char                        owner[1];
 } ngx_http_hermes_mcp_node_t;
 
@@ -90,6 +96,8 @@ ngx_http_hermes_mcp_sessions_open(ngx_http_hermes_zone_t *zone,
     mn->version = (uint8_t) mc->version;
     mn->level = (uint8_t) mc->level;
     mn->owner_len = (uint16_t) owner->len;
+    mn->call = 0;
+    mn->call_session_len = 0;
     ngx_memcpy(mn->owner, owner->data, owner->len);
 
     ngx_rbtree_insert(&zone->sh->mcp_rbtree, &mn->node);
@@ -196,6 +204,69 @@ ngx_http_hermes_mcp_sessions_close(ngx_http_hermes_zone_t *zone,
     ngx_shmtx_unlock(&zone->shpool->mutex);
 
     return NGX_OK;
+}
+
+
+/*
+ * The session's call "call" (a crc32 of its request id; 0: none) runs
+ * in kernel session "session"; it ends with session NULL.
+ */
+
+void
+ngx_http_hermes_mcp_sessions_call(ngx_http_hermes_zone_t *zone,
+    u_char *id, uint32_t call, ngx_str_t *session)
+{
+    ngx_http_hermes_mcp_node_t  *mn;
+
+    ngx_shmtx_lock(&zone->shpool->mutex);
+
+    mn = ngx_http_hermes_mcp_sessions_lookup(zone->sh, id);
+
+    if (mn && session) {
+        mn->call = call;
+        mn->call_session_len = (uint8_t) session->len;
+        ngx_memcpy(mn->call_session, session->data, session->len);
+
+    } else if (mn && mn->call == call) {
+        mn->call = 0;
+        mn->call_session_len = 0;
+    }
+
+    ngx_shmtx_unlock(&zone->shpool->mutex);
+}
+
+
+/* the kernel session of the owner's call "call" in flight, if it is */
+
+ngx_int_t
+ngx_http_hermes_mcp_sessions_cancel(ngx_http_hermes_zone_t *zone,
+    ngx_str_t *owner, ngx_http_hermes_mcp_client_t *mc, uint32_t call,
+    ngx_str_t *session)
+{
+    ngx_int_t                    rc;
+    ngx_http_hermes_mcp_node_t  *mn;
+
+    rc = NGX_DECLINED;
+
+    ngx_shmtx_lock(&zone->shpool->mutex);
+
+    mn = ngx_http_hermes_mcp_sessions_lookup(zone->sh, mc->id);
+
+    if (mn
+        && mn->owner_len == owner->len
+        && ngx_memcmp(mn->owner, owner->data, owner->len) == 0
+        && call && mn->call == call && mn->call_session_len)
+    {
+        session->len = mn->call_session_len;
+        ngx_memcpy(session->data, mn->call_session, session->len);
+        mn->call = 0;
+        mn->call_session_len = 0;
+        rc = NGX_OK;
+    }
+
+    ngx_shmtx_unlock(&zone->shpool->mutex);
+
+    return rc;
 }
 
 
