@@ -133,6 +133,9 @@ typedef struct {
     ngx_str_t                     tools_pass;   /* a location's URI */
     ngx_uint_t                    tools_protocol;
     ngx_uint_t                    tools_auto;   /* the MCP server's list */
+    ngx_str_t                     tools_schema; /* hermes_tools_schema: a
+                                                   JSON list, NUL-ended */
+    ngx_str_t                     tools_schema_file;
     ngx_uint_t                    max_tool_calls;
 } ngx_http_hermes_loc_conf_t;
 

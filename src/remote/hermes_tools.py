@@ -323,10 +323,11 @@ def _tool_schemas():
 
 
 def _param_name(name, taken):
-    """A parameter's name as an identifier (the tool rule; other
-    characters become "_"); None when it is taken already."""
-    ident = "".join(c if (c.isalnum() or c == "_") and c.isascii() else "_"
-                    for c in name) or "_"
+    """A parameter's name as an identifier: each byte (UTF-8) not of
+    A-Z a-z 0-9 _ becomes "_", a leading digit gets "p_", a keyword "_"
+    (the gateway's hermes_schema names them so); None when it is taken."""
+    ident = "".join(chr(b) if chr(b).isalnum() and b < 128 or b == 95
+                    else "_" for b in name.encode()) or "_"
     if ident[:1].isdigit():
         ident = "p_" + ident
     if keyword.iskeyword(ident):
@@ -351,8 +352,8 @@ def _signature(schema):
     names = {}
     positional, keyword_only = [], []
     for name in order:
-        if name.isidentifier() and not keyword.iskeyword(name) \
-                and name not in taken:
+        if name.isascii() and name.isidentifier() \
+                and not keyword.iskeyword(name) and name not in taken:
             ident = name
         else:
             ident = _param_name(name, taken | set(order))
