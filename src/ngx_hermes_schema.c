@@ -1348,12 +1348,15 @@ ngx_http_hermes_schema_defs(u_char *p, u_char *last, ngx_str_t *names,
     ngx_uint_t n, u_char *list)
 {
     size_t       len, olen, k;
-    yajl_val     root, tool, v;
+    yajl_val     root, tool, v, params;
     ngx_uint_t   i, j, shared;
     u_char       ident[NGX_HTTP_HERMES_TOOL_IDENT];
     u_char       other[NGX_HTTP_HERMES_TOOL_IDENT];
 
     static const char  *pname[] = { "name", NULL };
+    static const char  *pdesc[] = { "description", NULL };
+    static const char  *pparams[] = { "parameters", NULL };
+    static const char  *pprops[] = { "properties", NULL };
 
     if (n == 0) {
         return p;
@@ -1403,15 +1406,29 @@ ngx_http_hermes_schema_defs(u_char *p, u_char *last, ngx_str_t *names,
             }
         }
 
-        if (tool) {
+        /* a schema that names no parameters: any, as the stub takes */
+
+        params = tool ? yajl_tree_get(tool, pparams, yajl_t_object) : NULL;
+
+        if (params && yajl_tree_get(params, pprops, yajl_t_object)) {
             p = ngx_http_hermes_schema_python(p, last, ident, len, tool);
             continue;
         }
 
         p = ngx_slprintf(p, last, "\ndef %*s(args: dict = None, /, "
-                         "**kwargs):\n    \"\"\"The tool '%V'; its "
-                         "arguments as a dict or as keywords.\"\"\"\n",
-                         len, ident, &names[i]);
+                         "**kwargs):\n    \"\"\"", len, ident);
+
+        v = tool ? yajl_tree_get(tool, pdesc, yajl_t_string) : NULL;
+
+        if (v && v->u.string[0]) {
+            p = ngx_http_hermes_schema_pystr(p, last, (u_char *) v->u.string,
+                                             ngx_strlen(v->u.string), 0);
+        } else {
+            p = ngx_slprintf(p, last, "The tool '%V'; its arguments as a "
+                             "dict or as keywords.", &names[i]);
+        }
+
+        p = ngx_slprintf(p, last, "\"\"\"\n");
     }
 
     if (root) {

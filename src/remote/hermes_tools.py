@@ -408,13 +408,19 @@ def _stub(ident, tool):
     its signature (wrong arguments raise TypeError before any call);
     without one, NAME(**args) or NAME(args_dict)."""
     schema = _tool_schemas().get(tool)
-    if schema is None:
+    params = schema.get("parameters") if schema else None
+    if not isinstance(params, dict) or \
+            not isinstance(params.get("properties"), dict):
+        # no schema, or one that names no parameters: any arguments
         def stub(args=None, /, **kwargs):
             if args is not None and kwargs:
                 raise TypeError("pass a dict or keyword arguments, not both")
             return call(tool, args if args is not None else kwargs)
 
-        stub.__doc__ = ("Calls the gateway's tool %r with these arguments "
+        desc = schema.get("description") if schema else None
+        stub.__doc__ = ((desc.strip() + "\n\n" if isinstance(desc, str)
+                         and desc.strip() else "")
+                        + "Calls the gateway's tool %r with these arguments "
                         "(a dict, or keyword arguments)." % tool)
     else:
         sig, names = _signature(schema)
@@ -445,10 +451,7 @@ def _stub(ident, tool):
             sent.update(unnamed)
             return call(tool, sent)
 
-        params = schema.get("parameters")
-        props = params.get("properties") if isinstance(params, dict) else None
-        _unreachable = {n for n in (props if isinstance(props, dict) else ())
-                        if n not in by_name}
+        _unreachable = {n for n in params["properties"] if n not in by_name}
         stub.__signature__ = sig
         stub.__doc__ = _docstring(tool, schema, names)
     stub.__name__ = stub.__qualname__ = ident
