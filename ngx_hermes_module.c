@@ -206,6 +206,13 @@ static ngx_command_t  ngx_http_hermes_commands[] = {
       0,
       NULL },
 
+    { ngx_string("hermes_tools_schema"),
+      NGX_HTTP_MAIN_CONF|NGX_HTTP_SRV_CONF|NGX_HTTP_LOC_CONF|NGX_CONF_TAKE1,
+      ngx_http_hermes_tools_schema,
+      NGX_HTTP_LOC_CONF_OFFSET,
+      0,
+      NULL },
+
     { ngx_string("hermes_schema"),
       NGX_HTTP_LOC_CONF|NGX_CONF_NOARGS,
       ngx_http_hermes_schema,
@@ -461,6 +468,7 @@ ngx_http_hermes_create_loc_conf(ngx_conf_t *cf)
      *     conf->owner = NULL;
      *     conf->session = NULL;
      *     conf->thread_pool_name = { 0, NULL };
+     *     conf->tools_schema = { 0, NULL };
      *     conf->thread_pool = NULL;
      */
 
@@ -507,6 +515,8 @@ ngx_http_hermes_merge_loc_conf(ngx_conf_t *cf, void *parent, void *child)
     ngx_conf_merge_msec_value(conf->heartbeat, prev->heartbeat, 15000);
     ngx_conf_merge_str_value(conf->thread_pool_name, prev->thread_pool_name,
                              "default");
+    ngx_http_hermes_tools_schema_merge(conf, prev);
+
     if (conf->tools == NGX_CONF_UNSET_PTR) {
         conf->tools = prev->tools;
         conf->tools_auto = prev->tools_auto;
@@ -729,7 +739,7 @@ ngx_http_hermes_tools(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
         *name = value[i];
     }
 
-    return NGX_CONF_OK;
+    return ngx_http_hermes_tools_schema_check(cf, hlcf);
 
 invalid:
 

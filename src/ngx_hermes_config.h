@@ -136,6 +136,9 @@ typedef struct {
     ngx_str_t                     tools_pass;   /* a location's URI */
     ngx_uint_t                    tools_protocol;
     ngx_uint_t                    tools_auto;   /* the MCP server's list */
+    ngx_str_t                     tools_schema; /* hermes_tools_schema: a
+                                                   JSON list, NUL-ended */
+    ngx_str_t                     tools_schema_file;
     ngx_uint_t                    max_tool_calls;
     /* hermes_mcp (ngx_hermes_mcp_server.c) */
     ngx_array_t                  *mcp_hosts;    /* ngx_str_t; NULL: local */

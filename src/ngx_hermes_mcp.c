@@ -287,7 +287,8 @@ ngx_http_hermes_mcp_next(ngx_http_hermes_rpc_t *rpc,
             ngx_http_hermes_rpc_next(rpc);
         }
 
-        call->step = (rpc->hlcf->tools_auto && !peer->listed)
+        call->step = (call->list_only
+                      || (rpc->hlcf->tools_auto && !peer->listed))
                      ? NGX_HTTP_HERMES_MCP_LIST : NGX_HTTP_HERMES_MCP_CALL;
         break;
 
@@ -349,6 +350,13 @@ ngx_http_hermes_mcp_next(ngx_http_hermes_rpc_t *rpc,
             }
         }
 
+        /* and the tools' schemas, for the cells' stubs */
+
+        if (ngx_http_hermes_schema_gather(call, tools, rpc->log) != NGX_OK) {
+            yajl_tree_free(root);
+            return NGX_ERROR;
+        }
+
         v = yajl_tree_get(root, pcursor, yajl_t_string);
         len = v ? ngx_strlen(v->u.string) : 0;
 
@@ -382,6 +390,13 @@ ngx_http_hermes_mcp_next(ngx_http_hermes_rpc_t *rpc,
 
         call->list = NULL;
         call->list_len = 0;
+
+        ngx_http_hermes_schema_keep(peer, call, rpc->log);
+
+        if (call->list_only) {
+            /* a cell's "tools/list": the schemas are its answer */
+            return rc;
+        }
 
         if (ngx_http_hermes_mcp_peer_has(peer, &call->tool, rpc->pool)
             != NGX_OK)

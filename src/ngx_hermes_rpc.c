@@ -994,6 +994,31 @@ ngx_http_hermes_rpc_take(ngx_http_hermes_rpc_t *rpc,
 
     rpc->seen[rpc->nseen++] = req->seq;
 
+    /* "tools/list" (no tool's name): the schemas of hermes_tools' stubs */
+
+    if (req->tool_type == NGX_HTTP_HERMES_RPC_STRING
+        && req->tool.len == sizeof("tools/list") - 1
+        && ngx_strncmp(req->tool.data, "tools/list", req->tool.len) == 0)
+    {
+        peer = rpc->hlcf->tools_auto
+               ? ngx_http_hermes_mcp_peer(&rpc->hlcf->tools_pass) : NULL;
+
+        if (peer == NULL || peer->schemas
+            || rpc->hlcf->tools_protocol != NGX_HTTP_HERMES_TOOLS_MCP)
+        {
+            ngx_http_hermes_schema_list(rpc, req->seq);
+
+        } else if (rpc->r == NULL
+                   || ngx_http_hermes_rpc_dispatch(rpc, req) != NGX_OK)
+        {
+            ngx_http_hermes_rpc_answer_error(rpc, req->seq,
+                         (u_char *) "the MCP server's tools could not be "
+                         "listed");
+        }
+
+        return;
+    }
+
     /* before any use (a header, a log line, MCP's first steps): the name */
 
     if (req->tool_type != NGX_HTTP_HERMES_RPC_STRING
@@ -1108,6 +1133,10 @@ ngx_http_hermes_rpc_dispatch(ngx_http_hermes_rpc_t *rpc,
 
     call->tool.len = req->tool.len;
     call->args.len = args.len;
+    call->list_only = (req->tool.len == sizeof("tools/list") - 1
+                       && ngx_strncmp(req->tool.data, "tools/list",
+                                      req->tool.len)
+                          == 0);
     call->rpc = rpc;
     call->seq = req->seq;
     call->start = ngx_current_msec;
@@ -1132,10 +1161,13 @@ ngx_http_hermes_rpc_dispatch(ngx_http_hermes_rpc_t *rpc,
 
     ngx_queue_insert_tail(&rpc->inflight, &call->queue);
 
-    rpc->calls++;
-    ngx_http_hermes_count(rpc->zone, tool_calls_total);
+    if (!call->list_only) {
+        rpc->calls++;
+        ngx_http_hermes_count(rpc->zone, tool_calls_total);
 
-    ngx_http_hermes_rpc_emit(rpc, "tool_call", &call->tool, call->seq, -1, 0);
+        ngx_http_hermes_rpc_emit(rpc, "tool_call", &call->tool, call->seq,
+                                 -1, 0);
+    }
 
     /* it may be over by the time this returns (a refused connection) */
 
@@ -1187,7 +1219,9 @@ ngx_http_hermes_rpc_start(ngx_http_hermes_rpc_t *rpc,
             call->initializer = 1;
             call->step = NGX_HTTP_HERMES_MCP_INIT;
 
-        } else if (rpc->hlcf->tools_auto && !call->peer->listed) {
+        } else if (call->list_only
+                   || (rpc->hlcf->tools_auto && !call->peer->listed))
+        {
             call->step = NGX_HTTP_HERMES_MCP_LIST;
 
         } else {
@@ -1253,6 +1287,12 @@ ngx_http_hermes_rpc_call_free(void *data)
     if (call->list) {
         ngx_free(call->list);
         call->list = NULL;
+    }
+
+    if (call->schemas) {
+        ngx_free(call->schemas);
+        call->schemas = NULL;
+        call->schemas_len = 0;
     }
 
     if (call->body) {
@@ -1668,6 +1708,10 @@ ngx_http_hermes_rpc_outcome(ngx_http_hermes_rpc_t *rpc,
                      "HTTP %ui", &call->tool, status);
         }
 
+    } else if (call->list_only) {
+        ngx_http_hermes_schema_list(rpc, call->seq);
+        return;
+
     } else if (call->step) {
         ok = ngx_http_hermes_mcp_answer(rpc, call);
 
@@ -1692,6 +1736,10 @@ ngx_http_hermes_rpc_outcome(ngx_http_hermes_rpc_t *rpc,
     }
 
 done:
+
+    if (call->list_only) {
+        return;
+    }
 
     ngx_http_hermes_rpc_emit(rpc, "tool_done", &call->tool, call->seq, ok,
                              ngx_current_msec - call->start);

@@ -73,6 +73,12 @@ void ngx_http_hermes_rpc_detach(ngx_http_hermes_rpc_t *rpc);
 void ngx_http_hermes_rpc_end(ngx_http_hermes_rpc_t *rpc);
 ngx_int_t ngx_http_hermes_rpc_filter_init(ngx_conf_t *cf);
 ngx_int_t ngx_http_hermes_schema_handler(ngx_http_request_t *r);
+char *ngx_http_hermes_tools_schema(ngx_conf_t *cf, ngx_command_t *cmd,
+    void *conf);
+char *ngx_http_hermes_tools_schema_check(ngx_conf_t *cf,
+    ngx_http_hermes_loc_conf_t *hlcf);
+void ngx_http_hermes_tools_schema_merge(ngx_http_hermes_loc_conf_t *conf,
+    ngx_http_hermes_loc_conf_t *prev);
 
 
 #endif /* _NGX_HERMES_RPC_H_INCLUDED_ */

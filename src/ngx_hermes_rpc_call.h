@@ -89,6 +89,9 @@ typedef struct {
     ngx_str_t                       uri;
     u_char                         *tools;      /* names, NUL-separated */
     size_t                          tools_len;
+    u_char                         *schemas;    /* the tools, a JSON list
+                                                   (hermes_tools' stubs) */
+    size_t                          schemas_len;
     unsigned                        listed:1;
 } ngx_http_hermes_mcp_peer_t;
 
@@ -115,6 +118,9 @@ typedef struct {
     ngx_str_t                       cursor;     /* tools/list's next page */
     u_char                         *list;       /* its names so far */
     size_t                          list_len;
+    u_char                         *schemas;    /* its tools so far,
+                                                   each ",{...}" */
+    size_t                          schemas_len;
     size_t                          scanned;    /* of an SSE body: events
                                                    looked at */
     ngx_event_t                     stream;     /* to look at them, posted
@@ -128,6 +134,8 @@ typedef struct {
     unsigned                        used_session:1;
     unsigned                        retried:1;
     unsigned                        initializer:1;
+    unsigned                        list_only:1; /* a cell's "tools/list":
+                                                   the schemas, no call */
 } ngx_http_hermes_rpc_call_t;
 
 
@@ -168,6 +176,11 @@ ngx_int_t ngx_http_hermes_mcp_answer(ngx_http_hermes_rpc_t *rpc,
 void ngx_http_hermes_mcp_end_sessions(ngx_http_hermes_rpc_t *rpc,
     uint32_t peer);
 void ngx_http_hermes_mcp_stream(ngx_event_t *ev);
+void ngx_http_hermes_schema_list(ngx_http_hermes_rpc_t *rpc, uint64_t seq);
+ngx_int_t ngx_http_hermes_schema_gather(ngx_http_hermes_rpc_call_t *call,
+    yajl_val tools, ngx_log_t *log);
+void ngx_http_hermes_schema_keep(ngx_http_hermes_mcp_peer_t *peer,
+    ngx_http_hermes_rpc_call_t *call, ngx_log_t *log);
 
 
 #endif /* _NGX_HERMES_RPC_CALL_H_INCLUDED_ */

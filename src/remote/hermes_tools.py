@@ -36,6 +36,7 @@ count, so make tool calls from one process of a fork family at a time.
 """
 
 import errno
+import inspect
 import json
 import keyword
 import os
@@ -44,7 +45,8 @@ import stat
 import threading
 import time
 
-__all__ = ["call", "ToolError", "ToolNotEnabled", "LargeResult"]
+_BASE_ALL = ["call", "ToolError", "ToolNotEnabled", "LargeResult"]
+__all__ = list(_BASE_ALL)
 
 _DIR = os.path.dirname(os.path.abspath(__file__))
 _RPC = os.path.join(_DIR, "rpc")
@@ -166,7 +168,6 @@ def _unlink_quiet(path):
 def call(tool, args=None, timeout=300):
     """Run `tool` with `args` (a JSON object) and return its result.
     Raises ToolError with the tool's error, or on timeout (seconds)."""
-    global _seq
     if not isinstance(tool, str) or not tool:
         raise ValueError("tool must be a non-empty string")
     if args is None:
@@ -175,6 +176,12 @@ def call(tool, args=None, timeout=300):
         raise TypeError("args must be a dict")
     if _allowed is not None and tool not in _allowed:
         raise _not_enabled(tool)
+    return _rpc(tool, args, timeout)
+
+
+def _rpc(tool, args, timeout):
+    """One request over the channel, its answer (the checks are done)."""
+    global _seq
     if _token is None:
         raise ToolError("no RPC token: not running in a hermes kernel")
     body = {"tool": tool, "args": args, "seq": 0, "token": _token}
@@ -252,10 +259,13 @@ def _identifier(name):
 
 
 def _identifiers():
-    """{identifier: tool} of the enabled tools; one two tools share is
-    neither's (call() reaches them)."""
+    """{identifier: tool} of the enabled tools (with hermes_tools auto: of
+    the MCP server's, as listed); one two tools share is neither's (call()
+    reaches them)."""
     found, shared = {}, set()
-    for name in _allowed or ():
+    names = _allowed if _allowed is not None else (
+        _tool_schemas() if _token is not None else ())
+    for name in names:
         ident = _identifier(name)
         if ident in found and found[ident] != name:
             shared.add(ident)
@@ -265,26 +275,213 @@ def _identifiers():
     return found
 
 
+# -- stubs: a Python function a tool, its signature from its schema ------
+
+# The tools' schemas for this cell, {name: {"description", "parameters"}},
+# asked of the gateway once, at the first stub (None: not yet); and the
+# stubs made from them.  _begin() forgets both before each cell.
+_schemas = None
+_stubs = {}
+
+_TYPES = {"string": str, "integer": int, "number": float, "boolean": bool,
+          "array": list, "object": dict}
+_EMPTY = inspect.Parameter.empty
+
+
+def _begin(allowed):
+    """A new cell: its enabled tools (None: the MCP server's); the schemas
+    are asked again (a reload may have changed them)."""
+    global _allowed, _schemas
+    _allowed = allowed
+    _schemas = None
+    _stubs.clear()
+    __all__[:] = _BASE_ALL
+
+
+def _tool_schemas():
+    """{tool: schema} of the tools the gateway knows a schema of: the
+    hermes_tools_schema file's, or the MCP server's tools/list.  Asked
+    over the RPC channel ("tools/list", which is no tool's name); an
+    error leaves the stubs without signatures for this cell."""
+    global _schemas
+    if _schemas is not None:
+        return _schemas
+    found = {}
+    if _token is not None:
+        try:
+            got = _rpc("tools/list", {}, 60)
+            if isinstance(got, LargeResult):
+                got = got.load()
+        except (ToolError, ValueError, OSError):
+            got = None
+        for t in got if isinstance(got, list) else ():
+            if (isinstance(t, dict) and isinstance(t.get("name"), str)
+                    and (_allowed is None or t["name"] in _allowed)):
+                found[t["name"]] = t
+    _schemas = found
+    return found
+
+
+def _param_name(name, taken):
+    """A parameter's name as an identifier: each byte (UTF-8) not of
+    A-Z a-z 0-9 _ becomes "_", a leading digit gets "p_", a keyword "_"
+    (the gateway's hermes_schema names them so); None when it is taken."""
+    ident = "".join(chr(b) if chr(b).isalnum() and b < 128 or b == 95
+                    else "_" for b in name.encode()) or "_"
+    if ident[:1].isdigit():
+        ident = "p_" + ident
+    if keyword.iskeyword(ident):
+        ident += "_"
+    return None if ident in taken else ident
+
+
+def _signature(schema):
+    """(inspect.Signature, {parameter: its name in the schema}): the
+    required parameters positional-or-keyword in the schema's order, the
+    others keyword-only with the schema's default (None without one)."""
+    params = schema.get("parameters")
+    if not isinstance(params, dict):
+        params = {}
+    props = params.get("properties")
+    props = props if isinstance(props, dict) else {}
+    required = params.get("required")
+    required = [r for r in required if isinstance(r, str)] \
+        if isinstance(required, list) else []
+    order = list(props) + [r for r in required if r not in props]
+    taken = set()
+    names = {}
+    positional, keyword_only = [], []
+    for name in order:
+        if name.isascii() and name.isidentifier() \
+                and not keyword.iskeyword(name) and name not in taken:
+            ident = name
+        else:
+            ident = _param_name(name, taken | set(order))
+        if ident is None:
+            continue                # reached by its own name, as **{name: v}
+        taken.add(ident)
+        names[ident] = name
+        prop = props.get(name)
+        prop = prop if isinstance(prop, dict) else {}
+        ann = _TYPES.get(prop.get("type"), _EMPTY) \
+            if isinstance(prop.get("type"), str) else _EMPTY
+        if name in required:
+            positional.append(inspect.Parameter(
+                ident, inspect.Parameter.POSITIONAL_OR_KEYWORD,
+                annotation=ann))
+        else:
+            keyword_only.append(inspect.Parameter(
+                ident, inspect.Parameter.KEYWORD_ONLY,
+                default=prop.get("default"), annotation=ann))
+    return inspect.Signature(positional + keyword_only), names
+
+
+def _docstring(tool, schema, names):
+    desc = schema.get("description")
+    lines = [desc.strip() if isinstance(desc, str) and desc.strip()
+             else "The gateway's tool %r." % tool]
+    params = schema.get("parameters")
+    props = params.get("properties") if isinstance(params, dict) else None
+    if isinstance(props, dict) and props:
+        lines.append("")
+        lines.append("Arguments:")
+        shown = {v: k for k, v in names.items()}
+        for name, prop in props.items():
+            prop = prop if isinstance(prop, dict) else {}
+            notes = [prop["type"]] if isinstance(prop.get("type"), str) else []
+            if shown.get(name, name) != name:
+                notes.append("sent as %r" % name)
+            text = "    %s" % shown.get(name, "**{%r: ...}" % name)
+            if notes:
+                text += " (%s)" % ", ".join(notes)
+            if isinstance(prop.get("description"), str):
+                text += ": " + " ".join(prop["description"].split())
+            lines.append(text)
+    lines.append("")
+    lines.append("Calls the gateway's tool %r; raises hermes_tools.ToolError "
+                 "when it fails." % tool)
+    return "\n".join(lines)
+
+
+def _stub(ident, tool):
+    """The function hermes_tools.IDENT is: with the tool's schema, one of
+    its signature (wrong arguments raise TypeError before any call);
+    without one, NAME(**args) or NAME(args_dict)."""
+    schema = _tool_schemas().get(tool)
+    params = schema.get("parameters") if schema else None
+    if not isinstance(params, dict) or \
+            not isinstance(params.get("properties"), dict):
+        # no schema, or one that names no parameters: any arguments
+        def stub(args=None, /, **kwargs):
+            if args is not None and kwargs:
+                raise TypeError("pass a dict or keyword arguments, not both")
+            return call(tool, args if args is not None else kwargs)
+
+        desc = schema.get("description") if schema else None
+        stub.__doc__ = ((desc.strip() + "\n\n" if isinstance(desc, str)
+                         and desc.strip() else "")
+                        + "Calls the gateway's tool %r with these arguments "
+                        "(a dict, or keyword arguments)." % tool)
+    else:
+        sig, names = _signature(schema)
+        by_name = {v: k for k, v in names.items()}
+        first = next(iter(sig.parameters.values()), None)
+
+        def stub(*args, **kwargs):
+            # the older form: one dict of the arguments as they are named
+            if (len(args) == 1 and not kwargs and isinstance(args[0], dict)
+                    and (first is None or first.annotation is not dict)):
+                return call(tool, args[0])
+            # a name that is no identifier, as the schema has it
+            extra = {k: kwargs.pop(k) for k in list(kwargs)
+                     if k not in names and k in by_name}
+            for k, v in extra.items():
+                if by_name[k] in kwargs:
+                    raise TypeError("%s() got multiple values for argument %r"
+                                    % (ident, by_name[k]))
+                kwargs[by_name[k]] = v
+            unnamed = {k: kwargs.pop(k) for k in list(kwargs)
+                       if k not in names and k in _unreachable}
+            try:
+                bound = sig.bind(*args, **kwargs)
+            except TypeError as e:
+                raise TypeError("%s(): %s" % (ident, e)) from None
+            # only what the code passed: the tool applies its own defaults
+            sent = {names[k]: v for k, v in bound.arguments.items()}
+            sent.update(unnamed)
+            return call(tool, sent)
+
+        _unreachable = {n for n in params["properties"] if n not in by_name}
+        stub.__signature__ = sig
+        stub.__doc__ = _docstring(tool, schema, names)
+    stub.__name__ = stub.__qualname__ = ident
+    stub.__module__ = __name__
+    return stub
+
+
 def __getattr__(name):
-    """hermes_tools.NAME(**args) calls tool NAME; NAME(args_dict) also works.
+    """hermes_tools.NAME(...) calls tool NAME, with the signature of its
+    schema when the gateway has one, else NAME(**args) or NAME(args_dict).
     Use call() to pass a timeout."""
     if name.startswith("_"):   # __path__, __wrapped__, ...: not tools
         raise AttributeError("module 'hermes_tools' has no attribute %r" % name)
+    stub = _stubs.get(name)
+    if stub is not None:
+        return stub
     tool = name
     if _allowed is not None and name not in _allowed:
         tool = _identifiers().get(name)
         if tool is None:
             raise _not_enabled(name)
-
-    def stub(args=None, /, **kwargs):
-        if args is not None and kwargs:
-            raise TypeError("pass a dict or keyword arguments, not both")
-        return call(tool, args if args is not None else kwargs)
-
-    stub.__name__ = stub.__qualname__ = name
-    stub.__doc__ = "Calls the gateway's tool %r with these arguments." % tool
+    elif _allowed is None and _token is not None:
+        # auto: the listed tool this identifier names, else the name as it is
+        tool = _identifiers().get(name, name)
+    stub = _stubs[name] = _stub(name, tool)
     return stub
 
 
 def __dir__():
-    return sorted(set(__all__) | set(_identifiers()))
+    idents = sorted(_identifiers())
+    # help(hermes_tools) lists what __all__ names: the tools too
+    __all__[:] = _BASE_ALL + [i for i in idents if i not in _BASE_ALL]
+    return sorted(set(_BASE_ALL) | set(idents))

@@ -46,6 +46,20 @@ def _ignore_sigint():
     signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
+def _answer_rpc(test, k, seq, tool, result):
+    """Answer the kernel's request seq (for tool) with result; its args."""
+    req = os.path.join(k.rpc, "req_%06d" % seq)
+    test.assertTrue(_wait_for(lambda: os.path.exists(req)),
+                    "no %s; runner.log: %s" % (req, k.log()))
+    with open(req) as f:
+        got = json.load(f)
+    test.assertEqual(got["tool"], tool)
+    os.unlink(req)
+    _write_atomic(os.path.join(k.rpc, "res_%06d" % seq), json.dumps(
+        {"seq": seq, "ok": True, "result": result, "error": None}).encode())
+    return got["args"]
+
+
 class Kernel:
     """A kernel dir plus a running kernel_runner.py, driven like the module."""
 
@@ -882,7 +896,9 @@ class RunnerTest(unittest.TestCase):
                           json.dumps(dict(reply, seq=seq)).encode())
 
         answer(1, "echo", {"a": 1}, {"ok": True, "result": {"b": 2}, "error": None})
-        answer(2, "web_search", {"query": "x"},
+        # the stub's schema first: none here
+        answer(2, "tools/list", {}, {"ok": True, "result": [], "error": None})
+        answer(3, "web_search", {"query": "x"},
                {"ok": False, "result": None, "error": "no results"})
         r = k.result(n)
         self.assertEqual(r["output"], "{'b': 2}\nToolError: no results\n"
@@ -921,19 +937,112 @@ class RunnerTest(unittest.TestCase):
                    "    try:\n        getattr(hermes_tools, n)()\n"
                    "    except hermes_tools.ToolNotEnabled as e:\n"
                    "        print(type(e).__name__)\n", tools=tools)
-        req = os.path.join(k.rpc, "req_000001")
-        self.assertTrue(_wait_for(lambda: os.path.exists(req)), "no " + req)
-        with open(req) as f:
-            self.assertEqual(json.load(f)["tool"], "get-sum")
-        os.unlink(req)
-        _write_atomic(os.path.join(k.rpc, "res_000001"),
-                      json.dumps({"seq": 1, "ok": True, "result": 3,
-                                  "error": None}).encode())
+        _answer_rpc(self, k, 1, "tools/list", [])
+        self.assertEqual(_answer_rpc(self, k, 2, "get-sum", 3), {"a": 1})
         r = k.result(n)
         self.assertEqual(r["output"],
                          "['class_', 'echo', 'get_sum', 'tool_3d', 'web_search']\n"
-                         "Calls the gateway's tool 'get-sum' with these arguments.\n"
+                         "Calls the gateway's tool 'get-sum' with these arguments "
+                         "(a dict, or keyword arguments).\n"
                          "3\nToolNotEnabled\nToolNotEnabled\n", r)
+
+    SCHEMAS = [
+        {"name": "get-sum", "description": "Add two integers.",
+         "parameters": {"type": "object",
+                        "properties": {"a": {"type": "integer",
+                                             "description": "the first"},
+                                       "b": {"type": "integer"}},
+                        "required": ["a", "b"]}},
+        {"name": "web_search", "description": "Search the web.",
+         "parameters": {"type": "object",
+                        "properties": {"query": {"type": "string"},
+                                       "limit": {"type": "integer",
+                                                 "default": 10},
+                                       "max-results": {"type": "integer"},
+                                       "from": {"type": "string"}},
+                        "required": ["query"]}},
+        {"name": "not-enabled", "parameters": {"type": "object"}},
+    ]
+
+    def test_tool_stubs_have_their_schemas_signature(self):
+        k = self.kernel()
+        code = (
+            "import inspect\n"
+            "print(hermes_tools.get_sum(1, 2))\n"
+            "print(inspect.signature(hermes_tools.get_sum))\n"
+            "print(inspect.signature(hermes_tools.web_search))\n"
+            "print(hermes_tools.web_search('nginx', limit=5))\n"
+            "print(hermes_tools.web_search(query='q', max_results=1, from_='x'))\n"
+            "print(hermes_tools.web_search('q', **{'max-results': 2}))\n"
+            "print(hermes_tools.get_sum({'a': 5, 'b': 6}))\n"
+            "for bad in ('get_sum(1)', 'get_sum(1, 2, 3)', 'get_sum(1, b=2, c=3)',"
+            " 'web_search(\\'q\\', 5)', 'get_sum(1, a=2)'):\n"
+            "    try:\n        eval('hermes_tools.' + bad)\n"
+            "    except TypeError as e:\n        print('TypeError', e)\n"
+            "print(hermes_tools.plain.__doc__)\n"
+            "help(hermes_tools)\n")
+        n = k.send(code, tools=["get-sum", "web_search", "plain"])
+        _answer_rpc(self, k, 1, "tools/list", self.SCHEMAS)
+        self.assertEqual(_answer_rpc(self, k, 2, "get-sum", 3), {"a": 1, "b": 2})
+        # only what the code passed; the tool applies its own defaults
+        self.assertEqual(_answer_rpc(self, k, 3, "web_search", "r1"),
+                         {"query": "nginx", "limit": 5})
+        self.assertEqual(_answer_rpc(self, k, 4, "web_search", "r2"),
+                         {"query": "q", "max-results": 1, "from": "x"})
+        self.assertEqual(_answer_rpc(self, k, 5, "web_search", "r3"),
+                         {"query": "q", "max-results": 2})
+        self.assertEqual(_answer_rpc(self, k, 6, "get-sum", 11), {"a": 5, "b": 6})
+        r = k.result(n)
+        self.assertEqual(r["status"], "success", r)
+        out = r["output"]
+        self.assertTrue(out.startswith(
+            "3\n(a: int, b: int)\n"
+            "(query: str, *, limit: int = 10, max_results: int = None, "
+            "from_: str = None)\nr1\nr2\nr3\n11\n"
+            "TypeError get_sum(): missing a required argument: 'b'\n"
+            "TypeError get_sum(): too many positional arguments\n"
+            "TypeError get_sum(): got an unexpected keyword argument 'c'\n"
+            "TypeError web_search(): too many positional arguments\n"
+            "TypeError get_sum(): multiple values for argument 'a'\n"
+            "Calls the gateway's tool 'plain' with these arguments "
+            "(a dict, or keyword arguments).\n"), out)
+        # help(): every enabled tool, its signature and its description
+        for text in ("get_sum(a: int, b: int)\n        Add two integers.",
+                     "            a (integer): the first\n",
+                     "web_search(query: str, *, limit: int = 10, "
+                     "max_results: int = None, from_: str = None)\n"
+                     "        Search the web.",
+                     "max_results (integer, sent as 'max-results')",
+                     "plain(args=None, /, **kwargs)"):
+            self.assertIn(text, out)
+        self.assertNotIn("not_enabled", out)
+        self.assertEqual(os.listdir(k.rpc), [])
+        # the next cell asks again (a reload may have changed them)
+        n = k.send("print(hermes_tools.get_sum(a=1, b=1))", tools=["get-sum"])
+        _answer_rpc(self, k, 7, "tools/list", self.SCHEMAS)
+        _answer_rpc(self, k, 8, "get-sum", 2)
+        self.assertEqual(k.result(n)["output"], "2\n")
+
+    def test_tool_stubs_of_an_mcp_servers_list(self):
+        # hermes_tools auto: "tools": null, the names are the list's
+        k = self.kernel()
+        n = k.send("print([n for n in dir(hermes_tools) if n.islower()])\n"
+                   "print(hermes_tools.get_sum(2, 3))\n", tools=None)
+        _answer_rpc(self, k, 1, "tools/list", self.SCHEMAS)
+        self.assertEqual(_answer_rpc(self, k, 2, "get-sum", 5), {"a": 2, "b": 3})
+        self.assertEqual(k.result(n)["output"],
+                         "['call', 'get_sum', 'not_enabled', 'web_search']\n5\n")
+
+    def test_a_failed_list_leaves_plain_stubs(self):
+        k = self.kernel()
+        n = k.send("print(hermes_tools.echo(x=1))", tools=["echo"])
+        req = os.path.join(k.rpc, "req_000001")
+        self.assertTrue(_wait_for(lambda: os.path.exists(req)), "no " + req)
+        os.unlink(req)
+        _write_atomic(os.path.join(k.rpc, "res_000001"), json.dumps(
+            {"seq": 1, "ok": False, "result": None, "error": "no"}).encode())
+        self.assertEqual(_answer_rpc(self, k, 2, "echo", "e"), {"x": 1})
+        self.assertEqual(k.result(n)["output"], "e\n")
 
     def test_leftover_rpc_files_are_swept_before_each_cell(self):
         k = self.kernel()

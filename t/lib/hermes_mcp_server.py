@@ -37,6 +37,20 @@ TOOLS = ["add", "greet", "two", "oops", "stream", "remember", "recall", "ask",
          "get-sum", "x" * 300]
 
 
+# input schemas of some (the others: {"type": "object"}), for the stubs
+SCHEMAS = {
+    "get-sum": {"description": "Add two integers.",
+                "inputSchema": {"type": "object",
+                                "properties": {"a": {"type": "integer"},
+                                               "b": {"type": "integer"}},
+                                "required": ["a", "b"]}},
+    "greet": {"description": "Greet someone.",
+              "inputSchema": {"type": "object",
+                              "properties": {"name": {"type": "string",
+                                                      "default": "world"}}}},
+}
+
+
 class Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
 
@@ -127,8 +141,8 @@ class Handler(BaseHTTPRequestHandler):
         if method == "notifications/initialized":
             return self.send(202)
         if method == "tools/list":
-            tools = [{"name": t, "inputSchema": {"type": "object"}}
-                     for t in TOOLS]
+            tools = [dict({"name": t, "inputSchema": {"type": "object"}},
+                          **SCHEMAS.get(t, {})) for t in TOOLS]
             result = {"tools": tools}
             if mode == "/mcp-paged":
                 # two a page, an opaque cursor to the next
