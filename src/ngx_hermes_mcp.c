@@ -475,6 +475,17 @@ ngx_http_hermes_mcp_called(ngx_http_hermes_rpc_t *rpc,
         return rc;
     }
 
+    if (!call->whole) {
+        /* nginx ended it: proxy_read_timeout, or the connection broke */
+        ngx_http_hermes_mcp_cancel(rpc, call, "the gateway stopped waiting "
+                                   "for the answer (a timeout, or the "
+                                   "stream broke)");
+        ngx_http_hermes_mcp_call_error(call, "the MCP server's stream broke "
+                                       "or timed out (proxy_read_timeout) "
+                                       "before the answer");
+        return NGX_DONE;
+    }
+
     root = ngx_http_hermes_mcp_parse(rpc, call);
 
     if (root) {

@@ -1312,6 +1312,7 @@ ngx_http_hermes_rpc_subrequest(ngx_http_hermes_rpc_t *rpc,
     call->status = 0;
     call->len = 0;
     call->too_big = 0;
+    call->whole = 0;
     call->sse = 0;
     call->session.len = 0;
     call->scanned = 0;
@@ -2440,6 +2441,12 @@ ngx_http_hermes_rpc_body_filter(ngx_http_request_t *r, ngx_chain_t *in)
 
                 call->len += size;
             }
+        }
+
+        /* a subrequest's end; a broken or timed out stream only flushes */
+
+        if (b->last_buf || b->last_in_chain) {
+            call->whole = 1;
         }
 
         b->pos = b->last;

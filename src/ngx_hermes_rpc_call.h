@@ -149,6 +149,8 @@ typedef struct {
     unsigned                        retried:1;
     unsigned                        initializer:1;
     unsigned                        answered:1; /* seen in its stream */
+    unsigned                        whole:1;    /* the answer's end came,
+                                                   not a broken stream */
 } ngx_http_hermes_rpc_call_t;
 
 
