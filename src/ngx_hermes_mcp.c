@@ -7,7 +7,10 @@
  * same subrequests as a hermes one: initialize and notifications/initialized
  * once per kernel (its session kept in the zone), tools/list for
  * "hermes_tools auto", then tools/call; its answer, JSON or SSE, becomes
- * the call's answer.
+ * the call's answer.  An SSE stream the server ends before the answer is
+ * resumed with GET and Last-Event-ID after its retry: (2025-11-25's
+ * polling); a call given up (timed out, its cell over) is cancelled with
+ * notifications/cancelled.
  */
 
 
@@ -23,7 +26,15 @@ static void ngx_http_hermes_mcp_gen(yajl_gen g, yajl_val v);
 static ngx_int_t ngx_http_hermes_mcp_note(ngx_http_hermes_rpc_t *rpc,
     ngx_http_hermes_mcp_session_t *ms, ngx_buf_t *body);
 static yajl_val ngx_http_hermes_mcp_event(ngx_http_hermes_rpc_t *rpc,
-    u_char *p, u_char *last);
+    ngx_http_hermes_rpc_call_t *call, u_char *p, u_char *last);
+static void ngx_http_hermes_mcp_scan(ngx_http_hermes_rpc_t *rpc,
+    ngx_http_hermes_rpc_call_t *call);
+static ngx_int_t ngx_http_hermes_mcp_called(ngx_http_hermes_rpc_t *rpc,
+    ngx_http_hermes_rpc_call_t *call, ngx_int_t rc, ngx_uint_t status);
+static void ngx_http_hermes_mcp_resume(ngx_event_t *ev);
+static void ngx_http_hermes_mcp_cancel(ngx_http_hermes_rpc_t *rpc,
+    ngx_http_hermes_rpc_call_t *call, const char *reason);
+static void ngx_http_hermes_mcp_stop(ngx_http_hermes_rpc_call_t *call);
 static void ngx_http_hermes_mcp_message(ngx_http_hermes_rpc_t *rpc,
     ngx_http_hermes_rpc_call_t *call, yajl_val v);
 static void ngx_http_hermes_mcp_answer_request(ngx_http_hermes_rpc_t *rpc,
@@ -163,6 +174,7 @@ ngx_http_hermes_mcp_next(ngx_http_hermes_rpc_t *rpc,
     status = ngx_http_hermes_rpc_status(call, rc);
 
     if (call->used_session && !call->retried
+        && call->step != NGX_HTTP_HERMES_MCP_RESUME
         && (status == NGX_HTTP_NOT_FOUND
             || (status == NGX_HTTP_BAD_REQUEST
                 && ngx_http_hermes_mcp_names_session(call))))
@@ -205,8 +217,10 @@ ngx_http_hermes_mcp_next(ngx_http_hermes_rpc_t *rpc,
         goto next;
     }
 
-    if (call->step == NGX_HTTP_HERMES_MCP_CALL) {
-        return rc;
+    if (call->step == NGX_HTTP_HERMES_MCP_CALL
+        || call->step == NGX_HTTP_HERMES_MCP_RESUME)
+    {
+        return ngx_http_hermes_mcp_called(rpc, call, rc, status);
     }
 
     if (call->too_big || status < 200 || status > 299) {
@@ -419,6 +433,258 @@ next:
     }
 
     return NGX_AGAIN;
+}
+
+
+/*
+ * tools/call's subrequest (its POST, or a GET resuming its stream) ended.
+ * A stream that ended without the answer is resumed (2025-11-25: a server
+ * may close it to poll) after its retry:, with the last event id seen, as
+ * long as each resume brings new events (NGX_HTTP_HERMES_MCP_RESUMES
+ * without one, at most); the cell's end bounds it all.  A call the gateway
+ * gives up on while the server may still run it is cancelled.
+ */
+
+static ngx_int_t
+ngx_http_hermes_mcp_called(ngx_http_hermes_rpc_t *rpc,
+    ngx_http_hermes_rpc_call_t *call, ngx_int_t rc, ngx_uint_t status)
+{
+    yajl_val     root;
+    ngx_msec_t   wait;
+    ngx_uint_t   ok;
+
+    ok = (status >= 200 && status <= 299);
+
+    if (rc == NGX_HTTP_GATEWAY_TIME_OUT
+        || (rc == NGX_ERROR && call->status))
+    {
+        /*
+         * nginx's own: proxy_read_timeout before the header, or the
+         * stream broke after it (its timeout too); the tool may still run
+         */
+        ngx_http_hermes_mcp_cancel(rpc, call, "the gateway stopped waiting "
+                                   "for the answer (a timeout, or the "
+                                   "stream broke)");
+        return rc;
+    }
+
+    if (call->step == NGX_HTTP_HERMES_MCP_RESUME && !ok) {
+        ngx_http_hermes_mcp_cancel(rpc, call, "the gateway could not resume "
+                                   "the call's stream");
+        ngx_http_hermes_mcp_call_error(call, "the MCP server ended the "
+                                       "call's stream before the answer, "
+                                       "and refused to resume it (HTTP %ui)",
+                                       status);
+        return NGX_DONE;
+    }
+
+    if (!ok || !call->sse || call->too_big) {
+        return rc;
+    }
+
+    /* the events the stream handler has not looked at yet */
+
+    ngx_http_hermes_mcp_scan(rpc, call);
+
+    if (call->answered) {
+        return rc;
+    }
+
+    if (!call->whole) {
+        /* nginx ended it: proxy_read_timeout, or the connection broke */
+        ngx_http_hermes_mcp_cancel(rpc, call, "the gateway stopped waiting "
+                                   "for the answer (a timeout, or the "
+                                   "stream broke)");
+        ngx_http_hermes_mcp_call_error(call, "the MCP server's stream broke "
+                                       "or timed out (proxy_read_timeout) "
+                                       "before the answer");
+        return NGX_DONE;
+    }
+
+    root = ngx_http_hermes_mcp_parse(rpc, call);
+
+    if (root) {
+        yajl_tree_free(root);
+        return rc;
+    }
+
+    if (call->events == call->events_seen) {
+        call->resumes++;
+
+    } else {
+        call->resumes = 0;
+        call->events_seen = call->events;
+    }
+
+    if (call->last_id_len == 0
+        || call->resumes >= NGX_HTTP_HERMES_MCP_RESUMES)
+    {
+        ngx_http_hermes_mcp_cancel(rpc, call, "the call's stream ended "
+                                   "before the answer, and could not be "
+                                   "resumed");
+        ngx_http_hermes_mcp_call_error(call, "the MCP server ended the "
+                                       "call's stream before the answer%s",
+                                       call->last_id_len
+                                       ? " (resumed without a new event "
+                                         "too often)"
+                                       : ", with no event id to resume it "
+                                         "by");
+        return NGX_DONE;
+    }
+
+    /* the server's retry: as it says; ours doubles while nothing comes */
+
+    wait = call->retry ? call->retry
+                       : ngx_min((ngx_msec_t) NGX_HTTP_HERMES_MCP_RETRY
+                                 << call->resumes,
+                                 (ngx_msec_t) NGX_HTTP_HERMES_MCP_RETRY_MAX);
+
+    call->step = NGX_HTTP_HERMES_MCP_RESUME;
+    call->answered = 0;
+
+    call->resume.handler = ngx_http_hermes_mcp_resume;
+    call->resume.data = call;
+    call->resume.log = rpc->log;
+
+    ngx_add_timer(&call->resume, wait);
+
+    ngx_log_debug3(NGX_LOG_DEBUG_HTTP, rpc->log, 0,
+                   "hermes: tool call %uL: the MCP stream ended before its "
+                   "answer, resumed from \"%*s\"", call->seq,
+                   call->last_id_len, call->last_id);
+
+    return NGX_AGAIN;
+}
+
+
+/* the retry: time passed: GET the call's stream from its last event */
+
+static void
+ngx_http_hermes_mcp_resume(ngx_event_t *ev)
+{
+    ngx_http_hermes_rpc_call_t *call = ev->data;
+
+    ngx_connection_t       *c;
+    ngx_http_hermes_rpc_t  *rpc;
+
+    rpc = call->rpc;
+
+    if (rpc == NULL || rpc->r == NULL) {
+        return;                         /* the call is over */
+    }
+
+    c = rpc->r->connection;
+
+    if (ngx_http_hermes_rpc_subrequest(rpc, call) != NGX_OK) {
+        ngx_http_hermes_mcp_call_error(call, "the gateway could not resume "
+                                       "the MCP server's stream");
+        ngx_http_hermes_rpc_finish(rpc, call, NGX_DONE);
+    }
+
+    ngx_http_run_posted_requests(c);
+}
+
+
+/*
+ * The cell is over while its call runs: the server is told to stop
+ * (notifications/cancelled) and the call's stream, if it comes as it
+ * goes, ends now rather than at the proxy's timeout.  A call that waits
+ * to resume waits no more.
+ */
+
+void
+ngx_http_hermes_mcp_forget(ngx_http_hermes_rpc_t *rpc,
+    ngx_http_hermes_rpc_call_t *call)
+{
+    if (call->resume.timer_set) {
+        ngx_del_timer(&call->resume);
+    }
+
+    if (call->waiting
+        || (call->step != NGX_HTTP_HERMES_MCP_CALL
+            && call->step != NGX_HTTP_HERMES_MCP_RESUME))
+    {
+        return;                         /* nothing asked of the tool yet */
+    }
+
+    ngx_http_hermes_mcp_cancel(rpc, call, "the cell that made the call "
+                               "ended before the answer");
+    ngx_http_hermes_mcp_stop(call);
+}
+
+
+/* notifications/cancelled for the call's request, in its session */
+
+static void
+ngx_http_hermes_mcp_cancel(ngx_http_hermes_rpc_t *rpc,
+    ngx_http_hermes_rpc_call_t *call, const char *reason)
+{
+    ngx_buf_t  *b;
+
+    if (rpc->r == NULL) {
+        return;                 /* no request left to carry it */
+    }
+
+    b = ngx_create_temp_buf(rpc->r->pool,
+                            sizeof("{\"jsonrpc\":\"2.0\",\"method\":"
+                                   "\"notifications/cancelled\",\"params\":"
+                                   "{\"requestId\":,\"reason\":\"\"}}") - 1
+                            + NGX_INT64_LEN + ngx_strlen(reason));
+    if (b == NULL) {
+        return;
+    }
+
+    /* the reasons are ours: nothing to escape */
+
+    b->last = ngx_sprintf(b->last, "{\"jsonrpc\":\"2.0\",\"method\":"
+                          "\"notifications/cancelled\",\"params\":"
+                          "{\"requestId\":%uL,\"reason\":\"%s\"}}",
+                          call->seq, reason);
+    b->last_buf = 1;
+
+    if (ngx_http_hermes_mcp_note(rpc, &call->ms, b) != NGX_OK) {
+        ngx_log_error(NGX_LOG_WARN, rpc->log, 0,
+                      "hermes: could not cancel tool call %uL with the MCP "
+                      "server", call->seq);
+        return;
+    }
+
+    ngx_log_error(NGX_LOG_INFO, rpc->log, 0,
+                  "hermes: kernel %*s: tool call %uL cancelled with the MCP "
+                  "server: %s", (size_t) NGX_HTTP_HERMES_ID_LEN,
+                  rpc->ref->kernel_id, call->seq, reason);
+}
+
+
+/*
+ * The call's stream ends here, as if the server had ended it: its answer
+ * came (a resumed GET stream stays open after it), or nobody waits for it
+ * any more.  Only a stream that is passed on as it comes (proxy_buffering
+ * off) and whose header came: its upstream is told the body is whole and
+ * woken, so nginx closes the connection and ends the subrequest as usual.
+ */
+
+static void
+ngx_http_hermes_mcp_stop(ngx_http_hermes_rpc_call_t *call)
+{
+    ngx_http_upstream_t  *u;
+
+    if (call->sr == NULL) {
+        return;
+    }
+
+    u = call->sr->upstream;
+
+    if (u == NULL || u->buffering || !u->header_sent
+        || u->peer.connection == NULL)
+    {
+        return;
+    }
+
+    u->length = 0;
+    u->keepalive = 0;
+
+    ngx_post_event(u->peer.connection->read, &ngx_posted_events);
 }
 
 
@@ -1009,14 +1275,34 @@ ngx_http_hermes_mcp_stream(ngx_event_t *ev)
 {
     ngx_http_hermes_rpc_call_t *call = ev->data;
 
-    u_char                 *p, *last, *end, *next, *crlf;
-    yajl_val                v;
     ngx_http_hermes_rpc_t  *rpc;
 
     rpc = call->rpc;
 
     if (rpc == NULL || call->body == NULL) {
         return;                         /* the call is over */
+    }
+
+    ngx_http_hermes_mcp_scan(rpc, call);
+
+    if (rpc->r) {
+        /* out of a request's own handler: the answers' subrequests run */
+        ngx_http_run_posted_requests(rpc->r->connection);
+    }
+}
+
+
+/* the whole events of the stream not looked at yet */
+
+static void
+ngx_http_hermes_mcp_scan(ngx_http_hermes_rpc_t *rpc,
+    ngx_http_hermes_rpc_call_t *call)
+{
+    u_char    *p, *last, *end, *next, *crlf;
+    yajl_val   v;
+
+    if (call->body == NULL) {
+        return;
     }
 
     p = call->body + call->scanned;
@@ -1040,7 +1326,7 @@ ngx_http_hermes_mcp_stream(ngx_event_t *ev)
             break;
         }
 
-        v = ngx_http_hermes_mcp_event(rpc, p, end);
+        v = ngx_http_hermes_mcp_event(rpc, call, p, end);
 
         if (v) {
             ngx_http_hermes_mcp_message(rpc, call, v);
@@ -1051,20 +1337,21 @@ ngx_http_hermes_mcp_stream(ngx_event_t *ev)
     }
 
     call->scanned = p - call->body;
-
-    if (rpc->r) {
-        /* out of a request's own handler: the answers' subrequests run */
-        ngx_http_run_posted_requests(rpc->r->connection);
-    }
 }
 
 
-/* an event's "data:" lines, joined by "\n", as JSON; NULL: none, or not */
+/*
+ * an event's "data:" lines, joined by "\n", as JSON; NULL: none, or not.
+ * Its "id:" is the call's last event id (to resume by), its "retry:" the
+ * wait before a resume.
+ */
 
 static yajl_val
-ngx_http_hermes_mcp_event(ngx_http_hermes_rpc_t *rpc, u_char *p, u_char *last)
+ngx_http_hermes_mcp_event(ngx_http_hermes_rpc_t *rpc,
+    ngx_http_hermes_rpc_call_t *call, u_char *p, u_char *last)
 {
-    u_char  *nl, *data, *d;
+    u_char      *nl, *data, *d, *v, *e;
+    ngx_int_t    n;
 
     data = ngx_pnalloc(rpc->pool, last - p + 1);
     if (data == NULL) {
@@ -1092,6 +1379,44 @@ ngx_http_hermes_mcp_event(ngx_http_hermes_rpc_t *rpc, u_char *p, u_char *last)
 
             d = ngx_cpymem(d, p, (nl > p && nl[-1] == '\r') ? nl - 1 - p
                                                             : nl - p);
+
+        } else if (nl - p >= 3 && ngx_strncmp(p, "id:", 3) == 0) {
+            v = p + 3;
+            e = (nl > v && nl[-1] == '\r') ? nl - 1 : nl;
+
+            if (v < e && *v == ' ') {
+                v++;
+            }
+
+            /* one too long, or with a NUL, leaves nothing to resume by */
+
+            if ((size_t) (e - v) <= sizeof(call->last_id)
+                && ngx_strlchr(v, e, '\0') == NULL)
+            {
+                ngx_memcpy(call->last_id, v, e - v);
+                call->last_id_len = e - v;
+
+            } else {
+                call->last_id_len = 0;
+            }
+
+            call->events++;
+
+        } else if (nl - p >= 6 && ngx_strncmp(p, "retry:", 6) == 0) {
+            v = p + 6;
+            e = (nl > v && nl[-1] == '\r') ? nl - 1 : nl;
+
+            if (v < e && *v == ' ') {
+                v++;
+            }
+
+            n = ngx_atoi(v, e - v);
+
+            if (n != NGX_ERROR) {
+                call->retry = ngx_min((ngx_msec_t) n,
+                                      (ngx_msec_t)
+                                      NGX_HTTP_HERMES_MCP_RETRY_MAX);
+            }
         }
 
         p = nl + 1;
@@ -1122,12 +1447,25 @@ ngx_http_hermes_mcp_message(ngx_http_hermes_rpc_t *rpc,
     static const char  *pmessage[] = { "params", "message", NULL };
 
     m = yajl_tree_get(v, pmethod, yajl_t_string);
+    id = yajl_tree_get(v, pid, yajl_t_any);
+
     if (m == NULL) {
-        return;                         /* the call's own answer, later */
+        /*
+         * the call's own answer, taken at the stream's end, which is now:
+         * a resumed stream may stay open after it
+         */
+
+        if (id && YAJL_IS_INTEGER(id)
+            && id->u.number.i == (long long) call->seq)
+        {
+            call->answered = 1;
+            ngx_http_hermes_mcp_stop(call);
+        }
+
+        return;
     }
 
     method = m->u.string;
-    id = yajl_tree_get(v, pid, yajl_t_any);
 
     if (id) {
         ngx_http_hermes_mcp_answer_request(rpc, call, method, id);

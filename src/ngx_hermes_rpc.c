@@ -1284,6 +1284,10 @@ ngx_http_hermes_rpc_call_free(void *data)
         ngx_delete_posted_event(&call->stream);
     }
 
+    if (call->resume.timer_set) {
+        ngx_del_timer(&call->resume);
+    }
+
     if (call->list) {
         ngx_free(call->list);
         call->list = NULL;
@@ -1328,9 +1332,16 @@ ngx_http_hermes_rpc_subrequest(ngx_http_hermes_rpc_t *rpc,
         owner.len--;
     }
 
-    b = ngx_http_hermes_rpc_body(rpc, call);
-    if (b == NULL) {
-        return NGX_ERROR;
+    /* a resumed stream is a GET, without a body */
+
+    if (call->step == NGX_HTTP_HERMES_MCP_RESUME) {
+        b = NULL;
+
+    } else {
+        b = ngx_http_hermes_rpc_body(rpc, call);
+        if (b == NULL) {
+            return NGX_ERROR;
+        }
     }
 
     sr = ngx_http_hermes_rpc_post(rpc, call, b);
@@ -1341,6 +1352,7 @@ ngx_http_hermes_rpc_subrequest(ngx_http_hermes_rpc_t *rpc,
     call->status = 0;
     call->len = 0;
     call->too_big = 0;
+    call->whole = 0;
     call->sse = 0;
     call->session.len = 0;
     call->scanned = 0;
@@ -1450,6 +1462,27 @@ ngx_http_hermes_rpc_post(ngx_http_hermes_rpc_t *rpc,
         {
             return NULL;
         }
+    }
+
+    if (body == NULL && call->step == NGX_HTTP_HERMES_MCP_RESUME) {
+        /* tools/call's stream again, from its last event (2025-11-25) */
+
+        sr->method = NGX_HTTP_GET;
+        ngx_str_set(&sr->method_name, "GET");
+        sr->headers_in.content_length_n = 0;
+
+        if (ngx_http_hermes_rpc_header(sr, "Accept",
+                                       (u_char *) "text/event-stream",
+                                       sizeof("text/event-stream") - 1)
+            != NGX_OK
+            || ngx_http_hermes_rpc_header(sr, "Last-Event-ID", call->last_id,
+                                          call->last_id_len)
+               != NGX_OK)
+        {
+            return NULL;
+        }
+
+        return sr;
     }
 
     if (body == NULL) {
@@ -1622,6 +1655,23 @@ ngx_http_hermes_rpc_done(ngx_http_request_t *sr, void *data, ngx_int_t rc)
         }
     }
 
+    ngx_http_hermes_rpc_finish(rpc, call, rc);
+
+    /*
+     * Whatever the endpoint did, it is the code's ToolError, never the
+     * client's error: an NGX_ERROR here would end the cell's request.
+     */
+
+    return NGX_OK;
+}
+
+
+/* a call is over (rc as rpc_done gives it): its answer, the next call */
+
+void
+ngx_http_hermes_rpc_finish(ngx_http_hermes_rpc_t *rpc,
+    ngx_http_hermes_rpc_call_t *call, ngx_int_t rc)
+{
     ngx_queue_remove(&call->queue);
     call->rpc = NULL;
     rpc->running--;
@@ -1630,13 +1680,6 @@ ngx_http_hermes_rpc_done(ngx_http_request_t *sr, void *data, ngx_int_t rc)
     ngx_http_hermes_rpc_call_free(call);
 
     ngx_http_hermes_rpc_next(rpc);
-
-    /*
-     * Whatever the endpoint did, it is the code's ToolError, never the
-     * client's error: an NGX_ERROR here would end the cell's request.
-     */
-
-    return NGX_OK;
 }
 
 
@@ -2279,6 +2322,12 @@ ngx_http_hermes_rpc_end(ngx_http_hermes_rpc_t *rpc)
         call = ngx_queue_data(q, ngx_http_hermes_rpc_call_t, queue);
 
         ngx_queue_remove(q);
+
+        if (call->step) {
+            /* the MCP server is told (notifications/cancelled) */
+            ngx_http_hermes_mcp_forget(rpc, call);
+        }
+
         call->rpc = NULL;
     }
 
@@ -2442,11 +2491,19 @@ ngx_http_hermes_rpc_body_filter(ngx_http_request_t *r, ngx_chain_t *in)
             }
         }
 
+        /* a subrequest's end; a broken or timed out stream only flushes */
+
+        if (b->last_buf || b->last_in_chain) {
+            call->whole = 1;
+        }
+
         b->pos = b->last;
         b->file_pos = b->file_last;
     }
 
-    if (call->sse && call->rpc && call->step == NGX_HTTP_HERMES_MCP_CALL
+    if (call->sse && call->rpc
+        && (call->step == NGX_HTTP_HERMES_MCP_CALL
+            || call->step == NGX_HTTP_HERMES_MCP_RESUME)
         && !call->too_big && !call->stream.posted)
     {
         /*

@@ -32,6 +32,18 @@
 #define NGX_HTTP_HERMES_MCP_LIST       3
 #define NGX_HTTP_HERMES_MCP_CALL       4
 #define NGX_HTTP_HERMES_MCP_END        5     /* DELETE, nobody waits */
+#define NGX_HTTP_HERMES_MCP_RESUME     6     /* GET: tools/call's stream
+                                                resumed (Last-Event-ID) */
+
+/* an SSE event id kept to resume by, at most (a longer one: none) */
+#define NGX_HTTP_HERMES_MCP_EVENT_ID   128
+
+/* a stream resumed without a new event in between, at most */
+#define NGX_HTTP_HERMES_MCP_RESUMES    5
+
+/* the wait before a resume without the server's retry:, and at most */
+#define NGX_HTTP_HERMES_MCP_RETRY      1000
+#define NGX_HTTP_HERMES_MCP_RETRY_MAX  30000
 
 /* bytes of a progress message passed on to the cell's stream, at most */
 #define NGX_HTTP_HERMES_RPC_PROGRESS_TEXT  256
@@ -126,6 +138,14 @@ typedef struct {
     ngx_event_t                     stream;     /* to look at them, posted
                                                    out of the filter */
     ngx_uint_t                      pages;      /* of tools/list, so far */
+    u_char                          last_id[NGX_HTTP_HERMES_MCP_EVENT_ID];
+    size_t                          last_id_len; /* the stream's last event
+                                                   id: 0, none to resume by */
+    ngx_msec_t                      retry;      /* its retry:, 0: none */
+    ngx_uint_t                      events;     /* with an id, so far */
+    ngx_uint_t                      events_seen; /* at the last resume */
+    ngx_uint_t                      resumes;    /* without a new event */
+    ngx_event_t                     resume;     /* the wait before a GET */
     ngx_str_t                       err;        /* an MCP step's word */
     u_char                          err_buf[NGX_HTTP_HERMES_RPC_ERROR_MAX];
     unsigned                        too_big:1;
@@ -136,6 +156,9 @@ typedef struct {
     unsigned                        initializer:1;
     unsigned                        list_only:1; /* a cell's "tools/list":
                                                    the schemas, no call */
+    unsigned                        answered:1; /* seen in its stream */
+    unsigned                        whole:1;    /* the answer's end came,
+                                                   not a broken stream */
 } ngx_http_hermes_rpc_call_t;
 
 
@@ -157,6 +180,8 @@ ngx_http_request_t *ngx_http_hermes_rpc_post(ngx_http_hermes_rpc_t *rpc,
     ngx_http_hermes_rpc_call_t *call, ngx_buf_t *body);
 ngx_int_t ngx_http_hermes_rpc_done(ngx_http_request_t *sr, void *data,
     ngx_int_t rc);
+void ngx_http_hermes_rpc_finish(ngx_http_hermes_rpc_t *rpc,
+    ngx_http_hermes_rpc_call_t *call, ngx_int_t rc);
 void ngx_http_hermes_rpc_next(ngx_http_hermes_rpc_t *rpc);
 void ngx_http_hermes_rpc_progress(ngx_http_hermes_rpc_t *rpc,
     ngx_http_hermes_rpc_call_t *call, char *progress, char *total,
@@ -181,6 +206,8 @@ ngx_int_t ngx_http_hermes_schema_gather(ngx_http_hermes_rpc_call_t *call,
     yajl_val tools, ngx_log_t *log);
 void ngx_http_hermes_schema_keep(ngx_http_hermes_mcp_peer_t *peer,
     ngx_http_hermes_rpc_call_t *call, ngx_log_t *log);
+void ngx_http_hermes_mcp_forget(ngx_http_hermes_rpc_t *rpc,
+    ngx_http_hermes_rpc_call_t *call);
 
 
 #endif /* _NGX_HERMES_RPC_CALL_H_INCLUDED_ */

@@ -30,7 +30,11 @@ $t->write_conf(<<'CONF');
 
         hermes_tools_pass /mcp protocol=mcp;
 
-        location = /x { hermes_execute; hermes_tools add greet two oops stream missing ask; }
+        location = /x { hermes_execute; hermes_tools add greet two oops stream missing ask slow; }
+        location = /short {
+            hermes_execute; hermes_tools slow;
+            hermes_tools_pass /mcp-short protocol=mcp;
+        }
         location = /auto { hermes_execute; hermes_tools auto; }
         location = /schema { hermes_schema; hermes_tools auto; }
         location = /paged {
@@ -50,6 +54,13 @@ $t->write_conf(<<'CONF');
             internal;
             proxy_pass http://127.0.0.1:%%PORT_1%%/mcp;
             proxy_read_timeout 5s;
+            proxy_buffering off;
+        }
+
+        location = /mcp-short {
+            internal;
+            proxy_pass http://127.0.0.1:%%PORT_1%%/mcp-short;
+            proxy_read_timeout 1s;
             proxy_buffering off;
         }
     }
@@ -247,7 +258,7 @@ $n = @{ hits() };
 $r = $t->execute('/paged', {session => 'p', code => 'print(hermes_tools.recall(), hermes_tools.add(a=1, b=1)["sum"])'});
 is($r->{result}{output}, "None 2\n", 'paged tools/list: a tool of the last page and of the first') or diag explain $r;
 my @lists = grep { $_->{method} eq 'tools/list' } @{ hits() }[$n .. $#{ hits() }];
-is_deeply([map { $_->{cursor} } @lists], [undef, 'p2', 'p4', 'p6', 'p8'], 'every page asked for, nextCursor followed');
+is_deeply([map { $_->{cursor} } @lists], [undef, 'p2', 'p4', 'p6', 'p8', 'p10'], 'every page asked for, nextCursor followed');
 
 # a server that answers a forgotten session 400, naming it: a new session
 $r = $t->execute('/f400', {session => 'f', code => 'print(hermes_tools.add(a=1, b=2)["sum"])'});
@@ -270,6 +281,52 @@ except hermes_tools.ToolError as e:
 PY
 like($r->{result}{output}, qr/^ToolError: tool "add": the MCP server chose protocol version "1999-01-01", not one this gateway speaks \(2025-06-18, 2025-03-26\)/,
      'an unknown protocol version is refused, named') or diag explain $r;
+
+# a call whose cell ends before its answer: the server is told
+# (notifications/cancelled, the call's id, a reason), and the call's
+# stream ends then, not at the proxy's timeout (the server keeps it alive)
+{
+    $n = @{ hits() };
+    $r = $t->execute('/x', {session => 'cancel', code => <<'PY'});
+import threading, time
+threading.Thread(target=hermes_tools.slow, daemon=True).start()
+time.sleep(1)
+print("left")
+PY
+    is($r->{result}{output}, "left\n", 'a cell leaves a call behind') or diag explain $r;
+    my ($call) = grep { ($_->{name} // '') eq 'slow' } @{ hits() }[$n .. $#{ hits() }];
+    ok(wait_until(sub { grep { $_->{method} eq 'notifications/cancelled' } @{ hits() }[$n .. $#{ hits() }] }, 5),
+       '... notifications/cancelled reaches the server');
+    my ($c) = grep { $_->{method} eq 'notifications/cancelled' } @{ hits() }[$n .. $#{ hits() }];
+    ok($call && $c && defined $c->{request_id} && $c->{request_id} eq $call->{id},
+       '... with the id of the call') or diag explain [$call, $c];
+    like($c && $c->{reason}, qr/cell .* ended before the answer/, '... and a reason');
+    ok($c && $c->{known} && ($c->{version} // '') eq '2025-06-18', "... in the kernel's session");
+    ok(wait_until(sub { grep { $_->{method} eq 'slow-end' } @{ hits() }[$n .. $#{ hits() }] }, 8),
+       '... the server stops');
+    my ($end) = grep { $_->{method} eq 'slow-end' } @{ hits() }[$n .. $#{ hits() }];
+    ok($end && $end->{cancelled} && defined $end->{closed_after} && $end->{closed_after} < 2,
+       '... and the gateway ended the call\'s stream at once') or diag explain $end;
+}
+
+# a call the gateway stops waiting for (proxy_read_timeout 1s): cancelled
+{
+    $n = @{ hits() };
+    $r = $t->execute('/short', {session => 'cancel2', code => <<'PY'});
+try:
+    hermes_tools.slow(quiet=True)
+except hermes_tools.ToolError as e:
+    print("ToolError:", e)
+PY
+    like($r->{result}{output}, qr/^ToolError: tool "slow": the MCP server's stream broke or timed out \(proxy_read_timeout\) before the answer/,
+         'a stream past proxy_read_timeout is a ToolError') or diag explain $r->{result};
+    my ($call) = grep { ($_->{name} // '') eq 'slow' } @{ hits() }[$n .. $#{ hits() }];
+    ok(wait_until(sub { grep { $_->{method} eq 'notifications/cancelled' } @{ hits() }[$n .. $#{ hits() }] }, 5),
+       '... and the call is cancelled with the server');
+    my ($c) = grep { $_->{method} eq 'notifications/cancelled' } @{ hits() }[$n .. $#{ hits() }];
+    ok($call && $c && $c->{request_id} eq $call->{id}, '... by its id');
+    like($c && $c->{reason}, qr/stopped waiting/, '... saying why');
+}
 
 $t->stop;
 

@@ -19,13 +19,18 @@ goes: progress for the call's progressToken, then requests of the
 server's, roots/list, elicitation/create, sampling/createMessage, ping and
 an unknown one, each waited for, then a text of what the client answered
 each), remember {x} and recall (state
-kept per session, as a memory or browser server keeps it), anything
-else: JSON-RPC error.
+kept per session, as a memory or browser server keeps it), slow {quiet}
+(an SSE answer that never comes: a progress event, unless quiet, then
+": ping" comments every 0.2 s until the client cancels it or 10 s pass;
+after a cancel, pings until the gateway closes the stream, logged as
+slow-end with how long that took), anything else: JSON-RPC error.
+notifications/cancelled is logged with its requestId and reason.
 """
 
 import json
 import sys
 import threading
+import time
 import uuid
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
@@ -33,8 +38,9 @@ PORT, LOG = int(sys.argv[1]), sys.argv[2]
 SESSIONS = {}           # id -> the session's state (remember/recall)
 ANSWERS = {}            # a request of ours -> the client's answer
 WAITING = {}            # a request of ours -> threading.Event
+CANCELLED = {}          # (session, a client's request id) -> threading.Event
 TOOLS = ["add", "greet", "two", "oops", "stream", "remember", "recall", "ask",
-         "get-sum", "x" * 300]
+         "get-sum", "slow", "x" * 300]
 
 
 # input schemas of some (the others: {"type": "object"}), for the stubs
@@ -118,6 +124,8 @@ class Handler(BaseHTTPRequestHandler):
                 "session": sid, "known": sid in SESSIONS,
                 "version": self.headers.get("MCP-Protocol-Version"),
                 "accept": self.headers.get("Accept"),
+                "request_id": params.get("requestId"),
+                "reason": params.get("reason"),
                 "owner": self.headers.get("X-Hermes-Owner")}) + "\n")
         rid = msg.get("id")
         if method == "initialize":
@@ -138,6 +146,10 @@ class Handler(BaseHTTPRequestHandler):
             return self.send(404 if sid else 400, {"error": "no such session"})
         if self.headers.get("MCP-Protocol-Version") != "2025-06-18":
             return self.send(400, {"error": "MCP-Protocol-Version"})
+        if method == "notifications/cancelled":
+            CANCELLED.setdefault((sid, params.get("requestId")),
+                                 threading.Event()).set()
+            return self.send(202)
         if method == "notifications/initialized":
             return self.send(202)
         if method == "tools/list":
@@ -173,6 +185,8 @@ class Handler(BaseHTTPRequestHandler):
                                 "text": str(SESSIONS[sid].get("x"))}]}
         elif name == "ask":
             return self.ask(rid, params)
+        elif name == "slow":
+            return self.slow(sid, rid, args)
         elif name == "oops":
             res = {"content": [{"type": "text", "text": "it broke"}], "isError": True}
         elif name == "stream":
@@ -216,6 +230,38 @@ class Handler(BaseHTTPRequestHandler):
         event({"jsonrpc": "2.0", "id": rid, "result": {"content": [
             {"type": "text", "text": json.dumps(got, sort_keys=True)}]}})
         self.close_connection = True
+
+
+    def slow(self, sid, rid, args):
+        """An answer that never comes, until the client cancels the call:
+        then pings until the stream is closed (the gateway ends it)."""
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.end_headers()
+        self.close_connection = True
+        ev = CANCELLED.setdefault((sid, rid), threading.Event())
+        end = {"method": "slow-end", "id": rid, "cancelled": False,
+               "closed_after": None}
+        try:
+            if not args.get("quiet"):
+                self.wfile.write(b'event: message\ndata: {"jsonrpc":"2.0",'
+                                 b'"method":"notifications/progress",'
+                                 b'"params":{"progress":0}}\n\n')
+                self.wfile.flush()
+            if ev.wait(10):
+                end["cancelled"] = True
+                t0 = time.monotonic()
+                try:
+                    for _ in range(50):
+                        self.wfile.write(b": ping\n\n")
+                        self.wfile.flush()
+                        time.sleep(0.2)
+                except OSError:
+                    end["closed_after"] = time.monotonic() - t0
+        except OSError:
+            pass
+        with open(LOG, "a") as f:
+            f.write(json.dumps(end) + "\n")
 
 
 ThreadingHTTPServer.daemon_threads = True

