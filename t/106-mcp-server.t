@@ -292,6 +292,52 @@ like(text_of($r), qr/^no_cell:/, 'interrupt with nothing running: no_cell');
 $r = call('/mcp', $sid, 'execute_code', { code => 'x' });
 is(text_of($r), "41\n", 'the kernel kept its state after the interrupt');
 
+# notifications/cancelled of a call in flight interrupts its cell
+my $cancel_id = ++$n;
+$async = do {
+    my $pid = fork // die;
+    if (!$pid) {
+        my $res = rpc('/mcp', $sid, { jsonrpc => '2.0', id => $cancel_id,
+            method => 'tools/call', params => { name => 'execute_code',
+            arguments => { code => "import time\ntime.sleep(20)" } } });
+        open my $fh, '>', $t->prefix . '/logs/cancelled.json';
+        print $fh $JSON->encode($res->{json} // {});
+        close $fh;
+        POSIX::_exit(0);
+    }
+    $pid;
+};
+ok(Hermes::Test::wait_until(sub {
+    my $l = call('/mcp', $sid, 'list_kernels', {});
+    grep { $_->{session} eq "mcp-$sid" && $_->{state} eq 'running' }
+        @{ $l->{json}{result}{structuredContent}{kernels} || [] };
+}, 10), 'a long cell runs');
+$r = rpc('/mcp', $sid, { jsonrpc => '2.0', method => 'notifications/cancelled',
+                         params => { requestId => $cancel_id + 1000 } });
+is($r->{status}, 202, 'a cancel of another id: 202');
+sleep 1;
+$r = call('/mcp', $sid, 'list_kernels', {});
+ok((grep { $_->{session} eq "mcp-$sid" && $_->{state} eq 'running' }
+    @{ $r->{json}{result}{structuredContent}{kernels} || [] }),
+   '... and the cell runs on');
+$r = rpc('/mcp', $sid, { jsonrpc => '2.0', method => 'notifications/cancelled',
+                         params => { requestId => $cancel_id }, },
+         owner => 'mallory');
+is($r->{status}, 404, "another owner cannot cancel it");
+$r = rpc('/mcp', $sid, { jsonrpc => '2.0', method => 'notifications/cancelled',
+                         params => { requestId => $cancel_id,
+                                     reason => 'the user pressed Esc' } });
+is($r->{status}, 202, 'notifications/cancelled: 202');
+my $t0 = time;
+waitpid $async, 0;
+ok(time - $t0 < 10, 'the cancelled call ended at once');
+my $cancelled = do {
+    open my $fh, '<', $t->prefix . '/logs/cancelled.json'; local $/; <$fh>
+};
+like($cancelled // '', qr/\[interrupted\]/, '... its cell interrupted');
+$r = call('/mcp', $sid, 'execute_code', { code => 'x' });
+is(text_of($r), "41\n", 'the kernel kept its state after the cancel');
+
 # reset_session: the state is gone
 $r = call('/mcp', $sid, 'reset_session', {});
 is($r->{json}{result}{isError}, JSON::PP::false, 'reset_session');
