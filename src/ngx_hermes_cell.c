@@ -473,7 +473,7 @@ done:
 static void
 ngx_http_hermes_cell_run(ngx_http_hermes_cell_t *cell)
 {
-    ngx_uint_t                 tools;
+    ngx_uint_t                 tools, schemas;
     ngx_http_hermes_stream_t  *st;
 
     st = &cell->stream;
@@ -486,6 +486,11 @@ ngx_http_hermes_cell_run(ngx_http_hermes_cell_t *cell)
 
     tools = cell->transport->tools;
 
+    /* schemas to ask for: a hermes_tools_schema file's, an MCP server's */
+    schemas = tools && (cell->hlcf->tools_schema.len
+                        || cell->hlcf->tools_protocol
+                           == NGX_HTTP_HERMES_TOOLS_MCP);
+
     st->request = ngx_http_hermes_json_cell_request(cell->pool,
                                                     cell->ref.cell_id,
                                                     &cell->req,
@@ -494,7 +499,8 @@ ngx_http_hermes_cell_run(ngx_http_hermes_cell_t *cell)
                                                     tools ? cell->hlcf->tools
                                                           : NULL,
                                                     tools
-                                                    && cell->hlcf->tools_auto);
+                                                    && cell->hlcf->tools_auto,
+                                                    schemas);
     if (st->request == NULL) {
         ngx_http_hermes_cell_ship_failed(cell);
         return;

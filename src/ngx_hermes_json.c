@@ -1574,7 +1574,7 @@ ngx_http_hermes_json_error(ngx_pool_t *pool, ngx_str_t *code,
 ngx_buf_t *
 ngx_http_hermes_json_cell_request(ngx_pool_t *pool, uint32_t id,
     ngx_http_hermes_request_t *req, size_t max_output, size_t max_stream,
-    ngx_array_t *tools, ngx_uint_t tools_any)
+    ngx_array_t *tools, ngx_uint_t tools_any, ngx_uint_t schemas)
 {
     yajl_gen     g;
     ngx_buf_t   *b;
@@ -1621,6 +1621,11 @@ ngx_http_hermes_json_cell_request(ngx_pool_t *pool, uint32_t id,
 
         yajl_gen_array_close(g);
     }
+
+    /* whether the gateway has schemas to ask for: else no round trip */
+
+    ngx_http_hermes_gen_key(g, "schemas");
+    yajl_gen_bool(g, schemas);
 
     yajl_gen_map_close(g);
 

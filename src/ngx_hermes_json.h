@@ -73,7 +73,7 @@ ngx_buf_t *ngx_http_hermes_json_kernel(ngx_pool_t *pool,
     ngx_http_hermes_listing_t *l);
 ngx_buf_t *ngx_http_hermes_json_cell_request(ngx_pool_t *pool, uint32_t id,
     ngx_http_hermes_request_t *req, size_t max_output, size_t max_stream,
-    ngx_array_t *tools, ngx_uint_t tools_any);
+    ngx_array_t *tools, ngx_uint_t tools_any, ngx_uint_t schemas);
 
 extern ngx_str_t  ngx_http_hermes_cell_status_names[];
 

@@ -151,7 +151,7 @@ for my $fmt (qw(openai anthropic)) {
     my $d = $fmt eq 'openai' ? $s->{function}{description} : $s->{description};
     like($d, qr/\ndef get_sum\(a: int, b: int\):\n    """Add two integers\."""\n/, "hermes_schema ($fmt): get_sum's def");
     my $defs = parses($d, "hermes_schema auto ($fmt)");
-    like($defs, qr/^add\(args;\) greet\(;name\) .* get_sum\(a,b;\)$/m, "$fmt: parsed as the stubs have them");
+    like($defs, qr/^add\(args;\) greet\(;name\) .* get_sum\(a,b;\)(?: \w+\(args;\))*$/m, "$fmt: parsed as the stubs have them");
 }
 
 # a plain tool endpoint with hermes_tools_schema

@@ -288,12 +288,13 @@ _TYPES = {"string": str, "integer": int, "number": float, "boolean": bool,
 _EMPTY = inspect.Parameter.empty
 
 
-def _begin(allowed):
+def _begin(allowed, schemas=True):
     """A new cell: its enabled tools (None: the MCP server's); the schemas
-    are asked again (a reload may have changed them)."""
+    are asked again (a reload may have changed them), when the gateway
+    has any (schemas: a hermes_tools_schema file, or an MCP server)."""
     global _allowed, _schemas
     _allowed = allowed
-    _schemas = None
+    _schemas = None if schemas else {}
     _stubs.clear()
     __all__[:] = _BASE_ALL
 

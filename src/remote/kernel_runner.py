@@ -1512,7 +1512,7 @@ def _process(n, path, names=None):
         req, bad = _read_req(path), None
     except (OSError, ValueError) as e:
         req, bad = {}, "bad cell request: %s" % e
-    hermes_tools._begin(_tools(req))
+    hermes_tools._begin(_tools(req), req.get("schemas", True) is not False)
     _sweep_rpc()
     max_output = _int(req.get("max_output"), DEFAULT_MAX_OUTPUT)
     resv = _reserve(n, min(7 * max_output + RESULT_SLACK, RESERVE_MAX))
