@@ -97,6 +97,9 @@ static ngx_int_t ngx_http_hermes_mcp_output(ngx_http_hermes_response_t *rs,
     u_char *p, size_t n);
 static void ngx_http_hermes_mcp_event(ngx_http_hermes_response_t *rs,
     ngx_http_hermes_mcp_call_t *call);
+static void ngx_http_hermes_mcp_notification(yajl_gen g, const char *method);
+static void ngx_http_hermes_mcp_write_event(ngx_http_hermes_response_t *rs,
+    yajl_gen g);
 static ngx_buf_t *ngx_http_hermes_mcp_result(ngx_http_request_t *r,
     void *data, ngx_http_hermes_result_t *res,
     ngx_http_hermes_kernel_ref_t *ref, ngx_http_hermes_request_t *req);
@@ -1609,12 +1612,10 @@ static void
 ngx_http_hermes_mcp_event(ngx_http_hermes_response_t *rs,
     ngx_http_hermes_mcp_call_t *call)
 {
-    size_t                len;
-    yajl_val              v, type, text;
-    ngx_uint_t            err, level;
-    const unsigned char  *p;
-    const char           *ptype[] = { "type", NULL };
-    const char           *ptext[] = { "text", NULL };
+    yajl_val     v, type, text;
+    ngx_uint_t   err, level;
+    const char  *ptype[] = { "type", NULL };
+    const char  *ptext[] = { "text", NULL };
 
     v = yajl_tree_parse((const char *) call->line, NULL, 0);
     if (v == NULL) {
@@ -1637,16 +1638,7 @@ ngx_http_hermes_mcp_event(ngx_http_hermes_response_t *rs,
                 : NGX_HTTP_HERMES_MCP_LOG_INFO;
 
     if (call->token.len) {
-        yajl_gen_reset(call->gen, NULL);
-        yajl_gen_clear(call->gen);
-
-        yajl_gen_map_open(call->gen);
-        ngx_http_hermes_gen_key(call->gen, "jsonrpc");
-        ngx_http_hermes_gen_key(call->gen, "2.0");
-        ngx_http_hermes_gen_key(call->gen, "method");
-        ngx_http_hermes_gen_key(call->gen, "notifications/progress");
-        ngx_http_hermes_gen_key(call->gen, "params");
-        yajl_gen_map_open(call->gen);
+        ngx_http_hermes_mcp_notification(call->gen, "notifications/progress");
         ngx_http_hermes_gen_key(call->gen, "progressToken");
         yajl_gen_number(call->gen, (const char *) call->token.data,
                         call->token.len);
@@ -1655,27 +1647,11 @@ ngx_http_hermes_mcp_event(ngx_http_hermes_response_t *rs,
         ngx_http_hermes_gen_key(call->gen, "message");
         yajl_gen_string(call->gen, (const unsigned char *) text->u.string,
                         ngx_strlen(text->u.string));
-        yajl_gen_map_close(call->gen);
-        yajl_gen_map_close(call->gen);
-
-        yajl_gen_get_buf(call->gen, &p, &len);
-
-        (void) ngx_http_hermes_response_write(rs, (u_char *) "data: ", 6);
-        (void) ngx_http_hermes_response_write(rs, (u_char *) p, len);
-        (void) ngx_http_hermes_response_write(rs, (u_char *) "\n\n", 2);
+        ngx_http_hermes_mcp_write_event(rs, call->gen);
     }
 
     if (call->level != NGX_HTTP_HERMES_MCP_LOG_NONE && call->level <= level) {
-        yajl_gen_reset(call->gen, NULL);
-        yajl_gen_clear(call->gen);
-
-        yajl_gen_map_open(call->gen);
-        ngx_http_hermes_gen_key(call->gen, "jsonrpc");
-        ngx_http_hermes_gen_key(call->gen, "2.0");
-        ngx_http_hermes_gen_key(call->gen, "method");
-        ngx_http_hermes_gen_key(call->gen, "notifications/message");
-        ngx_http_hermes_gen_key(call->gen, "params");
-        yajl_gen_map_open(call->gen);
+        ngx_http_hermes_mcp_notification(call->gen, "notifications/message");
         ngx_http_hermes_gen_key(call->gen, "level");
         ngx_http_hermes_gen_str(call->gen, &ngx_http_hermes_mcp_levels[level]);
         ngx_http_hermes_gen_key(call->gen, "logger");
@@ -1684,17 +1660,47 @@ ngx_http_hermes_mcp_event(ngx_http_hermes_response_t *rs,
         ngx_http_hermes_gen_key(call->gen, "data");
         yajl_gen_string(call->gen, (const unsigned char *) text->u.string,
                         ngx_strlen(text->u.string));
-        yajl_gen_map_close(call->gen);
-        yajl_gen_map_close(call->gen);
-
-        yajl_gen_get_buf(call->gen, &p, &len);
-
-        (void) ngx_http_hermes_response_write(rs, (u_char *) "data: ", 6);
-        (void) ngx_http_hermes_response_write(rs, (u_char *) p, len);
-        (void) ngx_http_hermes_response_write(rs, (u_char *) "\n\n", 2);
+        ngx_http_hermes_mcp_write_event(rs, call->gen);
     }
 
     yajl_tree_free(v);
+}
+
+
+/* a notification's start, up to its params' members, in a fresh message */
+
+static void
+ngx_http_hermes_mcp_notification(yajl_gen g, const char *method)
+{
+    yajl_gen_reset(g, NULL);
+    yajl_gen_clear(g);
+
+    yajl_gen_map_open(g);
+    ngx_http_hermes_gen_key(g, "jsonrpc");
+    ngx_http_hermes_gen_key(g, "2.0");
+    ngx_http_hermes_gen_key(g, "method");
+    yajl_gen_string(g, (const unsigned char *) method, ngx_strlen(method));
+    ngx_http_hermes_gen_key(g, "params");
+    yajl_gen_map_open(g);
+}
+
+
+/* the notification closed and written as an SSE event */
+
+static void
+ngx_http_hermes_mcp_write_event(ngx_http_hermes_response_t *rs, yajl_gen g)
+{
+    size_t                len;
+    const unsigned char  *p;
+
+    yajl_gen_map_close(g);
+    yajl_gen_map_close(g);
+
+    yajl_gen_get_buf(g, &p, &len);
+
+    (void) ngx_http_hermes_response_write(rs, (u_char *) "data: ", 6);
+    (void) ngx_http_hermes_response_write(rs, (u_char *) p, len);
+    (void) ngx_http_hermes_response_write(rs, (u_char *) "\n\n", 2);
 }
 
 

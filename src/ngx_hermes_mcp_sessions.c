@@ -37,6 +37,8 @@ static void ngx_http_hermes_mcp_sessions_insert(ngx_rbtree_node_t *temp,
     ngx_rbtree_node_t *node, ngx_rbtree_node_t *sentinel);
 static ngx_http_hermes_mcp_node_t *ngx_http_hermes_mcp_sessions_lookup(
     ngx_http_hermes_sh_t *sh, u_char *id);
+static ngx_http_hermes_mcp_node_t *ngx_http_hermes_mcp_sessions_owned(
+    ngx_http_hermes_sh_t *sh, ngx_str_t *owner, u_char *id);
 static void ngx_http_hermes_mcp_sessions_expire(ngx_http_hermes_zone_t *zone,
     ngx_uint_t max, time_t timeout);
 static void ngx_http_hermes_mcp_sessions_free(ngx_http_hermes_zone_t *zone,
@@ -126,12 +128,9 @@ ngx_http_hermes_mcp_sessions_find(ngx_http_hermes_zone_t *zone,
 
     ngx_shmtx_lock(&zone->shpool->mutex);
 
-    mn = ngx_http_hermes_mcp_sessions_lookup(zone->sh, mc->id);
+    mn = ngx_http_hermes_mcp_sessions_owned(zone->sh, owner, mc->id);
 
-    if (mn == NULL
-        || mn->owner_len != owner->len
-        || ngx_memcmp(mn->owner, owner->data, owner->len) != 0)
-    {
+    if (mn == NULL) {
         ngx_shmtx_unlock(&zone->shpool->mutex);
         return NGX_DECLINED;
     }
@@ -163,12 +162,9 @@ ngx_http_hermes_mcp_sessions_set_level(ngx_http_hermes_zone_t *zone,
 
     ngx_shmtx_lock(&zone->shpool->mutex);
 
-    mn = ngx_http_hermes_mcp_sessions_lookup(zone->sh, mc->id);
+    mn = ngx_http_hermes_mcp_sessions_owned(zone->sh, owner, mc->id);
 
-    if (mn == NULL
-        || mn->owner_len != owner->len
-        || ngx_memcmp(mn->owner, owner->data, owner->len) != 0)
-    {
+    if (mn == NULL) {
         ngx_shmtx_unlock(&zone->shpool->mutex);
         return NGX_DECLINED;
     }
@@ -189,12 +185,9 @@ ngx_http_hermes_mcp_sessions_close(ngx_http_hermes_zone_t *zone,
 
     ngx_shmtx_lock(&zone->shpool->mutex);
 
-    mn = ngx_http_hermes_mcp_sessions_lookup(zone->sh, mc->id);
+    mn = ngx_http_hermes_mcp_sessions_owned(zone->sh, owner, mc->id);
 
-    if (mn == NULL
-        || mn->owner_len != owner->len
-        || ngx_memcmp(mn->owner, owner->data, owner->len) != 0)
-    {
+    if (mn == NULL) {
         ngx_shmtx_unlock(&zone->shpool->mutex);
         return NGX_DECLINED;
     }
@@ -250,13 +243,9 @@ ngx_http_hermes_mcp_sessions_cancel(ngx_http_hermes_zone_t *zone,
 
     ngx_shmtx_lock(&zone->shpool->mutex);
 
-    mn = ngx_http_hermes_mcp_sessions_lookup(zone->sh, mc->id);
+    mn = ngx_http_hermes_mcp_sessions_owned(zone->sh, owner, mc->id);
 
-    if (mn
-        && mn->owner_len == owner->len
-        && ngx_memcmp(mn->owner, owner->data, owner->len) == 0
-        && call && mn->call == call && mn->call_session_len)
-    {
+    if (mn && call && mn->call == call && mn->call_session_len) {
         session->len = mn->call_session_len;
         ngx_memcpy(session->data, mn->call_session, session->len);
         mn->call = 0;
@@ -357,6 +346,27 @@ ngx_http_hermes_mcp_sessions_lookup(ngx_http_hermes_sh_t *sh, u_char *id)
     }
 
     return NULL;
+}
+
+
+/* the session of this id if it is the owner's */
+
+static ngx_http_hermes_mcp_node_t *
+ngx_http_hermes_mcp_sessions_owned(ngx_http_hermes_sh_t *sh,
+    ngx_str_t *owner, u_char *id)
+{
+    ngx_http_hermes_mcp_node_t  *mn;
+
+    mn = ngx_http_hermes_mcp_sessions_lookup(sh, id);
+
+    if (mn == NULL
+        || mn->owner_len != owner->len
+        || ngx_memcmp(mn->owner, owner->data, owner->len) != 0)
+    {
+        return NULL;
+    }
+
+    return mn;
 }
 
 
