@@ -101,6 +101,20 @@ static ngx_command_t  ngx_http_hermes_commands[] = {
       NGX_HTTP_HERMES_HANDLER_STATUS,
       ngx_http_hermes_status_handler },
 
+    { ngx_string("hermes_environment"),
+      NGX_HTTP_MAIN_CONF|NGX_CONF_1MORE,
+      ngx_http_hermes_environment,
+      NGX_HTTP_MAIN_CONF_OFFSET,
+      0,
+      NULL },
+
+    { ngx_string("hermes_environments"),
+      NGX_HTTP_MAIN_CONF|NGX_HTTP_SRV_CONF|NGX_HTTP_LOC_CONF|NGX_CONF_1MORE,
+      ngx_http_hermes_environments,
+      NGX_HTTP_LOC_CONF_OFFSET,
+      0,
+      NULL },
+
     { ngx_string("hermes_mcp"),
       NGX_HTTP_LOC_CONF|NGX_CONF_NOARGS|NGX_CONF_TAKE1,
       ngx_http_hermes_content,
@@ -380,6 +394,9 @@ ngx_http_hermes_create_main_conf(ngx_conf_t *cf)
            != NGX_OK
         || ngx_array_init(&hmcf->locations, cf->pool, 4,
                           sizeof(ngx_http_hermes_location_t))
+           != NGX_OK
+        || ngx_array_init(&hmcf->environments, cf->pool, 4,
+                          sizeof(ngx_http_hermes_environment_t *))
            != NGX_OK)
     {
         return NULL;
@@ -485,6 +502,7 @@ ngx_http_hermes_create_loc_conf(ngx_conf_t *cf)
     conf->tools_auto = NGX_CONF_UNSET_UINT;
     conf->tools_protocol = NGX_CONF_UNSET_UINT;
     conf->max_tool_calls = NGX_CONF_UNSET_UINT;
+    conf->environments = NGX_CONF_UNSET_PTR;
     conf->mcp_hosts = NGX_CONF_UNSET_PTR;
     conf->mcp_origins = NGX_CONF_UNSET_PTR;
 
@@ -531,6 +549,7 @@ ngx_http_hermes_merge_loc_conf(ngx_conf_t *cf, void *parent, void *child)
     ngx_conf_merge_uint_value(conf->tools_protocol, prev->tools_protocol,
                               NGX_HTTP_HERMES_TOOLS_HERMES);
     ngx_conf_merge_uint_value(conf->max_tool_calls, prev->max_tool_calls, 50);
+    ngx_conf_merge_ptr_value(conf->environments, prev->environments, NULL);
     ngx_conf_merge_ptr_value(conf->mcp_hosts, prev->mcp_hosts, NULL);
     ngx_conf_merge_ptr_value(conf->mcp_origins, prev->mcp_origins, NULL);
 
@@ -650,6 +669,10 @@ ngx_http_hermes_merge_loc_conf(ngx_conf_t *cf, void *parent, void *child)
     if (conf->handler == NGX_HTTP_HERMES_HANDLER_EXECUTE
         || conf->handler == NGX_HTTP_HERMES_HANDLER_MCP)
     {
+        if (ngx_http_hermes_environment_check(cf, conf) != NGX_CONF_OK) {
+            return NGX_CONF_ERROR;
+        }
+
         return ngx_http_hermes_warm_conf(cf, conf);
     }
 

@@ -82,6 +82,7 @@ extern ngx_str_t  ngx_http_hermes_commit;
 #include "ngx_hermes_frames.h"
 #include "ngx_hermes_kernel.h"
 #include "ngx_hermes_sandbox.h"
+#include "ngx_hermes_environment.h"
 #include "ngx_hermes_json.h"
 #include "ngx_hermes_stream.h"
 #include "ngx_hermes_rpc.h"

@@ -174,6 +174,7 @@ ngx_http_hermes_cell_start(ngx_http_request_t *r,
     cell->ref.owner.data = cell->ref.key.data;
     cell->ref.owner.len = owner->len;
     cell->ref.session = cell->req.session;
+    cell->ref.env = req->env ? req->env->id : 0;
 
     cell->response.json = req->json_answer;
     cell->response.tool_message = req->json_answer
@@ -284,6 +285,14 @@ ngx_http_hermes_cell_acquired(ngx_http_hermes_cell_t *cell, ngx_int_t rc)
                                    "the kernel registry is out of memory");
         return NGX_DONE;
 
+    case NGX_HTTP_HERMES_ACQ_ENV_MISMATCH:
+        ngx_http_hermes_cell_error(cell, NGX_HTTP_CONFLICT,
+                                   "environment_mismatch",
+                                   "this session's kernel runs in another "
+                                   "environment; end it first (DELETE it, "
+                                   "or reset_session over MCP)");
+        return NGX_DONE;
+
     case NGX_HTTP_HERMES_ACQ_WAIT:
         cell->wait_delay = 1;
         ngx_add_timer(&cell->wait, cell->wait_delay);
@@ -365,7 +374,8 @@ ngx_http_hermes_cell_spawn(ngx_http_hermes_cell_t *cell)
     ngx_http_hermes_backend_place(cell->zone, &cell->ref,
                                    cell->hlcf->backend);
 
-    rc = ngx_http_hermes_kernel_spawn(cell->hlcf, cell->zone, &cell->ref,
+    rc = ngx_http_hermes_kernel_spawn(cell->hlcf, cell->req.env, cell->zone,
+                                      &cell->ref,
                                       cell->pool,
                                       ngx_http_hermes_cell_spawned, cell,
                                       cell->log);

@@ -17,6 +17,7 @@
 typedef struct ngx_http_hermes_backend_ops_s  ngx_http_hermes_backend_ops_t;
 typedef struct ngx_http_hermes_transport_s  ngx_http_hermes_transport_t;
 typedef struct ngx_http_hermes_rpc_s  ngx_http_hermes_rpc_t;
+typedef struct ngx_http_hermes_environment_s  ngx_http_hermes_environment_t;
 
 typedef struct {
     ngx_http_hermes_backend_ops_t *ops;
@@ -76,6 +77,7 @@ typedef struct {
     ngx_array_t                   zones;        /* ngx_shm_zone_t * */
     ngx_array_t                   backends;     /* backend_conf_t * */
     ngx_array_t                   locations;    /* ngx_http_hermes_location_t */
+    ngx_array_t                   environments; /* environment_t * */
 } ngx_http_hermes_main_conf_t;
 
 
@@ -118,6 +120,8 @@ typedef struct {
     ngx_http_complex_value_t     *owner;
     ngx_http_complex_value_t     *session;
     ngx_http_hermes_sandbox_t    *sandbox;
+    ngx_array_t                  *environments; /* environment_t *; NULL:
+                                                   the host's python */
 
     ngx_msec_t                    cell_timeout;
     ngx_msec_t                    cell_grace;   /* interrupt, then kill */

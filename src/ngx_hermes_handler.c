@@ -244,6 +244,18 @@ ngx_http_hermes_execute_body(ngx_http_request_t *r)
         return;
     }
 
+    if (ngx_http_hermes_environment_pick(hlcf, &req.environment, &req.env)
+        != NGX_OK)
+    {
+        ngx_http_finalize_request(r,
+                ngx_http_hermes_response_send_error(r, NGX_HTTP_BAD_REQUEST,
+                                                    "invalid_environment",
+                                                    "this location does not "
+                                                    "allow that environment "
+                                                    "(hermes_environments)"));
+        return;
+    }
+
     req.json_answer = ngx_http_hermes_accepts_json(r);
 
     rc = ngx_http_hermes_cell_start(r, &req, &owner);

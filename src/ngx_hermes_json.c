@@ -740,6 +740,7 @@ ngx_http_hermes_json_parse_request(ngx_pool_t *pool, u_char *body,
         { "timeout", 0, ngx_null_string, 0 },
         { "reset", 0, ngx_null_string, 0 },
         { "ephemeral", 0, ngx_null_string, 0 },
+        { "environment", 0, ngx_null_string, 0 },
         { "id", 0, ngx_null_string, 0 },
         { "type", 0, ngx_null_string, 0 },
         { "name", 0, ngx_null_string, 0 },
@@ -749,6 +750,7 @@ ngx_http_hermes_json_parse_request(ngx_pool_t *pool, u_char *body,
         { "input.timeout", 0, ngx_null_string, 0 },
         { "input.reset", 0, ngx_null_string, 0 },
         { "input.ephemeral", 0, ngx_null_string, 0 },
+        { "input.environment", 0, ngx_null_string, 0 },
         { "function", 0, ngx_null_string, 0 },
         { "function.name", 0, ngx_null_string, 0 },
         { "function.arguments", 0, ngx_null_string, 0 },
@@ -757,6 +759,7 @@ ngx_http_hermes_json_parse_request(ngx_pool_t *pool, u_char *body,
         { "function.arguments.timeout", 0, ngx_null_string, 0 },
         { "function.arguments.reset", 0, ngx_null_string, 0 },
         { "function.arguments.ephemeral", 0, ngx_null_string, 0 },
+        { "function.arguments.environment", 0, ngx_null_string, 0 },
         { NULL, 0, ngx_null_string, 0 }
     };
 
@@ -766,6 +769,7 @@ ngx_http_hermes_json_parse_request(ngx_pool_t *pool, u_char *body,
         { "timeout", 0, ngx_null_string, 0 },
         { "reset", 0, ngx_null_string, 0 },
         { "ephemeral", 0, ngx_null_string, 0 },
+        { "environment", 0, ngx_null_string, 0 },
         { NULL, 0, ngx_null_string, 0 }
     };
 
@@ -954,6 +958,22 @@ code:
         }
 
         req->ephemeral = f->boolean;
+    }
+
+    /* which the location allows is the handler's to say */
+
+    f = ngx_http_hermes_json_get(args, "environment");
+    if (f && f->type != NGX_HTTP_HERMES_JSON_NULL) {
+        if (f->type != NGX_HTTP_HERMES_JSON_STRING || f->value.len == 0
+            || f->value.len > NGX_HTTP_HERMES_ENV_NAME_MAX)
+        {
+            ngx_http_hermes_json_fail(NGX_HTTP_BAD_REQUEST,
+                                      "invalid_environment",
+                                      "\"environment\" must be the name of "
+                                      "one this location allows");
+        }
+
+        req->environment = f->value;
     }
 
     return NGX_OK;

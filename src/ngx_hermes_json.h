@@ -27,6 +27,8 @@ typedef struct {
     ngx_str_t                     code;
     ngx_msec_t                    timeout;      /* 0: the location's cap */
     ngx_str_t                     tool_call_id; /* the envelope's id */
+    ngx_str_t                     environment;  /* as named; "": default */
+    ngx_http_hermes_environment_t *env;         /* NULL: the host's */
     ngx_uint_t                    envelope;
     unsigned                      reset:1;
     unsigned                      ephemeral:1;  /* a one-shot kernel */

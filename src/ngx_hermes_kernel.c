@@ -36,11 +36,12 @@ struct ngx_http_hermes_spawn_s {
     ngx_http_hermes_spawned_t      k;
     ngx_str_t                      root_dir;
     ngx_http_hermes_sandbox_t     *sandbox;
+    ngx_http_hermes_environment_t *environment; /* NULL: none */
     ngx_uint_t                     root;        /* we spawn as root */
     /* whose kernel it is, in the host's journal: after a crash too */
     u_char                         gateway[NGX_HTTP_HERMES_TAG_HEX + 1];
     u_char                         instance[NGX_HTTP_HERMES_TAG_HEX + 1];
-    u_char                         env[256];
+    u_char                        *env;         /* kernel.env */
     size_t                         env_len;
     ngx_int_t                      rc;
     u_char                         err[NGX_HTTP_HERMES_SPAWN_ERR];
@@ -116,12 +117,14 @@ static void ngx_http_hermes_recover_event(ngx_event_t *ev);
 
 ngx_int_t
 ngx_http_hermes_kernel_spawn(ngx_http_hermes_loc_conf_t *hlcf,
-    ngx_http_hermes_zone_t *zone, ngx_http_hermes_kernel_ref_t *ref,
-    ngx_pool_t *pool, ngx_http_hermes_spawn_done_pt done, void *data,
-    ngx_log_t *log)
+    ngx_http_hermes_environment_t *env, ngx_http_hermes_zone_t *zone,
+    ngx_http_hermes_kernel_ref_t *ref, ngx_pool_t *pool,
+    ngx_http_hermes_spawn_done_pt done, void *data, ngx_log_t *log)
 {
-    u_char                   *p;
-    ngx_uint_t                idle;
+    u_char                   *p, *last, *eq;
+    size_t                    size;
+    ngx_str_t                *set;
+    ngx_uint_t                i, idle;
     ngx_thread_task_t        *task;
     ngx_http_hermes_spawn_t  *s;
     u_char                    token[NGX_HTTP_HERMES_TOKEN_LEN * 2 + 1];
@@ -140,6 +143,7 @@ ngx_http_hermes_kernel_spawn(ngx_http_hermes_loc_conf_t *hlcf,
     s->k.dir_len = ref->dir_len;
     s->root_dir = hlcf->backend->root;
     s->sandbox = hlcf->sandbox;
+    s->environment = env;
     s->root = hlcf->backend->ops->root(hlcf->backend);
     *ngx_cpymem(s->gateway, zone->gateway, NGX_HTTP_HERMES_TAG_HEX) = '\0';
     *ngx_cpymem(s->instance, ngx_http_hermes_registry_instance(zone), NGX_HTTP_HERMES_TAG_HEX)
@@ -157,12 +161,39 @@ ngx_http_hermes_kernel_spawn(ngx_http_hermes_loc_conf_t *hlcf,
     sodium_bin2hex((char *) token, sizeof(token), ref->token,
                    NGX_HTTP_HERMES_TOKEN_LEN);
 
-    p = ngx_snprintf(s->env, sizeof(s->env),
+    /* the environment's settings too: the runner sets them (HERMES_ENV_) */
+
+    size = 256;
+    set = (env && env->env) ? env->env->elts : NULL;
+
+    for (i = 0; set && i < env->env->nelts; i++) {
+        size += sizeof("HERMES_ENV_''\n") + set[i].len;
+    }
+
+    s->env = ngx_pnalloc(pool, size);
+    if (s->env == NULL) {
+        return NGX_ERROR;
+    }
+
+    last = s->env + size;
+
+    p = ngx_slprintf(s->env, last,
                      "HERMES_RPC_TOKEN='%s'\n"
                      "HERMES_KERNEL_ID='%*s'\n"
                      "HERMES_IDLE_TIMEOUT='%ui'\n",
                      token, (size_t) NGX_HTTP_HERMES_ID_LEN, ref->kernel_id,
                      idle);
+
+    for (i = 0; set && i < env->env->nelts; i++) {
+        /* NAME=VALUE as HERMES_ENV_NAME='VALUE' */
+        eq = ngx_strlchr(set[i].data, set[i].data + set[i].len, '=');
+
+        p = ngx_slprintf(p, last, "HERMES_ENV_%*s='%*s'\n",
+                         (size_t) (eq - set[i].data), set[i].data,
+                         (size_t) (set[i].data + set[i].len - eq - 1),
+                         eq + 1);
+    }
+
     s->env_len = p - s->env;
 
     sodium_memzero(token, sizeof(token));
@@ -274,7 +305,8 @@ ngx_http_hermes_spawn_thread(void *data, ngx_log_t *log)
     sargs[1] = (char *) s->root_dir.data;
     sargs[2] = (char *) kid;
 
-    if (ngx_http_hermes_sandbox_args(s->sandbox, d, s->root, &sargs[3],
+    if (ngx_http_hermes_sandbox_args(s->sandbox, s->environment, d, s->root,
+                                     &sargs[3],
                                      NGX_HTTP_HERMES_CMD_ARGS + 1 - 3,
                                      numbers, sizeof(numbers))
         == 0)

@@ -23,9 +23,9 @@ typedef void (*ngx_http_hermes_spawn_done_pt)(void *data, ngx_int_t rc,
     ngx_http_hermes_spawned_t *k, const char *err);
 
 ngx_int_t ngx_http_hermes_kernel_spawn(ngx_http_hermes_loc_conf_t *hlcf,
-    ngx_http_hermes_zone_t *zone, ngx_http_hermes_kernel_ref_t *ref,
-    ngx_pool_t *pool, ngx_http_hermes_spawn_done_pt done, void *data,
-    ngx_log_t *log);
+    ngx_http_hermes_environment_t *env, ngx_http_hermes_zone_t *zone,
+    ngx_http_hermes_kernel_ref_t *ref, ngx_pool_t *pool,
+    ngx_http_hermes_spawn_done_pt done, void *data, ngx_log_t *log);
 void ngx_http_hermes_kernel_victim(ngx_http_hermes_victim_t *v,
     ngx_http_hermes_kernel_ref_t *ref, ngx_http_hermes_backend_conf_t *bcf);
 ngx_int_t ngx_http_hermes_kernel_kill(ngx_thread_pool_t *tp,

@@ -77,7 +77,6 @@ extern ngx_str_t  ngx_http_hermes_mcp_method_names[];
 extern ngx_str_t  ngx_http_hermes_mcp_tool_names[];
 
 
-void ngx_http_hermes_mcp_sessions_init(ngx_http_hermes_sh_t *sh);
 ngx_int_t ngx_http_hermes_mcp_sessions_open(ngx_http_hermes_zone_t *zone,
     ngx_str_t *owner, ngx_http_hermes_mcp_client_t *mc);
 ngx_int_t ngx_http_hermes_mcp_sessions_find(ngx_http_hermes_zone_t *zone,

@@ -33,6 +33,7 @@ typedef struct {
 } ngx_http_hermes_mcp_node_t;
 
 
+static void ngx_http_hermes_mcp_sessions_ready(ngx_http_hermes_sh_t *sh);
 static void ngx_http_hermes_mcp_sessions_insert(ngx_rbtree_node_t *temp,
     ngx_rbtree_node_t *node, ngx_rbtree_node_t *sentinel);
 static ngx_http_hermes_mcp_node_t *ngx_http_hermes_mcp_sessions_lookup(
@@ -45,13 +46,20 @@ static void ngx_http_hermes_mcp_sessions_free(ngx_http_hermes_zone_t *zone,
     ngx_http_hermes_mcp_node_t *mn);
 
 
-void
-ngx_http_hermes_mcp_sessions_init(ngx_http_hermes_sh_t *sh)
+/*
+ * Called locked: the tree is made at its first use, in the zone the
+ * registry made zeroed (the registry need not know of it).
+ */
+
+static void
+ngx_http_hermes_mcp_sessions_ready(ngx_http_hermes_sh_t *sh)
 {
-    ngx_rbtree_init(&sh->mcp_rbtree, &sh->mcp_sentinel,
-                    ngx_http_hermes_mcp_sessions_insert);
-    ngx_queue_init(&sh->mcp_lru);
-    sh->mcp_sessions = 0;
+    if (sh->mcp_rbtree.root == NULL) {
+        ngx_rbtree_init(&sh->mcp_rbtree, &sh->mcp_sentinel,
+                        ngx_http_hermes_mcp_sessions_insert);
+        ngx_queue_init(&sh->mcp_lru);
+        sh->mcp_sessions = 0;
+    }
 }
 
 
@@ -71,6 +79,7 @@ ngx_http_hermes_mcp_sessions_open(ngx_http_hermes_zone_t *zone,
     size = offsetof(ngx_http_hermes_mcp_node_t, owner) + owner->len;
 
     ngx_shmtx_lock(&zone->shpool->mutex);
+    ngx_http_hermes_mcp_sessions_ready(zone->sh);
 
     /* room for the new one within the zone's mcp_sessions */
     ngx_http_hermes_mcp_sessions_expire(zone, zone->mcp_sessions - 1,
@@ -127,6 +136,7 @@ ngx_http_hermes_mcp_sessions_find(ngx_http_hermes_zone_t *zone,
     now = ngx_time();
 
     ngx_shmtx_lock(&zone->shpool->mutex);
+    ngx_http_hermes_mcp_sessions_ready(zone->sh);
 
     mn = ngx_http_hermes_mcp_sessions_owned(zone->sh, owner, mc->id);
 
@@ -161,6 +171,7 @@ ngx_http_hermes_mcp_sessions_set_level(ngx_http_hermes_zone_t *zone,
     ngx_http_hermes_mcp_node_t  *mn;
 
     ngx_shmtx_lock(&zone->shpool->mutex);
+    ngx_http_hermes_mcp_sessions_ready(zone->sh);
 
     mn = ngx_http_hermes_mcp_sessions_owned(zone->sh, owner, mc->id);
 
@@ -184,6 +195,7 @@ ngx_http_hermes_mcp_sessions_close(ngx_http_hermes_zone_t *zone,
     ngx_http_hermes_mcp_node_t  *mn;
 
     ngx_shmtx_lock(&zone->shpool->mutex);
+    ngx_http_hermes_mcp_sessions_ready(zone->sh);
 
     mn = ngx_http_hermes_mcp_sessions_owned(zone->sh, owner, mc->id);
 
@@ -212,6 +224,7 @@ ngx_http_hermes_mcp_sessions_call(ngx_http_hermes_zone_t *zone,
     ngx_http_hermes_mcp_node_t  *mn;
 
     ngx_shmtx_lock(&zone->shpool->mutex);
+    ngx_http_hermes_mcp_sessions_ready(zone->sh);
 
     mn = ngx_http_hermes_mcp_sessions_lookup(zone->sh, id);
 
@@ -242,6 +255,7 @@ ngx_http_hermes_mcp_sessions_cancel(ngx_http_hermes_zone_t *zone,
     rc = NGX_DECLINED;
 
     ngx_shmtx_lock(&zone->shpool->mutex);
+    ngx_http_hermes_mcp_sessions_ready(zone->sh);
 
     mn = ngx_http_hermes_mcp_sessions_owned(zone->sh, owner, mc->id);
 
@@ -265,6 +279,7 @@ ngx_http_hermes_mcp_sessions_count(ngx_http_hermes_zone_t *zone)
     ngx_uint_t  n;
 
     ngx_shmtx_lock(&zone->shpool->mutex);
+    ngx_http_hermes_mcp_sessions_ready(zone->sh);
     n = zone->sh->mcp_sessions;
     ngx_shmtx_unlock(&zone->shpool->mutex);
 

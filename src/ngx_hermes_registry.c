@@ -182,8 +182,6 @@ ngx_http_hermes_registry_init_zone(ngx_shm_zone_t *shm_zone, void *data)
     ngx_queue_init(&zone->sh->lru);
     ngx_queue_init(&zone->sh->lost);
 
-    ngx_http_hermes_mcp_sessions_init(zone->sh);
-
     len = sizeof(" in hermes_zone \"\"") + shm_zone->shm.name.len;
 
     zone->shpool->log_ctx = ngx_slab_alloc(zone->shpool, len);
@@ -453,6 +451,16 @@ ngx_http_hermes_registry_acquire(ngx_http_hermes_zone_t *zone,
 
     kn = ngx_http_hermes_registry_lookup(zone, &ref->key, hash);
 
+    if (kn
+        && !(kn->state == NGX_HTTP_HERMES_STATE_LOST
+             && ngx_http_hermes_pending(kn) == 0)
+        && kn->env != ref->env)
+    {
+        /* a kernel keeps the environment it was spawned in */
+        ngx_shmtx_unlock(&zone->shpool->mutex);
+        return NGX_HTTP_HERMES_ACQ_ENV_MISMATCH;
+    }
+
     if ((kn == NULL
          || (kn->state == NGX_HTTP_HERMES_STATE_LOST
              && ngx_http_hermes_pending(kn) == 0))
@@ -509,12 +517,20 @@ ngx_http_hermes_registry_acquire(ngx_http_hermes_zone_t *zone,
         return NGX_HTTP_HERMES_ACQ_QUEUE_FULL;
     }
 
+    if (kn->state == NGX_HTTP_HERMES_STATE_LOST
+        && ngx_http_hermes_pending(kn) == 0)
+    {
+        /* its next kernel is spawned in this request's environment */
+        kn->env = ref->env;
+    }
+
     ref->ticket = kn->ticket_next++;
     ref->gen = kn->gen;
 
     rc = ngx_http_hermes_registry_turn(zone, kn, ref, root);
 
-    if (rc == NGX_HTTP_HERMES_ACQ_SPAWN) {
+    if (rc == NGX_HTTP_HERMES_ACQ_SPAWN && ref->env == 0) {
+        /* warm pools hold kernels of no environment */
         rc = ngx_http_hermes_registry_warm_take(zone, kn, ref);
     }
 

@@ -240,6 +240,8 @@ typedef struct {
 
     uint32_t                      gen;
     uint32_t                      ticket;
+    uint32_t                      env;          /* an environment's id; 0:
+                                                   none */
     uint32_t                      cell_id;
     uint32_t                      execution_count;
 
@@ -279,7 +281,9 @@ typedef enum {
     NGX_HTTP_HERMES_ACQ_QUEUE_FULL,
     NGX_HTTP_HERMES_ACQ_OWNER_FULL,     /* max_kernels_per_owner, all busy */
     NGX_HTTP_HERMES_ACQ_NOMEM,
-    NGX_HTTP_HERMES_ACQ_GONE            /* entry vanished while queued */
+    NGX_HTTP_HERMES_ACQ_GONE,           /* entry vanished while queued */
+    NGX_HTTP_HERMES_ACQ_ENV_MISMATCH    /* its kernel is of another
+                                           environment */
 } ngx_http_hermes_acq_e;
 
 

@@ -85,6 +85,7 @@ typedef struct {
     uint32_t                      ticket_serving;
 
     uint32_t                      gen;          /* tells a reused key */
+    uint32_t                      env;          /* its environment's id */
 
     /*
      * The kernel's own MCP session with its tools server: the server (a

@@ -301,19 +301,21 @@ ngx_http_hermes_sandbox_check(ngx_conf_t *cf, ngx_http_hermes_sandbox_t *sb)
 
 /*
  * hermes_kernel.sh start's arguments from USER on (see the script): who
- * the kernel runs as, its limits, its sandbox and bwrap's options, each
- * value one argument, never shell text, in "n" slots of "args", NULL
- * last; "buf" holds the numbers.  Returns how many were set, 0 if the
- * slots are too few.
+ * the kernel runs as, its limits, its sandbox, the python and the rootfs
+ * of its environment (env NULL: the host's python3) and bwrap's options,
+ * each value one argument, never shell text, in "n" slots of "args",
+ * NULL last; "buf" holds the numbers.  Returns how many were set, 0 if
+ * the slots are too few.
  */
 
 ngx_uint_t
-ngx_http_hermes_sandbox_args(ngx_http_hermes_sandbox_t *sb, u_char *dir,
-    ngx_uint_t root, char **args, ngx_uint_t n, u_char *buf, size_t size)
+ngx_http_hermes_sandbox_args(ngx_http_hermes_sandbox_t *sb,
+    ngx_http_hermes_environment_t *env, u_char *dir, ngx_uint_t root,
+    char **args, ngx_uint_t n, u_char *buf, size_t size)
 {
     u_char      *p, *last, *tmp;
-    ngx_str_t   *ro;
-    ngx_uint_t   i, k, nro;
+    ngx_str_t   *ro, *eb;
+    ngx_uint_t   i, j, k, nro, neb;
 
     static char  *head[] = {
         "--die-with-parent", "--new-session",
@@ -336,10 +338,12 @@ ngx_http_hermes_sandbox_args(ngx_http_hermes_sandbox_t *sb, u_char *dir,
     };
 
     nro = sb->ro ? sb->ro->nelts : 0;
+    neb = env ? (env->ro ? env->ro->nelts : 0) + (env->rw ? env->rw->nelts : 0)
+              : 0;
 
     /* all of them, and the NULL that ends them */
 
-    if (n < 9 + sizeof(head) / sizeof(char *) + 3 * nro
+    if (n < 11 + sizeof(head) / sizeof(char *) + 3 * (nro + neb)
             + sizeof(tail) / sizeof(char *))
     {
         return 0;
@@ -380,14 +384,23 @@ ngx_http_hermes_sandbox_args(ngx_http_hermes_sandbox_t *sb, u_char *dir,
         p = ngx_slprintf(p, last, "%ui%Z", sb->cpu * 1000);
     }
 
+    /* SANDBOX PYTHON ROOTFS: the script checks the rootfs is there */
+
     if (sb->mode == NGX_HTTP_HERMES_SANDBOX_OFF) {
         args[k++] = "off";
+
+    } else {
+        /* the default sandboxes where bwrap is, and says so where not */
+        args[k++] = sb->implicit ? "auto" : "bwrap";
+    }
+
+    args[k++] = env ? (char *) env->python.data : "python3";
+    args[k++] = (env && env->rootfs.len) ? (char *) env->rootfs.data : "";
+
+    if (sb->mode == NGX_HTTP_HERMES_SANDBOX_OFF) {
         args[k] = NULL;
         return k;
     }
-
-    /* the default sandboxes where bwrap is, and says so where not */
-    args[k++] = sb->implicit ? "auto" : "bwrap";
 
     tmp = p;
     p = ngx_slprintf(p, last, "%O%Z", sb->tmp);
@@ -408,8 +421,26 @@ ngx_http_hermes_sandbox_args(ngx_http_hermes_sandbox_t *sb, u_char *dir,
         args[k++] = "--share-net";
     }
 
+    /*
+     * An environment's tree is the system: its /usr and /etc instead of
+     * the host's, on bwrap's own root, where the kernel's directory can
+     * still be bound at its path (a tree bound as / is read-only: no
+     * mount point could be made in it)
+     */
+
     for (i = 0; i < sizeof(head) / sizeof(char *); i++) {
-        args[k++] = head[i] ? head[i] : (char *) tmp;
+        if (head[i] == NULL) {
+            args[k++] = (char *) tmp;
+
+        } else if (env && env->rootfs.len && i > 0
+                   && ngx_strcmp(head[i - 1], "--ro-bind") == 0)
+        {
+            args[k++] = (char *) (head[i][1] == 'u' ? env->usr.data
+                                                     : env->etc.data);
+
+        } else {
+            args[k++] = head[i];
+        }
     }
 
     ro = sb->ro ? sb->ro->elts : NULL;
@@ -418,6 +449,27 @@ ngx_http_hermes_sandbox_args(ngx_http_hermes_sandbox_t *sb, u_char *dir,
         args[k++] = "--ro-bind-try";
         args[k++] = (char *) ro[i].data;
         args[k++] = (char *) ro[i].data;
+    }
+
+    /* the environment's own binds: they must be there */
+
+    for (j = 0; env && j < 2; j++) {
+        eb = NULL;
+
+        if (j == 0 && env->ro) {
+            eb = env->ro->elts;
+            nro = env->ro->nelts;
+
+        } else if (j == 1 && env->rw) {
+            eb = env->rw->elts;
+            nro = env->rw->nelts;
+        }
+
+        for (i = 0; eb && i < nro; i++) {
+            args[k++] = (j == 0) ? "--ro-bind" : "--bind";
+            args[k++] = (char *) eb[i].data;
+            args[k++] = (char *) eb[i].data;
+        }
     }
 
     /*

@@ -19,8 +19,8 @@ ngx_http_hermes_sandbox_t *ngx_http_hermes_sandbox_default(ngx_conf_t *cf);
 ngx_int_t ngx_http_hermes_sandbox_check(ngx_conf_t *cf,
     ngx_http_hermes_sandbox_t *sb);
 ngx_uint_t ngx_http_hermes_sandbox_args(ngx_http_hermes_sandbox_t *sb,
-    u_char *dir, ngx_uint_t root, char **args, ngx_uint_t n, u_char *buf,
-    size_t size);
+    ngx_http_hermes_environment_t *env, u_char *dir, ngx_uint_t root,
+    char **args, ngx_uint_t n, u_char *buf, size_t size);
 
 
 #endif /* _NGX_HERMES_SANDBOX_H_INCLUDED_ */

@@ -320,7 +320,7 @@ ngx_http_hermes_warm_spawn(ngx_http_hermes_zone_t *zone,
 
     ws->spawn_at = ngx_current_msec;
 
-    rc = ngx_http_hermes_kernel_spawn(w->hlcf, zone, &ws->ref, pool,
+    rc = ngx_http_hermes_kernel_spawn(w->hlcf, NULL, zone, &ws->ref, pool,
                                       ngx_http_hermes_warm_spawned, ws, log);
     if (rc != NGX_OK) {
         /* the thread pool is full: the next sweep tries again */

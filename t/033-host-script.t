@@ -297,7 +297,7 @@ PY
     my $nlroot = "$tmp/n\nl \$(touch pwned) '\"";
     mkdir $nlroot, 0711 or die "mkdir: $!";
     my ($d, $k) = $prepare->($nlroot);
-    my ($rc, $text) = run_script('start', $nlroot, $k, '', '', 1073741824, 64, 0, 'off');
+    my ($rc, $text) = run_script('start', $nlroot, $k, '', '', 1073741824, 64, 0, 'off', 'python3', '');
     is($rc, 0, 'start: exits 0') or diag $text;
     like($text, qr/^(\d+)\n$<\n$/, 'start: prints the pid, then our uid');
     my ($pid) = $text =~ /^(\d+)/;
@@ -323,7 +323,7 @@ PY
         symlink $p, "$bin/$tool" or die "$tool: $!" if $p;
     }
     ($d, $k) = $prepare->();
-    ($rc, $text) = run_script({ path => $bin }, 'start', $root, $k, '', '', 1073741824, 64, 0, 'auto',
+    ($rc, $text) = run_script({ path => $bin }, 'start', $root, $k, '', '', 1073741824, 64, 0, 'auto', 'python3', '',
         '--unshare-all', "\$(touch $tmp/pwned)");
     is($rc, 0, 'start auto without bwrap: exits 0') or diag $text;
     $info = $wait_out->($d);
@@ -335,13 +335,14 @@ PY
 
     # bad values: refused, nothing started, nothing said but why
     ($d, $k) = $prepare->();
-    for my $b ([[$root, 'x' x 32, '', '', 0, 0, 0, 'off'], 'an id that is not one'],
-               [[$root, $k, '', '', "1;touch $tmp/pwned", 0, 0, 'off'], 'a memory that is no number'],
-               [[$root, $k, '', '', '010', 0, 0, 'off'], 'a number with a leading zero'],
-               [[$root, $k, '', '', '1' x 19, 0, 0, 'off'], 'a number past 64 bits'],
-               [[$root, $k, '', '', 0, '-1', 0, 'off'], 'a negative pid count'],
-               [[$root, $k, '', '', 0, 0, 0, 'on'], 'a sandbox that is none of off, bwrap, auto'],
-               [[$root, $k, '', '', 0, 0, 0], 'too few arguments'])
+    for my $b ([[$root, 'x' x 32, '', '', 0, 0, 0, 'off', 'python3', ''], 'an id that is not one'],
+               [[$root, $k, '', '', "1;touch $tmp/pwned", 0, 0, 'off', 'python3', ''], 'a memory that is no number'],
+               [[$root, $k, '', '', '010', 0, 0, 'off', 'python3', ''], 'a number with a leading zero'],
+               [[$root, $k, '', '', '1' x 19, 0, 0, 'off', 'python3', ''], 'a number past 64 bits'],
+               [[$root, $k, '', '', 0, '-1', 0, 'off', 'python3', ''], 'a negative pid count'],
+               [[$root, $k, '', '', 0, 0, 0, 'on', 'python3', ''], 'a sandbox that is none of off, bwrap, auto'],
+               [[$root, $k, '', '', 0, 0, 0, 'off', '-c', ''], 'a python that is an option'],
+               [[$root, $k, '', '', 0, 0, 0, 'off', 'python3'], 'too few arguments'])
     {
         ($rc, $text) = run_script('start', @{ $b->[0] });
         is($rc, 2, "start refuses $b->[1]");
@@ -352,12 +353,12 @@ PY
     # links: in place of the kernel dir, of kernel.env
     my $lk = id(0xcf);
     symlink $canary, "$root/hermes_rkernel_$lk" or die;
-    ($rc, $text) = run_script('start', $root, $lk, '', '', 0, 0, 0, 'off');
+    ($rc, $text) = run_script('start', $root, $lk, '', '', 0, 0, 0, 'off', 'python3', '');
     is("$rc $text", "1 no kernel directory\n", 'start refuses a link in place of the kernel dir');
     unlink "$root/hermes_rkernel_$lk";
     unlink "$d/kernel.env";
     symlink "$canary/keep", "$d/kernel.env" or die;
-    ($rc, $text) = run_script('start', $root, $k, '', '', 0, 0, 0, 'off');
+    ($rc, $text) = run_script('start', $root, $k, '', '', 0, 0, 0, 'off', 'python3', '');
     is("$rc $text", "1 no kernel.env\n", 'start refuses a link in place of kernel.env');
     ok(!-e "$d/runner.log", 'nothing started');
     ok(canary_intact(), 'the canary is untouched');
@@ -371,7 +372,7 @@ PY
 
         ($d, $k) = $prepare->();
         my $bogus = "no-such \$(touch $tmp/pwned)";
-        ($rc, $text) = run_script('start', $root, $k, $bogus, 'nobody', 0, 0, 0, 'off');
+        ($rc, $text) = run_script('start', $root, $k, $bogus, 'nobody', 0, 0, 0, 'off', 'python3', '');
         is($rc, 0, 'start as root: exits 0') or diag $text;
         like($text, qr/^\d+\n$nobody\n$/, 'prints the uid of OR_USER, the user it fell back to');
         $info = $wait_out->($d);
@@ -382,7 +383,7 @@ PY
         is($info->{env}, "HERMES_KERNEL_ID='$k'\n", 'kernel.env its fd 3 (opened before the drop)');
 
         ($d, $k) = $prepare->();
-        ($rc, $text) = run_script('start', $root, $k, $bogus, '', 0, 0, 0, 'off');
+        ($rc, $text) = run_script('start', $root, $k, $bogus, '', 0, 0, 0, 'off', 'python3', '');
         isnt($rc, 0, 'a user that does not exist, and no OR_USER: the start fails');
         sleep 0.3;
         ok(!-e "$d/out.json", 'the kernel never ran');
@@ -401,7 +402,7 @@ PY
                    '--bind', $d, $d, '--chdir', $d);
         open my $hold, '>', "$d/hold" or die;
         close $hold;
-        ($rc, $text) = run_script('start', $root, $k, '', '', 0, 0, 0, 'bwrap', @opt);
+        ($rc, $text) = run_script('start', $root, $k, '', '', 0, 0, 0, 'bwrap', 'python3', '', @opt);
         is($rc, 0, 'start bwrap: exits 0') or diag $text;
         ($pid) = $text =~ /^(\d+)/;
         $info = $wait_out->($d);

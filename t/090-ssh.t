@@ -322,7 +322,7 @@ is(($r->{result} // {})->{output}, "None\nFalse\n", 'token not in the environmen
     my @mine = grep { index($_, $dir) >= 0 || index($_, " $kA ") >= 0 } @sent;
     my ($i_dirs) = grep { $mine[$_] =~ /^sh -c SCRIPT hermes dir \S+ \Q$kA\E [0-9a-f]{16} [0-9a-f]{16}$/ } 0 .. $#mine;
     my ($i_ship) = grep { $mine[$_] =~ /^sh -c SCRIPT hermes ship \S+ \Q$kA\E kernel_runner\.py \d+ .* kernel\.env \d+$/ } 0 .. $#mine;
-    my ($i_start) = grep { $mine[$_] =~ /^sh -c SCRIPT hermes start \S+ \Q$kA\E hermes-kernel nobody \d+ \d+ \d+ auto --unshare-all .* --bind \Q$dir\E \Q$dir\E --chdir \Q$dir\E .*--setenv HOME \/tmp$/ } 0 .. $#mine;
+    my ($i_start) = grep { $mine[$_] =~ /^sh -c SCRIPT hermes start \S+ \Q$kA\E hermes-kernel nobody \d+ \d+ \d+ auto python3 '' --unshare-all .* --bind \Q$dir\E \Q$dir\E --chdir \Q$dir\E .*--setenv HOME \/tmp$/ } 0 .. $#mine;
     ok(defined $i_dirs && defined $i_ship && defined $i_start
         && $i_dirs < $i_ship && $i_ship < $i_start,
         'the spawn steps of docs/internals.md were sent over ssh, in order')

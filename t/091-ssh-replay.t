@@ -57,14 +57,14 @@ diag 'bwrap not installed (Debian package bubblewrap): sandbox off only'
 my %DOC = (
     dirs  => 'sh -c SCRIPT hermes dir ROOT ID GATEWAY INSTANCE',
     ship  => 'sh -c SCRIPT hermes ship ROOT ID kernel_runner.py LEN hermes_tools.py LEN kernel.env LEN',
-    start => 'sh -c SCRIPT hermes start ROOT ID USER OR_USER MEMORY PIDS CPU SANDBOX BWRAP_OPTION...',
+    start => 'sh -c SCRIPT hermes start ROOT ID USER OR_USER MEMORY PIDS CPU SANDBOX PYTHON ROOTFS BWRAP_OPTION...',
     kill  => 'sh -c SCRIPT hermes kill ROOT ID PID START INODE',
 );
 
 # the start step's arguments: as not root without a sandbox, and the
 # pieces that replace some of them as root and with the default sandbox
 my %START = (
-    base     => q{sh -c SCRIPT hermes start ROOT ID '' '' 0 0 0 off},
+    base     => q{sh -c SCRIPT hermes start ROOT ID '' '' 0 0 0 off python3 ''},
     user     => q{hermes-kernel nobody},
     limits   => q{MEMORY PIDS CPU auto},
     bwrap    => q{--unshare-all --share-net --die-with-parent --new-session --ro-bind /usr /usr --symlink usr/lib /lib --symlink usr/lib64 /lib64 --symlink usr/bin /bin --symlink usr/sbin /sbin --ro-bind /etc /etc --proc /proc --dev /dev --size TMP --tmpfs /dev/shm --remount-ro /dev --size TMP --tmpfs /tmp --symlink ../tmp /var/tmp --bind DIR DIR --chdir DIR --remount-ro / --setenv PATH /usr/local/bin:/usr/bin:/bin --setenv HOME /tmp},
@@ -93,7 +93,8 @@ sub doc_start {
         substr($s, $i, length $old) = $new;
     };
     $put->(q{'' ''}, $START{user}) if $root;
-    $put->('0 0 0 off', "$START{limits} $START{bwrap}") if $mode eq 'bwrap';
+    $put->(q{0 0 0 off python3 ''}, "$START{limits} python3 '' $START{bwrap}")
+        if $mode eq 'bwrap';
     return $s;
 }
 
@@ -258,7 +259,7 @@ CONF
 
         my $start = ($by{start} || [])->[0] // '';
         is(scalar @{ $by{start} || [] }, 1, "$mode: one start command");
-        like($start, $mode eq 'bwrap' ? qr{ --setenv HOME /tmp$} : qr/ off$/,
+        like($start, $mode eq 'bwrap' ? qr{ --setenv HOME /tmp$} : qr/ off python3 ''$/,
             "$mode: the start command logged whole (one line, not cut)");
         unlike($start, qr/TOKEN|[0-9a-f]{64}/, "$mode: no token on the start command line");
 

@@ -150,12 +150,16 @@ kernel_ship() {
 # hands the dir and the kernel to, OR_USER (empty: none) the one used
 # where USER does not exist.  MEMORY (bytes; 0: no limits), PIDS and CPU
 # (microseconds a 100 ms; 0: none) are cgroups as root, else RLIMIT_AS.
-# SANDBOX: off, bwrap, or auto (bwrap where it is installed).  Prints the
-# pid of the kernel's process group, then the uid the kernel runs as.
+# SANDBOX: off, bwrap, or auto (bwrap where it is installed).  PYTHON:
+# the interpreter (a path, or a name on the sandbox's PATH); ROOTFS: the
+# environment's tree bwrap's options bind its /usr and /etc from (empty:
+# the host's), which must be on this host.  Prints the pid of the
+# kernel's process group, then the uid the kernel runs as.
 kernel_start() {
-    [ $# -ge 8 ] || usage
+    [ $# -ge 10 ] || usage
     root=$1 kid=$2 user=$3 or_user=$4 memory=$5 pids=$6 cpu=$7 sandbox=$8
-    shift 8
+    python=$9 rootfs=${10}
+    shift 10
     is_id "$kid" || { echo "bad kernel id"; exit 2; }
     if ! is_size "$memory" || ! is_size "$pids" || ! is_size "$cpu"; then
         echo "bad number"
@@ -165,6 +169,14 @@ kernel_start() {
         off|bwrap|auto) ;;
         *) echo "bad sandbox"; exit 2 ;;
     esac
+    case $python in
+        /*|[A-Za-z0-9_]*) ;;
+        *) echo "bad python"; exit 2 ;;
+    esac
+    if [ -n "$rootfs" ] && [ ! -d "$rootfs/usr" ]; then
+        echo "no rootfs $rootfs on this host"
+        exit 1
+    fi
 
     d=$root/hermes_rkernel_$kid
     if [ -L "$d" ] || [ ! -d "$d" ]; then
@@ -211,12 +223,12 @@ runner() {
 
     case $sandbox in
         off)
-            run python3 -I kernel_runner.py ;;
+            run "$python" -I kernel_runner.py ;;
         auto)
             # the default sandboxes where bwrap is, and says so where not
             if ! command -v bwrap >/dev/null; then
                 echo 'hermes: bwrap is not installed, the kernel runs without a sandbox' >&2
-                run python3 -I kernel_runner.py
+                run "$python" -I kernel_runner.py
             fi ;;
     esac
 
@@ -227,7 +239,7 @@ runner() {
     # death signal before that shell was gone)
     # shellcheck disable=SC2016 # $@ is the inner shell's
     run sh -c '"$@"; exit $?' hermes-kernel bwrap "$@" \
-        python3 -I kernel_runner.py
+        "$python" -I kernel_runner.py
 }
 
 # the runner's start, this shell's pid kept (exec); as root, as the user

@@ -1847,7 +1847,8 @@ def _pending(last):
 def _read_env_fd():
     """The spawn hands kernel.env over as an open file (HERMES_ENV_FD),
     already unlinked, so the token is in no process's environment at all:
-    not ours, not the sandbox's.  Its other settings go to os.environ."""
+    not ours, not the sandbox's.  Its other settings go to os.environ, the
+    environment's HERMES_ENV_NAME as NAME."""
     fd = os.environ.pop("HERMES_ENV_FD", None)
     if fd is None:
         return None
@@ -1871,6 +1872,9 @@ def _read_env_fd():
         value = value.strip("'")
         if key == "HERMES_RPC_TOKEN":
             token = value
+        elif key.startswith("HERMES_ENV_") and len(key) > 11:
+            # the environment's env=NAME=VALUE: for the code and its children
+            os.environ[key[11:]] = value
         else:
             os.environ[key] = value
     return token
