@@ -186,7 +186,11 @@ static const char  ngx_http_hermes_mcp_tools[] =
     "\"description\":\"Seconds the code may run; at most the server's "
     "limit\"},"
     "\"reset\":{\"type\":\"boolean\",\"default\":false,"
-    "\"description\":\"Start from a fresh kernel: all state is dropped\"}"
+    "\"description\":\"Start from a fresh kernel: all state is dropped\"},"
+    "\"environment\":{\"type\":\"string\","
+    "\"description\":\"The image the kernel runs in, of those the server "
+    "allows; default: its first. A session keeps the one its kernel "
+    "started in\"}"
     "},\"required\":[\"code\"],\"additionalProperties\":false}},"
 
     "{\"name\":\"interrupt\",\"title\":\"Interrupt running code\","
@@ -792,6 +796,7 @@ ngx_http_hermes_mcp_execute(ngx_http_hermes_mcp_req_t *mr, yajl_val args)
     const char                  *pcode[] = { "code", NULL };
     const char                  *ptimeout[] = { "timeout", NULL };
     const char                  *preset[] = { "reset", NULL };
+    const char                  *penv[] = { "environment", NULL };
     const char                  *ptoken[] = { "_meta", "progressToken",
                                               NULL };
 
@@ -856,6 +861,27 @@ ngx_http_hermes_mcp_execute(ngx_http_hermes_mcp_req_t *mr, yajl_val args)
         }
 
         req.reset = YAJL_IS_TRUE(v);
+    }
+
+    v = args ? yajl_tree_get(args, penv, yajl_t_any) : NULL;
+
+    if (v) {
+        if (!YAJL_IS_STRING(v)) {
+            return ngx_http_hermes_mcp_tool_error(mr, "invalid_environment",
+                                                  "\"environment\" must be "
+                                                  "a name");
+        }
+
+        req.environment.data = (u_char *) v->u.string;
+        req.environment.len = ngx_strlen(v->u.string);
+    }
+
+    if (ngx_http_hermes_environment_pick(hlcf, &req.environment, &req.env)
+        != NGX_OK)
+    {
+        return ngx_http_hermes_mcp_tool_error(mr, "invalid_environment",
+                                              "this server does not allow "
+                                              "that environment");
     }
 
     call = ngx_pcalloc(r->pool, sizeof(ngx_http_hermes_mcp_call_t));
