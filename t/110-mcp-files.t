@@ -23,7 +23,7 @@ use Hermes::Sshd;
 
 $SIG{$_} = sub { exit 1 } for qw(INT TERM HUP);
 
-my $JSON = JSON::PP->new->canonical;
+my $JSON = JSON::PP->new->utf8->canonical;
 
 my $t = Hermes::Test->new(workers => 1);
 my $p = $t->prefix;
@@ -168,7 +168,9 @@ sub download {
 
 sub run_cell {
     my ($loc, $sid, $code, %opt) = @_;
-    return text_of(call($loc, $sid, 'execute_code', { code => $code }, %opt));
+    my %a = (code => $code);
+    $a{session} = $opt{session} if $opt{session};
+    return text_of(call($loc, $sid, 'execute_code', \%a, %opt));
 }
 
 sub slurp { local $/; open my $f, '<', $_[0] or return undef; binmode $f; <$f> }
