@@ -101,7 +101,8 @@ ngx_http_hermes_mcp_upload_file(ngx_http_hermes_mcp_req_t *mr, void *args)
     src.len = ngx_strlen(v->u.string);
 
     if (e && e->u.string[0] == 'b') {
-        dst.data = ngx_pnalloc(r->pool, ngx_base64_decoded_length(src.len) + 1);
+        dst.data = ngx_pnalloc(r->pool,
+                               ngx_base64_decoded_length(src.len) + 1);
         if (dst.data == NULL) {
             return NGX_HTTP_INTERNAL_SERVER_ERROR;
         }
@@ -270,17 +271,20 @@ ngx_http_hermes_mcp_upload_done(ngx_http_hermes_files_t *f)
     ngx_http_hermes_mcp_file_t *mf = f->data;
 
     u_char     *p;
+    size_t      esc;
     ngx_str_t   text, structured;
 
     if (f->error) {
         ngx_http_finalize_request(f->r,
-                                  ngx_http_hermes_mcp_file_error(mf, f->error));
+                               ngx_http_hermes_mcp_file_error(mf, f->error));
         return;
     }
 
-    /* the path is printable ASCII without quotes or backslashes */
+    /* a path may hold a '"': JSON-escaped in the structured content */
 
-    p = ngx_pnalloc(f->r->pool, 2 * f->path.len + 2 * NGX_SIZE_T_LEN + 64);
+    esc = f->path.len + ngx_escape_json(NULL, f->path.data, f->path.len);
+
+    p = ngx_pnalloc(f->r->pool, f->path.len + esc + 2 * NGX_SIZE_T_LEN + 64);
     if (p == NULL) {
         ngx_http_finalize_request(f->r, NGX_HTTP_INTERNAL_SERVER_ERROR);
         return;
@@ -291,10 +295,11 @@ ngx_http_hermes_mcp_upload_done(ngx_http_hermes_files_t *f)
                - p;
 
     structured.data = p + text.len;
-    structured.len = ngx_sprintf(structured.data,
-                                 "{\"path\":\"%V\",\"size\":%uz}",
-                                 &f->path, f->body_len)
-                     - structured.data;
+    p = ngx_cpymem(structured.data, "{\"path\":\"",
+                   sizeof("{\"path\":\"") - 1);
+    p = (u_char *) ngx_escape_json(p, f->path.data, f->path.len);
+    p = ngx_sprintf(p, "\",\"size\":%uz}", f->body_len);
+    structured.len = p - structured.data;
 
     ngx_http_finalize_request(f->r,
                     ngx_http_hermes_mcp_text(&mf->mr, &text, &structured, 0));
@@ -315,7 +320,7 @@ ngx_http_hermes_mcp_download_done(ngx_http_hermes_files_t *f)
 
     if (f->error) {
         ngx_http_finalize_request(r,
-                                  ngx_http_hermes_mcp_file_error(mf, f->error));
+                               ngx_http_hermes_mcp_file_error(mf, f->error));
         return;
     }
 
@@ -334,7 +339,7 @@ ngx_http_hermes_mcp_download_done(ngx_http_hermes_files_t *f)
     if (f->offset < f->size) {
         if (ngx_http_hermes_files_start(f) != NGX_OK) {
             ngx_http_finalize_request(r,
-                                  ngx_http_hermes_mcp_file_error(mf, f->error));
+                               ngx_http_hermes_mcp_file_error(mf, f->error));
         }
 
         return;
@@ -442,6 +447,7 @@ ngx_http_hermes_mcp_file_answer(ngx_http_hermes_mcp_file_t *mf,
                  "\"structuredContent\":{\"path\":\"\",\"size\":,"
                  "\"encoding\":\"base64\"},\"isError\":false}}")
           + mf->mr.id.len + mf->session.len + uri + esc + f->path.len
+          + ngx_escape_json(NULL, f->path.data, f->path.len)
           + NGX_OFF_T_LEN + 32;
 
     b = ngx_create_temp_buf(r->pool, len);
@@ -495,12 +501,12 @@ ngx_http_hermes_mcp_file_answer(ngx_http_hermes_mcp_file_t *mf,
         }
     }
 
-    /* the path is printable ASCII without quotes or backslashes */
-
-    b->last = ngx_sprintf(b->last, "],\"structuredContent\":{\"path\":\"%V\","
-                                   "\"size\":%O,\"encoding\":\"%s\"},"
+    b->last = ngx_cpymem(b->last, "],\"structuredContent\":{\"path\":\"",
+                         sizeof("],\"structuredContent\":{\"path\":\"") - 1);
+    b->last = (u_char *) ngx_escape_json(b->last, f->path.data, f->path.len);
+    b->last = ngx_sprintf(b->last, "\",\"size\":%O,\"encoding\":\"%s\"},"
                                    "\"isError\":false}}",
-                          &f->path, f->size, encoding);
+                          f->size, encoding);
 
     return ngx_http_hermes_response_send_buf(r, NGX_HTTP_OK,
                                              "application/json", b);

@@ -356,6 +356,14 @@ for my $b (@backends) {
     $r = download($loc, $sid, 'photo.jpg');
     is(($r->{json}{result}{content}[0] // {})->{mimeType}, 'image/jpeg', "$name: a JPEG: image/jpeg");
 
+    # a path with a quote and a space: JSON and URI escaped, not broken
+    $r = upload($loc, $sid, 'q"uote d.bin', encode_base64("\0\xff", ''), encoding => 'base64');
+    is($r->{json}{result}{structuredContent}{path}, 'q"uote d.bin', "$name: upload: a path with a quote");
+    $r = download($loc, $sid, 'q"uote d.bin');
+    is($r->{json}{result}{structuredContent}{path}, 'q"uote d.bin', "$name: download: a path with a quote");
+    like(($r->{json}{result}{content}[0] // {})->{resource}{uri} // '', qr{/files/q%22uote%20d\.bin$},
+         "$name: ... its uri escaped");
+
     # an empty file; a replaced one; a kernel named by session
     $r = upload($loc, $sid, 'empty.txt', '');
     is(is_error($r), 0, "$name: upload of an empty file");
