@@ -568,7 +568,9 @@ ngx_http_hermes_mcp_initialize(ngx_http_hermes_mcp_req_t *mr)
                "\"instructions\":\"execute_code runs Python in a persistent "
                "sandboxed kernel of this MCP session: variables, imports and "
                "files are kept between calls. Print what you want to see; "
-               "an exception is an error naming it.\"}",
+               "an exception is an error naming it. upload_file and "
+               "download_file move files into and out of its working "
+               "directory.\"}",
                version, &ngx_http_hermes_version)
              - p;
 
