@@ -2,12 +2,13 @@
 /*
  * SPDX-License-Identifier: BSD-2-Clause
  *
- * ngx_hermes: files into and out of a kernel's working directory, its
- * kernel dir: PUT and GET <kernels location>/SESSION/files/PATH.  The path
- * is checked here, then again on the kernel's host by hermes_files.py,
- * which a thread pool task runs there through the backend, the module's
- * own copy on stdin (with the bytes of a PUT), what a GET reads on stdout.
- * Both are bounded by hermes_max_file.
+ * ngx_hermes: a file moved into or out of a kernel's working directory,
+ * its kernel dir, for whoever asks (the HTTP files route, hermes_mcp's
+ * file tools).  The path is checked here, then again on the kernel's
+ * host by hermes_files.py, which a thread pool task runs there through
+ * the backend, the module's own copy on stdin (with a PUT's bytes, from
+ * its body chain: memory or nginx's temp file), a GET's piece on stdout
+ * for the asker's handler.  Both are bounded by the asker's max_file.
  */
 
 
@@ -16,22 +17,10 @@
 #include <sodium.h>
 
 
-#define NGX_HTTP_HERMES_FILES_PATH_MAX  1024
-
 #define NGX_HTTP_HERMES_FILES_LOADER                                          \
     "import sys;i=sys.stdin.buffer;"                                          \
     "exec(compile(i.read(int(i.readline())),\"hermes_files.py\",\"exec\"))"
 
-
-/* hermes_files.py's first line: the file's size, inode and mtime */
-#define NGX_HTTP_HERMES_FILES_HEAD      (3 * NGX_INT64_LEN + 3)
-
-/*
- * a piece at most, either way: the worker holds one a transfer (a GET's
- * next is read once the client took the last; a PUT's from nginx's temp
- * file of the body as the last is written)
- */
-#define NGX_HTTP_HERMES_FILES_PIECE     (4 * 1024 * 1024)
 
 /* an owner's transfers at once in a worker (429 past them) */
 #define NGX_HTTP_HERMES_FILES_OWNER     4
@@ -40,75 +29,24 @@
 #define NGX_HTTP_HERMES_FILES_OWNERS    64
 
 
-/* an owner's transfers under way in this worker */
-
-typedef struct {
-    size_t                         len;         /* 0: a free slot */
-    ngx_uint_t                     n;
-    u_char                         owner[NGX_HTTP_HERMES_OWNER_MAX];
-} ngx_http_hermes_files_owner_t;
-
-
-typedef struct {
-    ngx_thread_task_t              task;
-    ngx_http_hermes_conn_t         conn;
-    ngx_http_request_t            *r;
-    u_char                        *in;          /* length, script */
-    size_t                         in_len;
-    size_t                         script_len;  /* of in: length and script */
-    ngx_chain_t                   *body;        /* a PUT's: nginx's buffers
-                                                   and temp file, read a
-                                                   piece at a time */
-    size_t                         body_len;
-    u_char                        *out;         /* a GET's piece */
-    size_t                         out_size;
-    size_t                         out_len;
-    size_t                         piece;       /* bytes one command moves */
-    size_t                         max_file;
-    off_t                          size;        /* a GET's file, -1: unknown */
-    off_t                          offset;      /* of the next piece */
-    ngx_http_hermes_backend_conf_t *bcf;
-    ngx_uint_t                     host;
-    ngx_http_hermes_files_owner_t *owner;       /* its count, taken */
-    size_t                         head_len;
-    u_char                         head[NGX_HTTP_HERMES_FILES_HEAD];
-    ngx_int_t                      rc;          /* the last command's:
-                                                   NGX_DECLINED: the host
-                                                   cannot be reached */
-    int                            status;
-    ngx_str_t                      path;
-    u_char                         dir[NGX_HTTP_HERMES_DIR_MAX];
-    u_char                         spath[NGX_HTTP_HERMES_FILES_PATH_MAX + 1];
-    u_char                         uid[NGX_INT64_LEN + 1];
-    u_char                         max[NGX_INT64_LEN + 1];
-    u_char                         nonce[17];
-    unsigned                       get:1;
-    unsigned                       changed:1;   /* between a GET's pieces */
-} ngx_http_hermes_files_t;
-
-
 static ngx_int_t ngx_http_hermes_files_path(ngx_str_t *path);
-static void ngx_http_hermes_files_body(ngx_http_request_t *r);
-static ngx_int_t ngx_http_hermes_files_post(ngx_http_request_t *r,
-    ngx_http_hermes_files_t *f);
 static void ngx_http_hermes_files_thread(void *data, ngx_log_t *log);
 static void ngx_http_hermes_files_args(ngx_http_hermes_files_t *f, char *verb,
     char **args);
 static void ngx_http_hermes_files_get(ngx_http_hermes_files_t *f,
     ngx_http_hermes_cmd_t *c);
-static void ngx_http_hermes_files_send(ngx_http_request_t *r,
+static void ngx_http_hermes_files_put(ngx_http_hermes_files_t *f,
+    ngx_http_hermes_cmd_t *c);
+static void ngx_http_hermes_files_done(ngx_event_t *ev);
+static ngx_http_hermes_files_error_t *ngx_http_hermes_files_result(
     ngx_http_hermes_files_t *f);
-static void ngx_http_hermes_files_writer(ngx_http_request_t *r);
+static void ngx_http_hermes_files_free(void *data);
 static ngx_http_hermes_files_owner_t *ngx_http_hermes_files_owner(
     ngx_str_t *owner);
 
 
 static ngx_http_hermes_files_owner_t
     ngx_http_hermes_files_owners[NGX_HTTP_HERMES_FILES_OWNERS];
-static void ngx_http_hermes_files_put(ngx_http_hermes_files_t *f,
-    ngx_http_hermes_cmd_t *c);
-static void ngx_http_hermes_files_done(ngx_event_t *ev);
-static void ngx_http_hermes_files_free(void *data);
 
 
 /* the kernel's own files, not the caller's to replace or read */
@@ -127,66 +65,106 @@ static ngx_str_t  ngx_http_hermes_files_reserved[] = {
 };
 
 
-ngx_int_t
-ngx_http_hermes_files_handler(ngx_http_request_t *r,
+/* failures, named as the HTTP files API names them */
+
+static ngx_http_hermes_files_error_t  ngx_http_hermes_files_invalid_path = {
+    NGX_HTTP_BAD_REQUEST, "invalid_path",
+    "a file path is relative, without \"..\", empty parts, quotes, "
+    "backslashes or control bytes, and not one of the kernel's own files"
+};
+
+static ngx_http_hermes_files_error_t  ngx_http_hermes_files_no_kernel = {
+    NGX_HTTP_NOT_FOUND, "not_found", "no kernel of yours for this session"
+};
+
+static ngx_http_hermes_files_error_t  ngx_http_hermes_files_no_backend = {
+    NGX_HTTP_NOT_FOUND, "not_found",
+    "the kernel's backend is no longer configured"
+};
+
+static ngx_http_hermes_files_error_t  ngx_http_hermes_files_too_many = {
+    NGX_HTTP_TOO_MANY_REQUESTS, "too_many_transfers",
+    "too many of your file transfers are under way; retry when one is done"
+};
+
+static ngx_http_hermes_files_error_t  ngx_http_hermes_files_busy = {
+    NGX_HTTP_SERVICE_UNAVAILABLE, "busy",
+    "the gateway is busy; retry shortly"
+};
+
+static ngx_http_hermes_files_error_t  ngx_http_hermes_files_unreachable = {
+    NGX_HTTP_BAD_GATEWAY, "backend_unavailable",
+    "the kernel host cannot be reached"
+};
+
+static ngx_http_hermes_files_error_t  ngx_http_hermes_files_no_file = {
+    NGX_HTTP_NOT_FOUND, "not_found", "no such file in the kernel's directory"
+};
+
+ngx_http_hermes_files_error_t  ngx_http_hermes_files_too_large = {
+    NGX_HTTP_REQUEST_ENTITY_TOO_LARGE, "file_too_large",
+    "the file is over hermes_max_file"
+};
+
+static ngx_http_hermes_files_error_t  ngx_http_hermes_files_refused = {
+    NGX_HTTP_BAD_REQUEST, "invalid_path",
+    "the path leads through a symlink or to what is not a regular file"
+};
+
+static ngx_http_hermes_files_error_t  ngx_http_hermes_files_failed = {
+    NGX_HTTP_BAD_GATEWAY, "file_failed",
+    "the kernel's host could not move the file"
+};
+
+static ngx_http_hermes_files_error_t  ngx_http_hermes_files_changed = {
+    NGX_HTTP_CONFLICT, "file_changed",
+    "the file changed while it was read; try again"
+};
+
+
+/*
+ * A transfer of path in the owner's kernel of session, its command not
+ * yet posted.  NULL: none, *err says why (NULL: the worker's failure).
+ * The owner's count is taken here and given back with the request's
+ * pool, as is what the transfer holds outside it.
+ */
+
+ngx_http_hermes_files_t *
+ngx_http_hermes_files_create(ngx_http_request_t *r,
     ngx_http_hermes_zone_t *zone, ngx_str_t *owner, ngx_str_t *session,
-    ngx_str_t *path)
+    ngx_str_t *path, ngx_uint_t get, size_t max_file,
+    ngx_http_hermes_files_error_t **err)
 {
     u_char                          *p;
-    ngx_int_t                        rc;
     ngx_pool_cleanup_t              *cln;
     ngx_http_hermes_files_t         *f;
     u_char                           nonce[8];
     ngx_http_hermes_victim_t         v;
-    ngx_http_hermes_loc_conf_t      *hlcf;
     ngx_http_hermes_kernel_ref_t     ref;
     ngx_http_hermes_main_conf_t     *hmcf;
     ngx_http_hermes_remote_file_t   *rf;
     ngx_http_hermes_backend_conf_t  *bcf;
 
-    if (r->method != NGX_HTTP_GET && r->method != NGX_HTTP_PUT
-        && r->method != NGX_HTTP_HEAD)
-    {
-        if (ngx_http_hermes_response_add_header(r, "Allow", "GET, PUT")
-            != NGX_OK)
-        {
-            return NGX_HTTP_INTERNAL_SERVER_ERROR;
-        }
-
-        return ngx_http_hermes_response_send_error(r, NGX_HTTP_NOT_ALLOWED,
-                                                   "method_not_allowed",
-                                                   "use GET or PUT for a "
-                                                   "file");
-    }
+    *err = NULL;
 
     if (ngx_http_hermes_files_path(path) != NGX_OK) {
-        return ngx_http_hermes_response_send_error(r, NGX_HTTP_BAD_REQUEST,
-                                                   "invalid_path",
-                                                   "a file path is relative, "
-                                                   "without \"..\", empty "
-                                                   "parts, quotes, "
-                                                   "backslashes or control "
-                                                   "bytes, and not one of "
-                                                   "the kernel's own files");
+        *err = &ngx_http_hermes_files_invalid_path;
+        return NULL;
     }
 
     if (ngx_http_hermes_registry_kernel(zone, owner, session, &v, &ref)
         != NGX_OK)
     {
-        return ngx_http_hermes_response_send_error(r, NGX_HTTP_NOT_FOUND,
-                                                   "not_found",
-                                                   "no kernel of yours for "
-                                                   "this session");
+        *err = &ngx_http_hermes_files_no_kernel;
+        return NULL;
     }
 
     hmcf = ngx_http_get_module_main_conf(r, ngx_http_hermes_module);
     bcf = ngx_http_hermes_backend_by_tag(hmcf, v.tag);
 
     if (bcf == NULL) {
-        return ngx_http_hermes_response_send_error(r, NGX_HTTP_NOT_FOUND,
-                                                   "not_found",
-                                                   "the kernel's backend is "
-                                                   "no longer configured");
+        *err = &ngx_http_hermes_files_no_backend;
+        return NULL;
     }
 
     for (rf = ngx_http_hermes_remote_files; rf->len; rf++) {
@@ -201,25 +179,23 @@ ngx_http_hermes_files_handler(ngx_http_request_t *r,
     if (rf->len == 0) {
         ngx_log_error(NGX_LOG_ALERT, r->connection->log, 0,
                       "hermes: hermes_files.py is not built in");
-        return NGX_HTTP_INTERNAL_SERVER_ERROR;
+        return NULL;
     }
-
-    hlcf = ngx_http_get_module_loc_conf(r, ngx_http_hermes_module);
 
     f = ngx_pcalloc(r->pool, sizeof(ngx_http_hermes_files_t));
     if (f == NULL) {
-        return NGX_HTTP_INTERNAL_SERVER_ERROR;
+        return NULL;
     }
 
     f->r = r;
     f->path = *path;
-    f->get = (r->method != NGX_HTTP_PUT);
+    f->get = get;
 
     /* what the thread holds outside the request's pool is freed with it */
 
     cln = ngx_pool_cleanup_add(r->pool, 0);
     if (cln == NULL) {
-        return NGX_HTTP_INTERNAL_SERVER_ERROR;
+        return NULL;
     }
 
     cln->handler = ngx_http_hermes_files_free;
@@ -230,38 +206,28 @@ ngx_http_hermes_files_handler(ngx_http_request_t *r,
     f->owner = ngx_http_hermes_files_owner(owner);
 
     if (f->owner == NULL) {
-        if (ngx_http_hermes_response_add_header(r, "Retry-After", "1")
-            != NGX_OK)
-        {
-            return NGX_HTTP_INTERNAL_SERVER_ERROR;
-        }
-
-        return ngx_http_hermes_response_send_error(r,
-                                           NGX_HTTP_TOO_MANY_REQUESTS,
-                                           "too_many_transfers",
-                                           "too many of your file transfers "
-                                           "are under way; retry when one "
-                                           "is done");
+        *err = &ngx_http_hermes_files_too_many;
+        return NULL;
     }
 
     /* hermes_files.py's arguments: values, never shell text */
 
     if (v.dir_len >= sizeof(f->dir) || path->len >= sizeof(f->spath)) {
-        return NGX_HTTP_INTERNAL_SERVER_ERROR;
+        return NULL;
     }
 
     *ngx_cpymem(f->dir, v.dir, v.dir_len) = '\0';
     *ngx_cpymem(f->spath, path->data, path->len) = '\0';
     ngx_sprintf(f->uid, "%i%Z",
                 bcf->ops->root(bcf) ? (ngx_int_t) ref.uid : (ngx_int_t) -1);
-    ngx_sprintf(f->max, "%uz%Z", hlcf->max_file);
+    ngx_sprintf(f->max, "%uz%Z", max_file);
 
     randombytes_buf(nonce, sizeof(nonce));
     *ngx_hex_dump(f->nonce, nonce, sizeof(nonce)) = '\0';
 
-    f->max_file = hlcf->max_file;
+    f->max_file = max_file;
     /* both ways a piece at a time: a transfer costs the worker a piece */
-    f->piece = ngx_min(ngx_min(bcf->ops->exec_max, hlcf->max_file + 1),
+    f->piece = ngx_min(ngx_min(bcf->ops->exec_max, max_file + 1),
                        NGX_HTTP_HERMES_FILES_PIECE);
     f->bcf = bcf;
     f->host = v.host;
@@ -271,7 +237,7 @@ ngx_http_hermes_files_handler(ngx_http_request_t *r,
 
     f->in = ngx_alloc(NGX_INT64_LEN + 1 + rf->len, r->connection->log);
     if (f->in == NULL) {
-        return NGX_HTTP_INTERNAL_SERVER_ERROR;
+        return NULL;
     }
 
     p = ngx_sprintf(f->in, "%uz\n", rf->len);
@@ -279,57 +245,78 @@ ngx_http_hermes_files_handler(ngx_http_request_t *r,
     f->in_len = p - f->in;
     f->script_len = f->in_len;
 
-    ngx_http_hermes_backend_take(&f->conn, bcf, v.host);
-
-    if (f->get) {
+    if (get) {
         /* a piece, and room for the line before it */
         f->out_size = f->piece + NGX_HTTP_HERMES_FILES_HEAD + 1;
 
         f->out = ngx_alloc(f->out_size, r->connection->log);
         if (f->out == NULL) {
-            return NGX_HTTP_INTERNAL_SERVER_ERROR;
+            return NULL;
         }
-
-        if (ngx_http_discard_request_body(r) != NGX_OK) {
-            return NGX_HTTP_INTERNAL_SERVER_ERROR;
-        }
-
-        if (ngx_http_hermes_response_ctx(r) == NULL) {
-            return NGX_HTTP_INTERNAL_SERVER_ERROR;
-        }
-
-        /* the writer finds it there between pieces */
-        ngx_http_hermes_response_ctx(r)->files = f;
-
-        rc = ngx_http_hermes_files_post(r, f);
-        if (rc != NGX_OK) {
-            return rc;
-        }
-
-        r->main->count++;
-        return NGX_DONE;
     }
 
-    if (r->headers_in.content_length_n > (off_t) hlcf->max_file) {
-        return ngx_http_hermes_response_send_error(r,
-                                           NGX_HTTP_REQUEST_ENTITY_TOO_LARGE,
-                                           "file_too_large",
-                                           "the file is over hermes_max_file");
+    return f;
+}
+
+
+/*
+ * A PUT's bytes: a chain of buffers in memory or in a file (nginx's temp
+ * file of a body), left where they are and read a piece at a time by the
+ * task; they must live as long as the request.
+ */
+
+void
+ngx_http_hermes_files_set_body(ngx_http_hermes_files_t *f, ngx_chain_t *body)
+{
+    ngx_buf_t    *b;
+    ngx_chain_t  *cl;
+
+    f->body = body;
+    f->body_len = 0;
+
+    for (cl = body; cl; cl = cl->next) {
+        b = cl->buf;
+        f->body_len += b->in_file ? (size_t) (b->file_last - b->file_pos)
+                                  : (size_t) (b->last - b->pos);
+    }
+}
+
+
+/*
+ * The next command posted: a PUT's whole, or a GET's next piece.  The
+ * request is blocked while it runs, so that nothing frees it under the
+ * thread (a client gone meanwhile is found out once it is done).
+ * NGX_DECLINED: not posted, f->error says why.
+ */
+
+ngx_int_t
+ngx_http_hermes_files_start(ngx_http_hermes_files_t *f)
+{
+    ngx_http_request_t          *r;
+    ngx_http_hermes_loc_conf_t  *hlcf;
+
+    r = f->r;
+    hlcf = ngx_http_get_module_loc_conf(r, ngx_http_hermes_module);
+
+    f->error = NULL;
+
+    f->task.ctx = f;
+    f->task.handler = ngx_http_hermes_files_thread;
+    f->task.event.handler = ngx_http_hermes_files_done;
+    f->task.event.data = f;
+    f->task.event.log = r->connection->log;
+
+    ngx_http_hermes_backend_take(&f->conn, f->bcf, f->host);
+
+    if (ngx_thread_task_post(hlcf->thread_pool, &f->task) != NGX_OK) {
+        ngx_http_hermes_backend_give(&f->conn);
+        f->error = &ngx_http_hermes_files_busy;
+        return NGX_DECLINED;
     }
 
-    if (ngx_http_hermes_response_ctx(r) == NULL) {
-        return NGX_HTTP_INTERNAL_SERVER_ERROR;
-    }
+    r->main->blocked++;
 
-    ngx_http_hermes_response_ctx(r)->files = f;
-
-    rc = ngx_http_read_client_request_body(r, ngx_http_hermes_files_body);
-
-    if (rc >= NGX_HTTP_SPECIAL_RESPONSE) {
-        return rc;
-    }
-
-    return NGX_DONE;
+    return NGX_OK;
 }
 
 
@@ -380,69 +367,6 @@ ngx_http_hermes_files_path(ngx_str_t *path)
         }
 
         part = p + 1;
-    }
-
-    return NGX_OK;
-}
-
-
-/* the PUT's body is in: in memory, in one piece, for the task's stdin */
-
-static void
-ngx_http_hermes_files_body(ngx_http_request_t *r)
-{
-    ngx_int_t                 rc;
-    ngx_buf_t                *b;
-    ngx_chain_t              *cl;
-    ngx_http_hermes_files_t  *f;
-
-    f = ngx_http_hermes_response_ctx(r)->files;
-
-    /*
-     * the body stays where nginx put it (its buffer, its temp file past
-     * client_body_buffer_size): the task reads it a piece at a time, so
-     * a PUT costs the worker a piece, not the file
-     */
-
-    f->body = r->request_body ? r->request_body->bufs : NULL;
-    f->body_len = 0;
-
-    for (cl = f->body; cl; cl = cl->next) {
-        b = cl->buf;
-        f->body_len += b->in_file ? (size_t) (b->file_last - b->file_pos)
-                                  : (size_t) (b->last - b->pos);
-    }
-
-    rc = ngx_http_hermes_files_post(r, f);
-
-    if (rc != NGX_OK) {
-        ngx_http_finalize_request(r, rc);
-        return;
-    }
-
-    /* the body reader's count is ours until the task is done */
-}
-
-
-static ngx_int_t
-ngx_http_hermes_files_post(ngx_http_request_t *r, ngx_http_hermes_files_t *f)
-{
-    ngx_http_hermes_loc_conf_t  *hlcf;
-
-    hlcf = ngx_http_get_module_loc_conf(r, ngx_http_hermes_module);
-
-    f->task.ctx = f;
-    f->task.handler = ngx_http_hermes_files_thread;
-    f->task.event.handler = ngx_http_hermes_files_done;
-    f->task.event.data = f;
-    f->task.event.log = r->connection->log;
-
-    if (ngx_thread_task_post(hlcf->thread_pool, &f->task) != NGX_OK) {
-        ngx_http_hermes_backend_give(&f->conn);
-        return ngx_http_hermes_response_send_error(r,
-                                                   NGX_HTTP_SERVICE_UNAVAILABLE,
-                                                   "busy", "the gateway is "
-                                                   "busy; retry shortly");
     }
 
     return NGX_OK;
@@ -708,37 +632,36 @@ ngx_http_hermes_files_done(ngx_event_t *ev)
 {
     ngx_http_hermes_files_t *f = ev->data;
 
-    ngx_int_t            rc;
+    ngx_connection_t    *c;
     ngx_http_request_t  *r;
 
     r = f->r;
+    c = r->connection;
 
     ngx_http_hermes_backend_give(&f->conn);
 
-    if (f->get && f->offset) {
-        /* a later piece: the answer is under way, a failure ends it */
+    r->main->blocked--;
 
-        if (f->rc != NGX_OK || f->status != 0 || f->changed
-            || r->connection->error)
-        {
-            ngx_log_error(NGX_LOG_INFO, r->connection->log, 0,
-                          "hermes: \"%V\" of a kernel changed or could not "
-                          "be read while it was sent (exit %d): the "
-                          "connection is closed", &f->path, f->status);
-            ngx_http_finalize_request(r, NGX_ERROR);
-            return;
-        }
+    f->error = ngx_http_hermes_files_result(f);
 
-        ngx_http_hermes_files_send(r, f);
-        return;
+    if (f->error == NULL && f->get) {
+        f->offset += f->out_len;
     }
 
+    f->handler(f);
+
+    /* a client gone while the task ran: its request ends now */
+    ngx_http_run_posted_requests(c);
+}
+
+
+/* the last command's outcome: NULL, or its failure by name */
+
+static ngx_http_hermes_files_error_t *
+ngx_http_hermes_files_result(ngx_http_hermes_files_t *f)
+{
     if (f->rc == NGX_DECLINED) {
-        rc = ngx_http_hermes_response_send_error(r, NGX_HTTP_BAD_GATEWAY,
-                                                 "backend_unavailable",
-                                                 "the kernel host cannot be "
-                                                 "reached");
-        goto done;
+        return &ngx_http_hermes_files_unreachable;
     }
 
     switch (f->rc == NGX_OK ? f->status : -1) {
@@ -747,145 +670,31 @@ ngx_http_hermes_files_done(ngx_event_t *ev)
         break;
 
     case 2:
-        rc = ngx_http_hermes_response_send_error(r, NGX_HTTP_NOT_FOUND,
-                                                 "not_found",
-                                                 "no such file in the "
-                                                 "kernel's directory");
-        goto done;
+        return &ngx_http_hermes_files_no_file;
 
     case 3:
-        rc = ngx_http_hermes_response_send_error(r,
-                                          NGX_HTTP_REQUEST_ENTITY_TOO_LARGE,
-                                          "file_too_large",
-                                          "the file is over hermes_max_file");
-        goto done;
+        return &ngx_http_hermes_files_too_large;
 
     case 4:
-        rc = ngx_http_hermes_response_send_error(r, NGX_HTTP_BAD_REQUEST,
-                                                 "invalid_path",
-                                                 "the path leads through a "
-                                                 "symlink or to what is not "
-                                                 "a regular file");
-        goto done;
+        return &ngx_http_hermes_files_refused;
 
     default:
-        ngx_log_error(NGX_LOG_ERR, r->connection->log, 0,
-                      "hermes: %s \"%V\" of a kernel failed (exit %d)",
-                      f->get ? "reading" : "writing", &f->path, f->status);
+        if (f->offset == 0) {
+            /* a later piece's failure is its user's to tell */
+            ngx_log_error(NGX_LOG_ERR, f->r->connection->log, 0,
+                          "hermes: %s \"%V\" of a kernel failed (exit %d)",
+                          f->get ? "reading" : "writing", &f->path,
+                          f->status);
+        }
 
-        rc = ngx_http_hermes_response_send_error(r, NGX_HTTP_BAD_GATEWAY,
-                                                 "file_failed",
-                                                 "the kernel's host could "
-                                                 "not move the file");
-        goto done;
+        return &ngx_http_hermes_files_failed;
     }
 
-    if (!f->get) {
-        rc = ngx_http_hermes_response_send_buf(r, NGX_HTTP_NO_CONTENT,
-                                               "application/json", NULL);
-        goto done;
+    if (f->get && f->changed) {
+        return &ngx_http_hermes_files_changed;
     }
 
-    if (f->changed) {
-        rc = ngx_http_hermes_response_send_error(r, NGX_HTTP_CONFLICT,
-                                                 "file_changed",
-                                                 "the file changed while it "
-                                                 "was read; try again");
-        goto done;
-    }
-
-    r->headers_out.status = NGX_HTTP_OK;
-    r->headers_out.content_length_n = f->size;
-    ngx_str_set(&r->headers_out.content_type, "application/octet-stream");
-    r->headers_out.content_type_len = r->headers_out.content_type.len;
-
-    if (f->size == 0 || r->method == NGX_HTTP_HEAD) {
-        r->header_only = 1;
-    }
-
-    rc = ngx_http_send_header(r);
-
-    if (rc == NGX_ERROR || rc > NGX_OK || r->header_only) {
-        goto done;
-    }
-
-    ngx_http_hermes_files_send(r, f);
-    return;
-
-done:
-
-    ngx_http_finalize_request(r, rc);
-}
-
-
-/*
- * A GET's piece to the client; the next is read once it is sent, so that
- * a slow client costs the worker one piece, whatever the file's size.
- */
-
-static void
-ngx_http_hermes_files_send(ngx_http_request_t *r, ngx_http_hermes_files_t *f)
-{
-    ngx_int_t     rc;
-    ngx_buf_t    *b;
-    ngx_chain_t   out;
-
-    b = ngx_calloc_buf(r->pool);
-    if (b == NULL) {
-        ngx_http_finalize_request(r, NGX_ERROR);
-        return;
-    }
-
-    f->offset += f->out_len;
-
-    b->pos = f->out;
-    b->last = f->out + f->out_len;
-    b->memory = 1;
-    b->flush = 1;
-
-    if (f->offset == f->size) {
-        b->last_buf = 1;
-        b->last_in_chain = 1;
-    }
-
-    out.buf = b;
-    out.next = NULL;
-
-    rc = ngx_http_output_filter(r, &out);
-
-    if (rc == NGX_ERROR || f->offset == f->size) {
-        ngx_http_finalize_request(r, rc);
-        return;
-    }
-
-    r->write_event_handler = ngx_http_hermes_files_writer;
-    ngx_http_hermes_files_writer(r);
-}
-
-
-/* the piece sent: the next one read (the count of the task is still ours) */
-
-static void
-ngx_http_hermes_files_writer(ngx_http_request_t *r)
-{
-    ngx_http_hermes_files_t     *f;
-    ngx_http_hermes_loc_conf_t  *hlcf;
-
-    if (ngx_http_hermes_response_flush(r) != NGX_OK) {
-        return;
-    }
-
-    r->write_event_handler = ngx_http_request_empty_handler;
-
-    f = ngx_http_hermes_response_ctx(r)->files;
-    hlcf = ngx_http_get_module_loc_conf(r, ngx_http_hermes_module);
-
-    ngx_http_hermes_backend_take(&f->conn, f->bcf, f->host);
-
-    if (ngx_thread_task_post(hlcf->thread_pool, &f->task) != NGX_OK) {
-        ngx_http_hermes_backend_give(&f->conn);
-        ngx_http_finalize_request(r, NGX_ERROR);
-    }
+    return NULL;
 }
 
 

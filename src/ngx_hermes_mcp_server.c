@@ -27,16 +27,6 @@
 #define NGX_HTTP_HERMES_MCP_INTERNAL_ERROR    -32603
 
 
-/* one request of a client: what its handlers share */
-typedef struct {
-    ngx_http_request_t             *r;
-    ngx_str_t                       owner;
-    ngx_str_t                       id;         /* as JSON; "null": none */
-    ngx_http_hermes_mcp_client_t    mc;
-    yajl_val                        params;     /* NULL: none */
-} ngx_http_hermes_mcp_req_t;
-
-
 /* an execute_code call while its cell runs: its answer's state */
 typedef struct {
     ngx_str_t                       id;
@@ -73,9 +63,6 @@ static ngx_int_t ngx_http_hermes_mcp_list_kernels(
 static ngx_int_t ngx_http_hermes_mcp_reset(ngx_http_hermes_mcp_req_t *mr,
     yajl_val args);
 static ngx_int_t ngx_http_hermes_mcp_delete(ngx_http_request_t *r);
-static ngx_int_t ngx_http_hermes_mcp_kernel_session(
-    ngx_http_hermes_mcp_req_t *mr, yajl_val args, ngx_str_t *session,
-    ngx_int_t *rc);
 static ngx_uint_t ngx_http_hermes_mcp_allowed(ngx_http_request_t *r);
 static ngx_uint_t ngx_http_hermes_mcp_local_host(u_char *p, size_t len);
 static ngx_table_elt_t *ngx_http_hermes_mcp_header(ngx_http_request_t *r,
@@ -85,10 +72,6 @@ static ngx_int_t ngx_http_hermes_mcp_json_value(ngx_pool_t *pool, yajl_val v,
     ngx_str_t *out);
 static ngx_int_t ngx_http_hermes_mcp_reply(ngx_http_hermes_mcp_req_t *mr,
     u_char *result, size_t len);
-static ngx_int_t ngx_http_hermes_mcp_text(ngx_http_hermes_mcp_req_t *mr,
-    ngx_str_t *text, ngx_str_t *structured, ngx_uint_t is_error);
-static ngx_int_t ngx_http_hermes_mcp_tool_error(ngx_http_hermes_mcp_req_t *mr,
-    char *code, char *message);
 static ngx_int_t ngx_http_hermes_mcp_error(ngx_http_request_t *r,
     ngx_uint_t status, ngx_str_t *id, ngx_int_t code, char *message);
 static ngx_buf_t *ngx_http_hermes_mcp_take(ngx_pool_t *pool, yajl_gen g,
@@ -126,7 +109,9 @@ ngx_str_t  ngx_http_hermes_mcp_tool_names[] = {
     ngx_string("execute_code"),
     ngx_string("interrupt"),
     ngx_string("list_kernels"),
-    ngx_string("reset_session")
+    ngx_string("reset_session"),
+    ngx_string("upload_file"),
+    ngx_string("download_file")
 };
 
 
@@ -215,7 +200,40 @@ static const char  ngx_http_hermes_mcp_tools[] =
     "\"type\":\"object\",\"properties\":{"
     NGX_HTTP_HERMES_MCP_SESSION_ARG
     "},\"additionalProperties\":false},"
-    "\"annotations\":{\"destructiveHint\":true}}"
+    "\"annotations\":{\"destructiveHint\":true}},"
+
+    "{\"name\":\"upload_file\",\"title\":\"Put a file in the kernel\","
+    "\"description\":\"Write a file into a session's kernel directory "
+    "(the code's working directory), replacing one there; directories on "
+    "the way are made. Text as it is (utf-8), or any bytes as base64. The "
+    "next execute_code opens it by the same relative path.\","
+    "\"inputSchema\":{" NGX_HTTP_HERMES_MCP_SCHEMA
+    "\"type\":\"object\",\"properties\":{"
+    "\"path\":{\"type\":\"string\",\"minLength\":1,\"maxLength\":1024,"
+    "\"description\":\"Relative to the kernel directory, without .. or "
+    "empty parts, e.g. data/input.csv\"},"
+    "\"content\":{\"type\":\"string\","
+    "\"description\":\"The file's content, as encoding says\"},"
+    "\"encoding\":{\"type\":\"string\",\"enum\":[\"utf-8\",\"base64\"],"
+    "\"default\":\"utf-8\",\"description\":\"utf-8: content is the text; "
+    "base64: content is the bytes in base64\"},"
+    NGX_HTTP_HERMES_MCP_SESSION_ARG
+    "},\"required\":[\"path\",\"content\"],"
+    "\"additionalProperties\":false}},"
+
+    "{\"name\":\"download_file\",\"title\":\"Get a file from the kernel\","
+    "\"description\":\"Read a file of a session's kernel directory (one "
+    "the code wrote, say). Returns text when it is UTF-8, an image for PNG "
+    "and JPEG, else the bytes as a base64 resource; and {path, size, "
+    "encoding}. Files over a few MiB are refused (file_too_large).\","
+    "\"inputSchema\":{" NGX_HTTP_HERMES_MCP_SCHEMA
+    "\"type\":\"object\",\"properties\":{"
+    "\"path\":{\"type\":\"string\",\"minLength\":1,\"maxLength\":1024,"
+    "\"description\":\"Relative to the kernel directory, e.g. "
+    "out/plot.png\"},"
+    NGX_HTTP_HERMES_MCP_SESSION_ARG
+    "},\"required\":[\"path\"],\"additionalProperties\":false},"
+    "\"annotations\":{\"readOnlyHint\":true}}"
 
     "]}";
 
@@ -554,7 +572,9 @@ ngx_http_hermes_mcp_initialize(ngx_http_hermes_mcp_req_t *mr)
                "\"instructions\":\"execute_code runs Python in a persistent "
                "sandboxed kernel of this MCP session: variables, imports and "
                "files are kept between calls. Print what you want to see; "
-               "an exception is an error naming it.\"}",
+               "an exception is an error naming it. upload_file and "
+               "download_file move files into and out of its working "
+               "directory.\"}",
                version, &ngx_http_hermes_version)
              - p;
 
@@ -772,6 +792,18 @@ ngx_http_hermes_mcp_tools_call(ngx_http_hermes_mcp_req_t *mr)
         ngx_http_hermes_count(zone,
                     mcp_tool_calls_total[NGX_HTTP_HERMES_MCP_T_RESET_SESSION]);
         return ngx_http_hermes_mcp_reset(mr, args);
+    }
+
+    if (ngx_strcmp(name->u.string, "upload_file") == 0) {
+        ngx_http_hermes_count(zone,
+                      mcp_tool_calls_total[NGX_HTTP_HERMES_MCP_T_UPLOAD_FILE]);
+        return ngx_http_hermes_mcp_upload_file(mr, args);
+    }
+
+    if (ngx_strcmp(name->u.string, "download_file") == 0) {
+        ngx_http_hermes_count(zone,
+                    mcp_tool_calls_total[NGX_HTTP_HERMES_MCP_T_DOWNLOAD_FILE]);
+        return ngx_http_hermes_mcp_download_file(mr, args);
     }
 
     return ngx_http_hermes_mcp_error(mr->r, NGX_HTTP_OK, &mr->id,
@@ -1120,9 +1152,9 @@ ngx_http_hermes_mcp_delete(ngx_http_request_t *r)
  * NGX_DECLINED: an invalid one; the request ends with *rc.
  */
 
-static ngx_int_t
+ngx_int_t
 ngx_http_hermes_mcp_kernel_session(ngx_http_hermes_mcp_req_t *mr,
-    yajl_val args, ngx_str_t *session, ngx_int_t *rc)
+    void *args, ngx_str_t *session, ngx_int_t *rc)
 {
     u_char      *p;
     yajl_val     v;
@@ -1398,7 +1430,7 @@ ngx_http_hermes_mcp_reply(ngx_http_hermes_mcp_req_t *mr, u_char *result,
 
 /* a tool's result: its text, the same as structured content if JSON */
 
-static ngx_int_t
+ngx_int_t
 ngx_http_hermes_mcp_text(ngx_http_hermes_mcp_req_t *mr, ngx_str_t *text,
     ngx_str_t *structured, ngx_uint_t is_error)
 {
@@ -1444,7 +1476,7 @@ ngx_http_hermes_mcp_text(ngx_http_hermes_mcp_req_t *mr, ngx_str_t *text,
 
 /* a tool's failure the model reads and can act on, named by its code */
 
-static ngx_int_t
+ngx_int_t
 ngx_http_hermes_mcp_tool_error(ngx_http_hermes_mcp_req_t *mr, char *code,
     char *message)
 {

@@ -62,6 +62,8 @@ typedef enum {
     NGX_HTTP_HERMES_MCP_T_INTERRUPT,
     NGX_HTTP_HERMES_MCP_T_LIST_KERNELS,
     NGX_HTTP_HERMES_MCP_T_RESET_SESSION,
+    NGX_HTTP_HERMES_MCP_T_UPLOAD_FILE,
+    NGX_HTTP_HERMES_MCP_T_DOWNLOAD_FILE,
     NGX_HTTP_HERMES_MCP_NTOOL
 } ngx_http_hermes_mcp_tool_e;
 
@@ -71,6 +73,18 @@ typedef struct {
     ngx_uint_t                    version;
     ngx_uint_t                    level;
 } ngx_http_hermes_mcp_client_t;
+
+
+/* one request of a client: what its handlers share */
+typedef struct {
+    ngx_http_request_t           *r;
+    ngx_str_t                     owner;
+    ngx_str_t                     id;           /* as JSON; "null": none */
+    ngx_http_hermes_mcp_client_t  mc;
+    void                         *params;       /* a yajl_val; NULL: none,
+                                                   or freed (the request
+                                                   answered later) */
+} ngx_http_hermes_mcp_req_t;
 
 
 extern ngx_str_t  ngx_http_hermes_mcp_method_names[];
@@ -91,6 +105,20 @@ ngx_int_t ngx_http_hermes_mcp_sessions_cancel(ngx_http_hermes_zone_t *zone,
     ngx_str_t *owner, ngx_http_hermes_mcp_client_t *mc, uint32_t call,
     ngx_str_t *session);
 ngx_uint_t ngx_http_hermes_mcp_sessions_count(ngx_http_hermes_zone_t *zone);
+
+/* the tools' answers (ngx_hermes_mcp_server.c) */
+ngx_int_t ngx_http_hermes_mcp_kernel_session(ngx_http_hermes_mcp_req_t *mr,
+    void *args, ngx_str_t *session, ngx_int_t *rc);
+ngx_int_t ngx_http_hermes_mcp_text(ngx_http_hermes_mcp_req_t *mr,
+    ngx_str_t *text, ngx_str_t *structured, ngx_uint_t is_error);
+ngx_int_t ngx_http_hermes_mcp_tool_error(ngx_http_hermes_mcp_req_t *mr,
+    char *code, char *message);
+
+/* upload_file and download_file (ngx_hermes_mcp_files.c) */
+ngx_int_t ngx_http_hermes_mcp_upload_file(ngx_http_hermes_mcp_req_t *mr,
+    void *args);
+ngx_int_t ngx_http_hermes_mcp_download_file(ngx_http_hermes_mcp_req_t *mr,
+    void *args);
 
 
 #endif /* _NGX_HERMES_MCP_SERVER_H_INCLUDED_ */

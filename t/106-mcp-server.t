@@ -162,8 +162,9 @@ like($r->{headers}{allow} // '', qr/POST/, '... Allow names POST');
 $r = rpc('/mcp', $sid, { jsonrpc => '2.0', id => 2, method => 'tools/list' });
 my %tools = map { $_->{name} => $_ } @{ $r->{json}{result}{tools} || [] };
 is_deeply([ sort keys %tools ],
-          [ qw(execute_code interrupt list_kernels reset_session) ],
-          'tools/list: the four tools');
+          [ qw(download_file execute_code interrupt list_kernels
+               reset_session upload_file) ],
+          'tools/list: the six tools');
 is($tools{execute_code}{inputSchema}{'$schema'},
    'https://json-schema.org/draft/2020-12/schema', '$schema 2020-12');
 is_deeply($tools{execute_code}{inputSchema}{required}, ['code'],

@@ -116,7 +116,8 @@ for my $loc (@backends) {
         };
         is($r->{server}{name}, 'ngx_hermes', "$loc: serverInfo");
         is_deeply($r->{tools},
-                  [qw(execute_code interrupt list_kernels reset_session)],
+                  [qw(download_file execute_code interrupt list_kernels
+                      reset_session upload_file)],
                   "$loc: tools");
         isnt($r->{sessions}[0], $r->{sessions}[1], "$loc: two MCP sessions");
         is($r->{same}, "42\n", "$loc: state kept within one MCP session");
