@@ -810,7 +810,8 @@ ngx_http_hermes_accepts_json(ngx_http_request_t *r)
 void
 ngx_http_hermes_name_backends(ngx_http_request_t *r, ngx_array_t *list)
 {
-    ngx_uint_t                       i;
+    ngx_uint_t                       i, k;
+    ngx_http_hermes_environment_t   *env;
     ngx_http_hermes_listing_t       *l;
     ngx_http_hermes_main_conf_t     *hmcf;
     ngx_http_hermes_backend_conf_t  *bcf;
@@ -821,6 +822,16 @@ ngx_http_hermes_name_backends(ngx_http_request_t *r, ngx_array_t *list)
     for (i = 0; i < list->nelts; i++) {
         ngx_str_set(&l[i].backend_name, "local");
         ngx_str_set(&l[i].host_name, "localhost");
+        ngx_str_null(&l[i].env_name);
+
+        for (k = 0; l[i].env && k < hmcf->environments.nelts; k++) {
+            env = ((ngx_http_hermes_environment_t **)
+                   hmcf->environments.elts)[k];
+
+            if (env->id == l[i].env) {
+                l[i].env_name = env->name;
+            }
+        }
 
         bcf = ngx_http_hermes_backend_by_tag(hmcf, l[i].tag);
 

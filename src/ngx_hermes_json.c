@@ -1690,6 +1690,11 @@ ngx_http_hermes_json_gen_kernel(yajl_gen g, ngx_http_hermes_listing_t *l)
     ngx_http_hermes_gen_str(g, &l->backend_name);
     ngx_http_hermes_gen_key(g, "host");
     ngx_http_hermes_gen_str(g, &l->host_name);
+
+    if (l->env_name.len) {
+        ngx_http_hermes_gen_key(g, "environment");
+        ngx_http_hermes_gen_str(g, &l->env_name);
+    }
     ngx_http_hermes_gen_key(g, "state");
     ngx_http_hermes_gen_str(g, &ngx_http_hermes_state_names[l->state]);
     ngx_http_hermes_gen_key(g, "execution_count");

@@ -1393,6 +1393,7 @@ ngx_http_hermes_registry_list(ngx_http_hermes_zone_t *zone, ngx_str_t *owner,
         ngx_memcpy(l->tag, ngx_http_hermes_node_tag(kn),
                    NGX_HTTP_HERMES_BACKEND_TAG_LEN);
         l->execution_count = kn->execution_count;
+        l->env = kn->env;
         l->created = kn->created;
         l->last_used = kn->last_used;
         l->running_for = (kn->state == NGX_HTTP_HERMES_STATE_RUNNING)
@@ -2020,6 +2021,7 @@ ngx_http_hermes_registry_cells(ngx_http_hermes_zone_t *zone,
         l->state = kn->state;
         l->host = kn->host;
         l->execution_count = kn->execution_count;
+        l->env = kn->env;
         l->created = kn->created;
         l->last_used = kn->last_used;
         l->running_for = now - kn->turn_at;

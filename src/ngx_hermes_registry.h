@@ -186,6 +186,8 @@ typedef struct {
     u_char                        tag[NGX_HTTP_HERMES_BACKEND_TAG_LEN];
     ngx_str_t                     backend_name;
     ngx_str_t                     host_name;
+    uint32_t                      env;
+    ngx_str_t                     env_name;     /* "": none */
     uint64_t                      created;
     uint64_t                      last_used;
     uint64_t                      running_for;
