@@ -432,7 +432,7 @@ ngx_http_hermes_sandbox_args(ngx_http_hermes_sandbox_t *sb,
         if (head[i] == NULL) {
             args[k++] = (char *) tmp;
 
-        } else if (env && env->rootfs.len && i > 0
+        } else if (env && env->rootfs.len && i > 0 && head[i - 1]
                    && ngx_strcmp(head[i - 1], "--ro-bind") == 0)
         {
             args[k++] = (char *) (head[i][1] == 'u' ? env->usr.data
