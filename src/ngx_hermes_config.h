@@ -175,6 +175,8 @@ typedef struct {
     u_char                        hash[NGX_HTTP_HERMES_WARM_HASH_LEN];
     ngx_uint_t                    n;            /* per host; 0: no pool */
     ngx_http_hermes_loc_conf_t   *hlcf;         /* spawns them */
+    ngx_http_hermes_environment_t *env;         /* in it; NULL: none */
+    uint32_t                      env_id;
     ngx_msec_t                   *retry;        /* per host, after a failure */
 } ngx_http_hermes_warm_t;
 

@@ -22,7 +22,7 @@ static ngx_int_t ngx_http_hermes_environment_exists(ngx_conf_t *cf,
 
 
 /* hermes_environment NAME [rootfs=DIR] [python=PATH] [ro=PATH] [rw=PATH]
-   [env=NAME=VALUE] */
+   [env=NAME=VALUE] [warm=N] */
 
 char *
 ngx_http_hermes_environment(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
@@ -30,6 +30,7 @@ ngx_http_hermes_environment(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
     ngx_http_hermes_main_conf_t *hmcf = conf;
 
     u_char                          c;
+    ngx_int_t                       n;
     ngx_str_t                      *value, *s;
     ngx_uint_t                      i;
     ngx_array_t                   **list;
@@ -141,6 +142,20 @@ ngx_http_hermes_environment(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
                 return NGX_CONF_ERROR;
             }
 
+            continue;
+        }
+
+        if (ngx_strncmp(value[i].data, "warm=", 5) == 0) {
+            n = ngx_atoi(value[i].data + 5, value[i].len - 5);
+
+            if (n == NGX_ERROR || n > NGX_HTTP_HERMES_WARM_MAX) {
+                ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+                                   "invalid \"%V\": 0 to %d expected",
+                                   &value[i], NGX_HTTP_HERMES_WARM_MAX);
+                return NGX_CONF_ERROR;
+            }
+
+            env->warm = n;
             continue;
         }
 

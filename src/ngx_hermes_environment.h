@@ -27,6 +27,7 @@ struct ngx_http_hermes_environment_s {
     ngx_array_t                  *rw;
     ngx_array_t                  *env;          /* "NAME=VALUE" */
     uint32_t                      id;           /* the registry's: crc32 */
+    ngx_uint_t                    warm;         /* its pool, per host */
 };
 
 

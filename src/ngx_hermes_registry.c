@@ -529,8 +529,8 @@ ngx_http_hermes_registry_acquire(ngx_http_hermes_zone_t *zone,
 
     rc = ngx_http_hermes_registry_turn(zone, kn, ref, root);
 
-    if (rc == NGX_HTTP_HERMES_ACQ_SPAWN && ref->env == 0) {
-        /* warm pools hold kernels of no environment */
+    if (rc == NGX_HTTP_HERMES_ACQ_SPAWN) {
+        /* of the pool of the request's environment, if it has one */
         rc = ngx_http_hermes_registry_warm_take(zone, kn, ref);
     }
 
@@ -2309,11 +2309,14 @@ ngx_http_hermes_registry_set_host(ngx_http_hermes_zone_t *zone,
 static ngx_str_t  ngx_http_hermes_warm_owner = ngx_string("");
 
 
-/* the zone's pool of warm kernels like kn (or of its backend: hash NULL) */
+/*
+ * The zone's pool of warm kernels like kn (or of its backend and
+ * environment "env": hash NULL)
+ */
 
 static ngx_http_hermes_warm_t *
 ngx_http_hermes_registry_warm_pool(ngx_http_hermes_zone_t *zone, u_char *tag,
-    u_char *hash)
+    u_char *hash, uint32_t env)
 {
     ngx_uint_t               i;
     ngx_http_hermes_warm_t  *w;
@@ -2328,8 +2331,9 @@ ngx_http_hermes_registry_warm_pool(ngx_http_hermes_zone_t *zone, u_char *tag,
         if (w[i].n
             && ngx_memcmp(w[i].tag, tag, NGX_HTTP_HERMES_BACKEND_TAG_LEN) == 0
             && (hash == NULL
-                || ngx_memcmp(w[i].hash, hash, NGX_HTTP_HERMES_WARM_HASH_LEN)
-                   == 0))
+                ? w[i].env_id == env
+                : ngx_memcmp(w[i].hash, hash, NGX_HTTP_HERMES_WARM_HASH_LEN)
+                  == 0))
         {
             return &w[i];
         }
@@ -2436,6 +2440,7 @@ ngx_http_hermes_registry_warm_reserve(ngx_http_hermes_zone_t *zone,
     kn->turn_at = kn->created;
     kn->state = NGX_HTTP_HERMES_STATE_LOST;
     kn->host = (uint8_t) host;
+    kn->env = w->env_id;
 
     ngx_memcpy(kn->data, ref->key.data, ref->key.len);
 
@@ -2546,7 +2551,7 @@ ngx_http_hermes_registry_warm_take(ngx_http_hermes_zone_t *zone,
     ngx_http_hermes_node_t  *wk, *best;
 
     w = ngx_http_hermes_registry_warm_pool(zone, ngx_http_hermes_node_tag(kn),
-                                           NULL);
+                                           NULL, ref->env);
     if (w == NULL) {
         return NGX_HTTP_HERMES_ACQ_SPAWN;
     }
@@ -2656,7 +2661,8 @@ ngx_http_hermes_registry_warm_sweep(ngx_http_hermes_zone_t *zone,
 
         w = ngx_http_hermes_registry_warm_pool(zone,
                                             ngx_http_hermes_node_tag(kn),
-                                            ngx_http_hermes_node_warm_hash(kn));
+                                            ngx_http_hermes_node_warm_hash(kn),
+                                            0);
 
         if (w == NULL
             || kn->host >= w->hlcf->backend->nhosts

@@ -37,6 +37,9 @@ typedef struct {
 #define NGX_HTTP_HERMES_WARM_WAIT     60000
 
 
+static char *ngx_http_hermes_warm_pool_conf(ngx_conf_t *cf,
+    ngx_http_hermes_loc_conf_t *hlcf, ngx_http_hermes_environment_t *env,
+    ngx_uint_t want);
 static void ngx_http_hermes_warm_handler(ngx_event_t *ev);
 static ngx_int_t ngx_http_hermes_warm_spawn(ngx_http_hermes_zone_t *zone,
     ngx_http_hermes_warm_t *w, ngx_uint_t host, ngx_log_t *log);
@@ -77,7 +80,8 @@ ngx_http_hermes_warm_init_process(ngx_http_hermes_zone_t *zone,
 
 
 /*
- * Warm pools, one per backend of a zone that has warm=: what a location
+ * Warm pools, one per backend of a zone that has warm=, and one per
+ * environment with warm= of the locations that allow it: what a location
  * spawns with, hashed.  Every location of the zone that uses the backend
  * must spawn alike: a new session of any of them takes the pool's kernels.
  */
@@ -86,9 +90,40 @@ char *
 ngx_http_hermes_warm_conf(ngx_conf_t *cf,
     ngx_http_hermes_loc_conf_t *hlcf)
 {
+    ngx_uint_t                       i;
+    ngx_http_hermes_environment_t  **env;
+
+    if (ngx_http_hermes_warm_pool_conf(cf, hlcf, NULL, hlcf->backend->warm)
+        != NGX_CONF_OK)
+    {
+        return NGX_CONF_ERROR;
+    }
+
+    env = hlcf->environments ? hlcf->environments->elts : NULL;
+
+    for (i = 0; env && i < hlcf->environments->nelts; i++) {
+        if (env[i]->warm
+            && ngx_http_hermes_warm_pool_conf(cf, hlcf, env[i], env[i]->warm)
+               != NGX_CONF_OK)
+        {
+            return NGX_CONF_ERROR;
+        }
+    }
+
+    return NGX_CONF_OK;
+}
+
+
+static char *
+ngx_http_hermes_warm_pool_conf(ngx_conf_t *cf,
+    ngx_http_hermes_loc_conf_t *hlcf, ngx_http_hermes_environment_t *env,
+    ngx_uint_t want)
+{
     u_char                          *p;
+    uint32_t                         env_id;
     ngx_str_t                       *ro;
-    ngx_uint_t                       i, hosts;
+    ngx_uint_t                       i, k, hosts;
+    ngx_array_t                     *lists[3];
     ngx_http_hermes_warm_t          *w, *found;
     ngx_http_hermes_zone_t          *zone;
     ngx_http_hermes_sandbox_t       *sb;
@@ -97,10 +132,12 @@ ngx_http_hermes_warm_conf(ngx_conf_t *cf,
     crypto_generichash_state         st;
     u_char                           buf[256];
     u_char                           hash[NGX_HTTP_HERMES_WARM_HASH_LEN / 2];
+    static ngx_str_t                 none = ngx_null_string;
 
     zone = hlcf->shm_zone->data;
     bcf = hlcf->backend;
     sb = hlcf->sandbox;
+    env_id = env ? env->id : 0;
 
     /* the backend, the sandbox, the runner's idle clock, the runner */
 
@@ -112,10 +149,35 @@ ngx_http_hermes_warm_conf(ngx_conf_t *cf,
                      sb->cpu, (ngx_uint_t) sb->net, zone->idle_timeout);
     crypto_generichash_update(&st, buf, p - buf);
 
-    if (sb->ro) {
-        ro = sb->ro->elts;
+    /* and the environment: its tree, python, binds and settings */
 
-        for (i = 0; i < sb->ro->nelts; i++) {
+    if (env) {
+        p = ngx_snprintf(buf, sizeof(buf), "|env|%V|%V|%V|", &env->name,
+                         &env->rootfs, &env->python);
+        crypto_generichash_update(&st, buf, p - buf);
+    }
+
+    lists[0] = sb->ro;
+    lists[1] = env ? env->ro : NULL;
+    lists[2] = env ? env->rw : NULL;
+
+    for (k = 0; k < 3; k++) {
+        if (lists[k] == NULL) {
+            continue;
+        }
+
+        ro = lists[k]->elts;
+
+        for (i = 0; i < lists[k]->nelts; i++) {
+            crypto_generichash_update(&st, ro[i].data, ro[i].len);
+            crypto_generichash_update(&st, (u_char *) "", 1);
+        }
+    }
+
+    if (env && env->env) {
+        ro = env->env->elts;
+
+        for (i = 0; i < env->env->nelts; i++) {
             crypto_generichash_update(&st, ro[i].data, ro[i].len);
             crypto_generichash_update(&st, (u_char *) "", 1);
         }
@@ -142,7 +204,8 @@ ngx_http_hermes_warm_conf(ngx_conf_t *cf,
 
     for (i = 0; i < zone->warm->nelts; i++) {
         if (ngx_memcmp(w[i].tag, bcf->tag, NGX_HTTP_HERMES_BACKEND_TAG_LEN)
-            != 0)
+            != 0
+            || w[i].env_id != env_id)
         {
             continue;
         }
@@ -152,21 +215,22 @@ ngx_http_hermes_warm_conf(ngx_conf_t *cf,
             continue;
         }
 
-        if (w[i].n || bcf->warm) {
+        if (w[i].n || want) {
             ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
-                               "hermes_backend warm=: the locations of "
-                               "hermes_zone \"%V\" that use this backend "
-                               "spawn kernels differently (hermes_sandbox); "
-                               "a warm pool serves locations that spawn "
-                               "alike",
-                               &zone->shm_zone->shm.name);
+                               "warm=: the locations of hermes_zone \"%V\" "
+                               "that use this backend%s%V spawn kernels "
+                               "differently (hermes_sandbox); a warm pool "
+                               "serves locations that spawn alike",
+                               &zone->shm_zone->shm.name,
+                               env ? " and environment " : "",
+                               env ? &env->name : &none);
             return NGX_CONF_ERROR;
         }
     }
 
     if (found) {
-        if (bcf->warm > found->n) {
-            found->n = bcf->warm;
+        if (want > found->n) {
+            found->n = want;
             found->hlcf = hlcf;
         }
 
@@ -187,8 +251,10 @@ ngx_http_hermes_warm_conf(ngx_conf_t *cf,
 
     ngx_memcpy(w->tag, bcf->tag, NGX_HTTP_HERMES_BACKEND_TAG_LEN);
     ngx_memcpy(w->hash, buf, NGX_HTTP_HERMES_WARM_HASH_LEN);
-    w->n = bcf->warm;
+    w->n = want;
     w->hlcf = hlcf;
+    w->env = env;
+    w->env_id = env_id;
 
     return NGX_CONF_OK;
 }
@@ -320,7 +386,7 @@ ngx_http_hermes_warm_spawn(ngx_http_hermes_zone_t *zone,
 
     ws->spawn_at = ngx_current_msec;
 
-    rc = ngx_http_hermes_kernel_spawn(w->hlcf, NULL, zone, &ws->ref, pool,
+    rc = ngx_http_hermes_kernel_spawn(w->hlcf, w->env, zone, &ws->ref, pool,
                                       ngx_http_hermes_warm_spawned, ws, log);
     if (rc != NGX_OK) {
         /* the thread pool is full: the next sweep tries again */
