@@ -39,7 +39,7 @@ print $fh "secret\n";
 close $fh;
 chmod 0644, "$p/canary.txt";
 
-my $trixie_env = $rootfs ? "hermes_environment trixie rootfs=$rootfs env=IMAGE=trixie;" : '';
+my $trixie_env = $rootfs ? "hermes_environment trixie rootfs=$rootfs env=IMAGE=trixie warm=1;" : '';
 my $trixie = $rootfs ? 'trixie' : '';
 
 my $no_ssh = Hermes::Sshd->unavailable;
@@ -84,6 +84,7 @@ $t->write_conf(<<"CONF");
         }
         location = /plain { hermes_execute; }
         location /k { hermes_kernels; }
+        location = /status { hermes_status; }
         location = /mcp {
             hermes_mcp;
             hermes_environments hostpy $trixie;
@@ -142,7 +143,20 @@ $r = run_cell('/x', 'd1', "import sys\nprint(sys.prefix)", env => 'venv');
 is($r->{json}{output}, "$venv\n", '... then the session starts in the other');
 
 SKIP: {
-    skip "no trixie rootfs: $no_rootfs", 16 unless $rootfs;
+    skip "no trixie rootfs: $no_rootfs", 21 unless $rootfs;
+
+    # the environment's own warm pool: a new session in it takes its kernel
+    ok(Hermes::Test::wait_until(sub {
+        ($t->http('GET', '/status')->{json}{warm_kernels} // 0) == 1 }, 20),
+       'trixie warm=1: one warm kernel');
+    my %pool = map { m{hermes_rkernel_(\w+)$} ? ($1 => 1) : () } $t->kroot_dirs;
+    my $log0 = length $t->error_log;
+    $r = run_cell('/x', 'w1', "import sys\nprint(sys.version_info[:2])", env => 'trixie');
+    is($r->{json}{output}, "(3, 13)\n", "a new session in trixie runs trixie's python");
+    ok($pool{$r->{json}{kernel}{kernel_id}}, '... on the pool\'s kernel');
+    unlike(substr($t->error_log, $log0), qr/started for session "w1"/, '... no spawn for it');
+    $r = run_cell('/x', 'w2', "import sys\nprint(sys.version_info[:2])", env => 'hostpy');
+    ok(!$pool{$r->{json}{kernel}{kernel_id}}, "another environment's session does not take it");
 
     $r = run_cell('/x', 't1', "import sys, os\nprint(sys.version_info[:2], open('/etc/debian_version').read().strip()[:2], os.environ['IMAGE'])", env => 'trixie');
     is($r->{status}, 200, 'trixie: 200') or diag explain $r;
