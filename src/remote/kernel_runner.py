@@ -55,6 +55,13 @@ if D not in sys.path:
 _dwb, sys.dont_write_bytecode = sys.dont_write_bytecode, True
 import hermes_tools  # noqa: E402
 sys.dont_write_bytecode = _dwb
+
+# Packages installed at run time: with -I there is no user site, so
+# `pip install --user` would not be importable.  `pip install --target
+# D/site-packages` is: the runner makes that directory and puts it on
+# sys.path (after the stdlib, before the system's packages: an installed
+# version wins over the image's), at start and again before each cell.
+SITE = os.path.join(D, "site-packages")
 # Our own reference: a cell may replace attributes of the shared module.
 _write_atomic = hermes_tools._write_atomic
 _read_regular = hermes_tools._read_regular
@@ -226,7 +233,7 @@ class _State:
 
     __slots__ = ("lock", "cond", "current", "flusher_at", "fd_ready",
                  "interruptible", "deferred", "loop", "fflush", "globals",
-                 "count")
+                 "count", "site")
 
     def __init__(self):
         # One lock for the running cell's sink, shared with the flusher
@@ -244,6 +251,7 @@ class _State:
         self.fflush = None        # C stdio's fflush, False: none (_find_fflush)
         self.globals = None       # the cells' namespace
         self.count = 0            # cells run: the result's execution_count
+        self.site = None          # SITE's (inode, mtime) as last put on sys.path
 
 
 _state = _State()
@@ -1228,6 +1236,36 @@ def _mpl_flush(sink):
 _SIGINT = int(signal.SIGINT)
 
 
+def _site_index():
+    """Where SITE goes on sys.path: before the first site-packages or
+    dist-packages directory (the system's, a venv's), else before D."""
+    for i, p in enumerate(sys.path):
+        if p != SITE and os.path.basename(p.rstrip("/")) in (
+                "site-packages", "dist-packages"):
+            return i
+    return sys.path.index(D) if D in sys.path else len(sys.path)
+
+
+def _site_packages():
+    """SITE on sys.path while it is a directory of D's own (not a link out
+    of it, which a cell could make), off it otherwise; the import system's
+    caches dropped when it changed, so what a cell installed is found."""
+    try:
+        st = os.lstat(SITE)
+        seen = (st.st_ino, st.st_mtime_ns) if stat.S_ISDIR(st.st_mode) else None
+    except OSError:
+        seen = None
+    if seen is None:
+        while SITE in sys.path:
+            sys.path.remove(SITE)
+    elif SITE not in sys.path:
+        sys.path.insert(_site_index(), SITE)
+    if seen != _state.site:
+        import importlib
+        importlib.invalidate_caches()
+        _state.site = seen
+
+
 def _fresh_globals():
     return {"__name__": "__main__", "__builtins__": builtins,
             "hermes_tools": hermes_tools}
@@ -1523,6 +1561,7 @@ def _process(n, path, names=None):
     reset = req.get("reset") is True
     if reset:
         _state.globals = _fresh_globals()
+    _site_packages()
     with _state.cond:
         _drain_fds(final=True)            # bytes from between cells: the log
         _state.current = sink
@@ -1930,6 +1969,12 @@ def main():
     os.register_at_fork(before=_before_fork, after_in_child=_after_fork)
     _start_flusher()
     _state.globals = _fresh_globals()
+    try:
+        os.mkdir(SITE, 0o700)
+    except OSError:                 # there already (a link: _site_packages)
+        pass
+    os.environ["HERMES_SITE_PACKAGES"] = SITE   # for `pip install --target`
+    _site_packages()
 
     fifo = _open_fifo("wake")
     _start_interrupter()
