@@ -883,6 +883,51 @@ def _before_fork():
         with _state.lock:
             if not s.closed:
                 s._flush()
+    _quiet_fork()
+
+
+# Python >= 3.12 warns at every fork of a process with threads; the
+# runner's own (hermes-*) are fork-safe (_after_fork), and a cell that
+# started none must not be told otherwise.  So each fork decides: the
+# warning is filtered when only ours run, until the next fork or the
+# cell's end (it comes after the fork's hooks, so no hook can end it).
+_FORK_WARNING = r"This process .* is multi-threaded"
+_FORK_QUIET = [False]        # whether it may be filtered: cells pay nothing else
+
+
+def _quiet_fork():
+    if sys.version_info < (3, 12):
+        return
+    main = threading.main_thread()
+    if all(t is main or t.name.startswith("hermes-")
+           for t in threading.enumerate()):
+        _FORK_QUIET[0] = True
+        if _fork_filter() is None:
+            import warnings
+            warnings.filterwarnings("ignore", message=_FORK_WARNING,
+                                    category=DeprecationWarning)
+    else:
+        _forked()
+
+
+def _fork_filter():
+    w = sys.modules.get("warnings")
+    for f in (w.filters if w is not None else ()):
+        if (f[0] == "ignore" and f[2] is DeprecationWarning
+                and getattr(f[1], "pattern", None) == _FORK_WARNING):
+            return f
+    return None
+
+
+def _forked():
+    if not _FORK_QUIET[0]:
+        return
+    _FORK_QUIET[0] = False
+    f = _fork_filter()
+    if f is not None:
+        w = sys.modules["warnings"]
+        w.filters.remove(f)
+        getattr(w, "_filters_mutated", lambda: None)()
 
 
 def _after_fork():
@@ -1580,6 +1625,7 @@ def _process(n, path, names=None):
             _restore_fds()
             _flush_std()
             sys.stdout, sys.stderr = sys.__stdout__, sys.__stderr__
+            _forked()
     sink.close()                          # cell_out_N complete before the result
     output, cut = _final_output(sink.caps["stdout"], sink.caps["stderr"],
                                 max_output)

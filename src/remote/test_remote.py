@@ -13,6 +13,7 @@ e.g. an older one: the runner must work on any CPython >= 3.8.
 import errno
 import json
 import os
+import re
 import shutil
 import signal
 import stat
@@ -456,6 +457,24 @@ class RunnerTest(unittest.TestCase):
         want = "".join("%d\n" % i for i in range(2000))
         # the parent's buffer is flushed before the fork, not copied
         self.assertEqual(out, want + "child\nparent\n")
+
+    def test_fork_warns_of_a_cells_threads_not_the_runners(self):
+        # Python >= 3.12 warns at a fork with threads: never for the
+        # runner's own, still for one the cell started
+        k = self.kernel()
+        code = ("import os, sys, threading, warnings\n"
+                "warnings.simplefilter('default')\n"
+                "e = threading.Event()\n"
+                "t = threading.Thread(target=e.wait)\n"
+                "if %s: t.start()\n"
+                "pid = os.fork()\nif pid == 0:\n    os._exit(0)\n"
+                "os.waitpid(pid, 0)\ne.set()\nt.is_alive() and t.join()\n"
+                "print(sys.version_info >= (3, 12))")
+        for own in (False, True, False):
+            r = k.run(code % own)
+            self.assertEqual(r["status"], "success", r)
+            warned = "DeprecationWarning: This process" in r["output"]
+            self.assertEqual(warned, own and r["output"].startswith("True"), r)
 
     def test_error_traceback_and_recovery(self):
         k = self.kernel()
@@ -1010,6 +1029,10 @@ class RunnerTest(unittest.TestCase):
             "Calls the gateway's tool 'plain' with these arguments "
             "(a dict, or keyword arguments).\n"), out)
         # help(): every enabled tool, its signature and its description
+        # (pydoc >= 3.13 puts a long signature's parameters a line each)
+        out = re.sub(r"\(\n\s+(.*?),?\n\s*\)",
+                     lambda m: "(" + re.sub(r",\n\s+", ", ", m.group(1)) + ")",
+                     out, flags=re.S)
         for text in ("get_sum(a: int, b: int)\n        Add two integers.",
                      "            a (integer): the first\n",
                      "web_search(query: str, *, limit: int = 10, "
