@@ -75,13 +75,16 @@ if ! command -v mmdebstrap >/dev/null; then
         || skip "mmdebstrap is not installed, and apt-get could not install it"
 fi
 
-# a clear reason rather than mmdebstrap's, when the mirror does not answer
-if ! timeout 60 /usr/lib/apt/apt-helper download-file \
-        "$url/dists/$suite/InRelease" "$(mktemp -u)" >/dev/null 2>&1; then
-    skip "the Debian mirror of apt's configuration ($url) does not serve $suite (unreachable?)"
-fi
-
 mkdir -p "$(dirname "$dir")" || fail "cannot make $(dirname "$dir")"
+
+# a clear reason rather than mmdebstrap's, when the mirror does not answer
+probe=$(mktemp "$dir.probe.XXXXXX") || fail "cannot make a temporary file"
+if ! timeout 60 /usr/lib/apt/apt-helper download-file \
+        "$url/dists/$suite/InRelease" "$probe" >/dev/null 2>&1; then
+    rm -f -- "$probe"
+    skip "no Debian mirror reachable: $url does not serve $suite"
+fi
+rm -f -- "$probe"
 
 # one build at a time: tests that need it may start together
 exec 9>"$dir.lock" || fail "cannot open $dir.lock"
