@@ -1153,14 +1153,14 @@ class SitePackagesTest(unittest.TestCase):
     def test_package_put_there_is_importable_in_the_next_cell(self):
         # what pip --target does, by hand: runs on any python, pip or not
         k = self.kernel()
-        r = k.run("import hermes_tiny")
+        r = k.run("import hermes_by_hand")
         self.assertEqual(r["status"], "error", r)
-        pkg = os.path.join(self.site(k), "hermes_tiny")
+        pkg = os.path.join(self.site(k), "hermes_by_hand")
         os.mkdir(pkg)
         with open(os.path.join(pkg, "__init__.py"), "w") as f:
             f.write("VALUE = 7\n")
-        r = k.run("import hermes_tiny, os\nprint(hermes_tiny.VALUE, "
-                  "hermes_tiny.__file__.startswith(os.environ['HERMES_SITE_PACKAGES'] + '/'))")
+        r = k.run("import hermes_by_hand, os\nprint(hermes_by_hand.VALUE, "
+                  "hermes_by_hand.__file__.startswith(os.environ['HERMES_SITE_PACKAGES'] + '/'))")
         self.assertEqual((r["status"], r["output"]), ("success", "7 True\n"), r)
 
     def test_removed_or_a_link_out_of_d_is_taken_off_sys_path(self):
