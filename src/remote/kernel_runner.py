@@ -16,9 +16,12 @@ the FIFO D/wake only says "look at cells/ now".
     D/cells/reserve.tmp          disk space kept for the next result
     D/rpc/req_N, res_N           tool calls (hermes_tools.py); swept before
                                  each cell: a call's authority is its cell's
+    D/site-packages/             made at start, on sys.path: `pip install
+                                 --target` from a cell (see SITE)
 
 Files we write are 0600 and renamed into place; N is %06d (more digits past
-999999).  Python 3 stdlib only: this runs on any kernel host.
+999999).  Python 3 stdlib only, 3.8 or later (t/lib/check-py38.py): this
+runs on any kernel host, and in any image's python.
 """
 
 import ast
