@@ -9,6 +9,8 @@
 #   make bench      side-by-side benchmark against jupyter-server (bench/)
 #   make deb        the Debian package libnginx-mod-http-hermes, in build/
 #   make dist       the source tarball of the tag vVERSION, in build/
+#   make rootfs     a Debian trixie rootfs with python3, for kernels to run
+#                   in (environments), cached in build/rootfs/trixie
 
 SHELL      := /bin/bash
 TOP        := $(CURDIR)
@@ -46,7 +48,7 @@ MODULE      = build/ngx_http_hermes_module.so
 ASAN_MODULE = build-asan/ngx_http_hermes_module.so
 
 .PHONY: all deps test-deps lint-deps npm-deps module asan run test test-asan \
-        lint unit bench deb dist clean FORCE
+        lint unit bench deb dist rootfs clean FORCE
 
 all: module
 
@@ -166,6 +168,12 @@ test-asan: asan test-deps npm-deps
 	LSAN_OPTIONS=exitcode=0 \
 	    prove -I t/lib t/
 	t/asan-check.pl build-asan/asan.* </dev/null
+
+# The tests that need it build it themselves on first use (t/lib/Hermes/
+# Test.pm's rootfs_trixie), and skip, saying why, where it cannot be made:
+# make test does not run this.  mmdebstrap from the machine's own mirror.
+rootfs:
+	@t/lib/make-rootfs.sh trixie build/rootfs/trixie >/dev/null
 
 # cppcheck reads nginx's headers as configured for the module (build/)
 lint: build/nginx/Makefile lint-deps

@@ -16,9 +16,12 @@ the FIFO D/wake only says "look at cells/ now".
     D/cells/reserve.tmp          disk space kept for the next result
     D/rpc/req_N, res_N           tool calls (hermes_tools.py); swept before
                                  each cell: a call's authority is its cell's
+    D/site-packages/             made at start, on sys.path: `pip install
+                                 --target` from a cell (see SITE)
 
 Files we write are 0600 and renamed into place; N is %06d (more digits past
-999999).  Python 3 stdlib only: this runs on any kernel host.
+999999).  Python 3 stdlib only, 3.8 or later (t/lib/check-py38.py): this
+runs on any kernel host, and in any image's python.
 """
 
 import ast
@@ -55,6 +58,13 @@ if D not in sys.path:
 _dwb, sys.dont_write_bytecode = sys.dont_write_bytecode, True
 import hermes_tools  # noqa: E402
 sys.dont_write_bytecode = _dwb
+
+# Packages installed at run time: with -I there is no user site, so
+# `pip install --user` would not be importable.  `pip install --target
+# D/site-packages` is: the runner makes that directory and puts it on
+# sys.path (after the stdlib, before the system's packages: an installed
+# version wins over the image's), at start and again before each cell.
+SITE = os.path.join(D, "site-packages")
 # Our own reference: a cell may replace attributes of the shared module.
 _write_atomic = hermes_tools._write_atomic
 _read_regular = hermes_tools._read_regular
@@ -226,7 +236,7 @@ class _State:
 
     __slots__ = ("lock", "cond", "current", "flusher_at", "fd_ready",
                  "interruptible", "deferred", "loop", "fflush", "globals",
-                 "count")
+                 "count", "site")
 
     def __init__(self):
         # One lock for the running cell's sink, shared with the flusher
@@ -244,6 +254,7 @@ class _State:
         self.fflush = None        # C stdio's fflush, False: none (_find_fflush)
         self.globals = None       # the cells' namespace
         self.count = 0            # cells run: the result's execution_count
+        self.site = None          # SITE's (inode, mtime) as last put on sys.path
 
 
 _state = _State()
@@ -875,6 +886,51 @@ def _before_fork():
         with _state.lock:
             if not s.closed:
                 s._flush()
+    _quiet_fork()
+
+
+# Python >= 3.12 warns at every fork of a process with threads; the
+# runner's own (hermes-*) are fork-safe (_after_fork), and a cell that
+# started none must not be told otherwise.  So each fork decides: the
+# warning is filtered when only ours run, until the next fork or the
+# cell's end (it comes after the fork's hooks, so no hook can end it).
+_FORK_WARNING = r"This process .* is multi-threaded"
+_FORK_QUIET = [False]        # whether it may be filtered: cells pay nothing else
+
+
+def _quiet_fork():
+    if sys.version_info < (3, 12):
+        return
+    main = threading.main_thread()
+    if all(t is main or t.name.startswith("hermes-")
+           for t in threading.enumerate()):
+        _FORK_QUIET[0] = True
+        if _fork_filter() is None:
+            import warnings
+            warnings.filterwarnings("ignore", message=_FORK_WARNING,
+                                    category=DeprecationWarning)
+    else:
+        _forked()
+
+
+def _fork_filter():
+    w = sys.modules.get("warnings")
+    for f in (w.filters if w is not None else ()):
+        if (f[0] == "ignore" and f[2] is DeprecationWarning
+                and getattr(f[1], "pattern", None) == _FORK_WARNING):
+            return f
+    return None
+
+
+def _forked():
+    if not _FORK_QUIET[0]:
+        return
+    _FORK_QUIET[0] = False
+    f = _fork_filter()
+    if f is not None:
+        w = sys.modules["warnings"]
+        w.filters.remove(f)
+        getattr(w, "_filters_mutated", lambda: None)()
 
 
 def _after_fork():
@@ -1228,6 +1284,36 @@ def _mpl_flush(sink):
 _SIGINT = int(signal.SIGINT)
 
 
+def _site_index():
+    """Where SITE goes on sys.path: before the first site-packages or
+    dist-packages directory (the system's, a venv's), else before D."""
+    for i, p in enumerate(sys.path):
+        if p != SITE and os.path.basename(p.rstrip("/")) in (
+                "site-packages", "dist-packages"):
+            return i
+    return sys.path.index(D) if D in sys.path else len(sys.path)
+
+
+def _site_packages():
+    """SITE on sys.path while it is a directory of D's own (not a link out
+    of it, which a cell could make), off it otherwise; the import system's
+    caches dropped when it changed, so what a cell installed is found."""
+    try:
+        st = os.lstat(SITE)
+        seen = (st.st_ino, st.st_mtime_ns) if stat.S_ISDIR(st.st_mode) else None
+    except OSError:
+        seen = None
+    if seen is None:
+        while SITE in sys.path:
+            sys.path.remove(SITE)
+    elif SITE not in sys.path:
+        sys.path.insert(_site_index(), SITE)
+    if seen != _state.site:
+        import importlib
+        importlib.invalidate_caches()
+        _state.site = seen
+
+
 def _fresh_globals():
     return {"__name__": "__main__", "__builtins__": builtins,
             "hermes_tools": hermes_tools}
@@ -1523,6 +1609,7 @@ def _process(n, path, names=None):
     reset = req.get("reset") is True
     if reset:
         _state.globals = _fresh_globals()
+    _site_packages()
     with _state.cond:
         _drain_fds(final=True)            # bytes from between cells: the log
         _state.current = sink
@@ -1541,6 +1628,7 @@ def _process(n, path, names=None):
             _restore_fds()
             _flush_std()
             sys.stdout, sys.stderr = sys.__stdout__, sys.__stderr__
+            _forked()
     sink.close()                          # cell_out_N complete before the result
     output, cut = _final_output(sink.caps["stdout"], sink.caps["stderr"],
                                 max_output)
@@ -1934,6 +2022,12 @@ def main():
     os.register_at_fork(before=_before_fork, after_in_child=_after_fork)
     _start_flusher()
     _state.globals = _fresh_globals()
+    try:
+        os.mkdir(SITE, 0o700)
+    except OSError:                 # there already (a link: _site_packages)
+        pass
+    os.environ["HERMES_SITE_PACKAGES"] = SITE   # for `pip install --target`
+    _site_packages()
 
     fifo = _open_fifo("wake")
     _start_interrupter()

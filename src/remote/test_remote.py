@@ -5,11 +5,15 @@ Each test starts the real runner in a temp kernel dir and drives it through
 files, as the nginx module does:
 
     cd src/remote && /usr/bin/python3 -m unittest -v test_remote
+
+HERMES_TEST_PYTHON names another python for the runner (its kernels'),
+e.g. an older one: the runner must work on any CPython >= 3.8.
 """
 
 import errno
 import json
 import os
+import re
 import shutil
 import signal
 import stat
@@ -20,7 +24,7 @@ import time
 import unittest
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-PYTHON = "/usr/bin/python3"
+PYTHON = os.environ.get("HERMES_TEST_PYTHON", "/usr/bin/python3")
 TOKEN = "5e" * 32
 
 
@@ -243,8 +247,8 @@ class RunnerTest(unittest.TestCase):
                 "raise ImportError('planted ' + __name__)\n" % marker)
         names = ("ast", "json", "re", "traceback", "select", "csv", "uuid",
                  "sitecustomize", "usercustomize")
-        k = self.kernel(plant=dict(("%s.py" % m, evil) for m in names)
-                        | {"mine.py": "X = 'from D'\n"},
+        k = self.kernel(plant=dict([("%s.py" % m, evil) for m in names]
+                                   + [("mine.py", "X = 'from D'\n")]),
                         env={"PYTHONPATH": "."})
         r = k.run("import ast, json, csv, uuid, sys, os\n"
                   "import hermes_tools, mine\n"
@@ -453,6 +457,24 @@ class RunnerTest(unittest.TestCase):
         want = "".join("%d\n" % i for i in range(2000))
         # the parent's buffer is flushed before the fork, not copied
         self.assertEqual(out, want + "child\nparent\n")
+
+    def test_fork_warns_of_a_cells_threads_not_the_runners(self):
+        # Python >= 3.12 warns at a fork with threads: never for the
+        # runner's own, still for one the cell started
+        k = self.kernel()
+        code = ("import os, sys, threading, warnings\n"
+                "warnings.simplefilter('default')\n"
+                "e = threading.Event()\n"
+                "t = threading.Thread(target=e.wait)\n"
+                "if %s: t.start()\n"
+                "pid = os.fork()\nif pid == 0:\n    os._exit(0)\n"
+                "os.waitpid(pid, 0)\ne.set()\nt.is_alive() and t.join()\n"
+                "print(sys.version_info >= (3, 12))")
+        for own in (False, True, False):
+            r = k.run(code % own)
+            self.assertEqual(r["status"], "success", r)
+            warned = "DeprecationWarning: This process" in r["output"]
+            self.assertEqual(warned, own and r["output"].startswith("True"), r)
 
     def test_error_traceback_and_recovery(self):
         k = self.kernel()
@@ -1007,6 +1029,10 @@ class RunnerTest(unittest.TestCase):
             "Calls the gateway's tool 'plain' with these arguments "
             "(a dict, or keyword arguments).\n"), out)
         # help(): every enabled tool, its signature and its description
+        # (pydoc >= 3.13 puts a long signature's parameters a line each)
+        out = re.sub(r"\(\n\s+(.*?),?\n\s*\)",
+                     lambda m: "(" + re.sub(r",\n\s+", ", ", m.group(1)) + ")",
+                     out, flags=re.S)
         for text in ("get_sum(a: int, b: int)\n        Add two integers.",
                      "            a (integer): the first\n",
                      "web_search(query: str, *, limit: int = 10, "
@@ -1063,6 +1089,125 @@ class RunnerTest(unittest.TestCase):
         self.assertEqual(mod.web_search.__name__, "web_search")
         with self.assertRaises(AttributeError):
             mod.__wrapped__
+
+
+def _tiny_wheel(d, name="hermes_tiny", value=42):
+    """A pure-Python wheel made here (a zip with a .dist-info): pip installs
+    it with no index and no network."""
+    import base64
+    import hashlib
+    import zipfile
+    dist = "%s-1.0.dist-info" % name
+    files = {
+        "%s/__init__.py" % name: "VALUE = %d\n" % value,
+        dist + "/METADATA": "Metadata-Version: 2.1\nName: %s\nVersion: 1.0\n" % name,
+        dist + "/WHEEL": ("Wheel-Version: 1.0\nGenerator: test_remote\n"
+                          "Root-Is-Purelib: true\nTag: py3-none-any\n"),
+    }
+    record = []
+    for path, text in files.items():
+        digest = hashlib.sha256(text.encode()).digest()
+        record.append("%s,sha256=%s,%d" % (
+            path, base64.urlsafe_b64encode(digest).rstrip(b"=").decode(),
+            len(text.encode())))
+    files[dist + "/RECORD"] = "\n".join(record + [dist + "/RECORD,,"]) + "\n"
+    whl = os.path.join(d, "%s-1.0-py3-none-any.whl" % name)
+    with zipfile.ZipFile(whl, "w") as z:
+        for path, text in files.items():
+            z.writestr(path, text)
+    return whl
+
+
+def _has_pip(python):
+    return subprocess.run([python, "-m", "pip", "--version"],
+                          stdout=subprocess.DEVNULL,
+                          stderr=subprocess.DEVNULL).returncode == 0
+
+
+class SitePackagesTest(unittest.TestCase):
+    """Packages installed at run time: D/site-packages is on sys.path (the
+    runner runs -I: no user site for `pip install --user`)."""
+
+    kernel = RunnerTest.kernel
+
+    def site(self, k):
+        return k.path("site-packages")
+
+    def test_site_packages_on_sys_path_after_the_stdlib(self):
+        k = self.kernel()
+        st = os.lstat(self.site(k))
+        self.assertTrue(stat.S_ISDIR(st.st_mode))
+        self.assertEqual(stat.S_IMODE(st.st_mode), 0o700)
+        r = k.run("import os, sys\n"
+                  "site = os.environ['HERMES_SITE_PACKAGES']\n"
+                  "i = sys.path.index(site)\n"
+                  "print(site == os.path.join(os.getcwd(), 'site-packages'))\n"
+                  "print(sys.path.count(site))\n"
+                  "print(i > sys.path.index(os.path.dirname(os.__file__)))\n"
+                  "print(all(i < j for j, p in enumerate(sys.path)\n"
+                  "          if p.endswith(('site-packages', 'dist-packages'))\n"
+                  "          and p != site))")
+        self.assertEqual((r["status"], r["output"]),
+                         ("success", "True\n1\nTrue\nTrue\n"), r)
+
+    def test_package_put_there_is_importable_in_the_next_cell(self):
+        # what pip --target does, by hand: runs on any python, pip or not
+        k = self.kernel()
+        r = k.run("import hermes_by_hand")
+        self.assertEqual(r["status"], "error", r)
+        pkg = os.path.join(self.site(k), "hermes_by_hand")
+        os.mkdir(pkg)
+        with open(os.path.join(pkg, "__init__.py"), "w") as f:
+            f.write("VALUE = 7\n")
+        r = k.run("import hermes_by_hand, os\nprint(hermes_by_hand.VALUE, "
+                  "hermes_by_hand.__file__.startswith(os.environ['HERMES_SITE_PACKAGES'] + '/'))")
+        self.assertEqual((r["status"], r["output"]), ("success", "7 True\n"), r)
+
+    def test_removed_or_a_link_out_of_d_is_taken_off_sys_path(self):
+        k = self.kernel()
+        out = tempfile.mkdtemp(prefix="hermes_rout_")
+        self.addCleanup(shutil.rmtree, out, True)
+        os.mkdir(os.path.join(out, "hermes_outside"))
+        open(os.path.join(out, "hermes_outside", "__init__.py"), "w").close()
+        r = k.run("import os\nos.rmdir('site-packages')\n"
+                  "os.symlink(%r, 'site-packages')" % out)
+        self.assertEqual(r["status"], "success", r)
+        r = k.run("import sys, os\n"
+                  "print(os.environ['HERMES_SITE_PACKAGES'] in sys.path)\n"
+                  "import hermes_outside")
+        self.assertTrue(r["output"].startswith("False\n"), r)
+        self.assertIn("ModuleNotFoundError", r["error"], r)
+        r = k.run("import os\nos.unlink('site-packages')\n"
+                  "os.mkdir('site-packages')")
+        self.assertEqual(r["status"], "success", r)
+        r = k.run("import os, sys\n"
+                  "print(sys.path.count(os.environ['HERMES_SITE_PACKAGES']))")
+        self.assertEqual((r["status"], r["output"]), ("success", "1\n"), r)
+
+    @unittest.skipUnless(_has_pip(PYTHON),
+                         "no pip for %s: the wheel's install is not tested" % PYTHON)
+    def test_pip_install_target_in_a_cell(self):
+        d = tempfile.mkdtemp(prefix="hermes_rwheel_")
+        self.addCleanup(shutil.rmtree, d, True)
+        whl = _tiny_wheel(d)
+        k = self.kernel()
+        # the same cell imports it too: the directory was there at start
+        code = ("import os, subprocess, sys\n"
+                "p = subprocess.run([sys.executable, '-m', 'pip', 'install',"
+                " '--no-index', '--no-deps', '--no-cache-dir',"
+                " '--disable-pip-version-check', '--quiet',"
+                " '--target', os.environ['HERMES_SITE_PACKAGES'], %r],"
+                " stdout=subprocess.PIPE, stderr=subprocess.STDOUT)\n"
+                "print(p.returncode, p.stdout.decode()[-2000:])\n"
+                "import hermes_tiny\nprint(hermes_tiny.VALUE)" % whl)
+        r = k.result(k.send(code), timeout=60)
+        self.assertEqual(r["status"], "success", r)
+        self.assertTrue(r["output"].startswith("0 "), r)
+        self.assertTrue(r["output"].endswith("42\n"), r)
+        # and the next, with its metadata
+        r = k.run("import hermes_tiny, importlib.metadata as m\n"
+                  "print(hermes_tiny.VALUE, m.version('hermes_tiny'))")
+        self.assertEqual((r["status"], r["output"]), ("success", "42 1.0\n"), r)
 
 
 class ToolsClientTest(unittest.TestCase):

@@ -473,6 +473,23 @@ sub node_missing {
 # asks for (the npm servers listen on every interface, and have no flag)
 sub node_loopback_options { "--require $ROOT/t/lib/listen-loopback.cjs" }
 
+# A Debian trixie rootfs with python3 (issue 20's environments: an image
+# bwrap binds read-only as /), built by t/lib/make-rootfs.sh on first use
+# and kept in build/rootfs/trixie: (DIR), or (undef, WHY) when it cannot be
+# made here (no mmdebstrap and apt-get cannot install it, no Debian mirror
+# reachable: the test skips, saying why).  Any other failure dies.
+sub rootfs_trixie {
+    my $dir = "$ROOT/build/rootfs/trixie";
+    return ($dir) if -f "$dir/.hermes-rootfs";
+    my $out = `'$ROOT/t/lib/make-rootfs.sh' trixie '$dir' 2>&1 </dev/null`;
+    my $rc = $? >> 8;
+    return ($dir) if $rc == 0 && -f "$dir/.hermes-rootfs";
+    my ($why) = reverse grep { /^make-rootfs: / } split /\n/, $out;
+    die "t/lib/make-rootfs.sh failed (exit $rc):\n$out" if $rc != 77 || !$why;
+    $why =~ s/^make-rootfs: //;
+    return (undef, "no trixie rootfs: $why");
+}
+
 # @modelcontextprotocol/server-everything, streamable HTTP, on
 # 127.0.0.1:port(N) (N: 1 by default): its /mcp; stopped with the test
 sub everything_server {
