@@ -401,6 +401,7 @@ ngx_http_hermes_cell_spawned(void *data, ngx_int_t rc,
 {
     ngx_http_hermes_cell_t *cell = data;
 
+    u_char            *p, *q, *m;
     ngx_connection_t  *c;
 
     c = cell->stream.client;
@@ -437,6 +438,27 @@ ngx_http_hermes_cell_spawned(void *data, ngx_int_t rc,
             ngx_http_hermes_cell_error(cell, NGX_HTTP_BAD_GATEWAY,
                                        "backend_unavailable",
                                        "the kernel host cannot be reached");
+
+        } else if (cell->req.env && err
+                   && (p = (u_char *) ngx_strstr(err, "no rootfs ")))
+        {
+            /* the host lacks the environment: the client is told which */
+            m = ngx_pnalloc(cell->pool, 512);
+
+            if (m) {
+                q = ngx_strlchr(p, p + ngx_strlen(p), '\n');
+                *ngx_slprintf(m, m + 511, "could not start a kernel in "
+                              "environment \"%V\": %*s",
+                              &cell->req.env->name,
+                              (size_t) (q ? q - p : (ssize_t) ngx_strlen(p)),
+                              p) = '\0';
+            }
+
+            ngx_http_hermes_cell_error(cell, NGX_HTTP_BAD_GATEWAY,
+                                       "spawn_failed",
+                                       m ? (char *) m
+                                         : "could not start a kernel");
+
         } else {
             ngx_http_hermes_cell_error(cell, NGX_HTTP_BAD_GATEWAY,
                                        "spawn_failed",

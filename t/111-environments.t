@@ -80,6 +80,7 @@ $t->write_conf(<<"CONF");
 
         location = /x {
             hermes_execute;
+            hermes_sandbox bwrap net=off;
             hermes_environments hostpy venv $trixie;
         }
         location = /plain { hermes_execute; }
@@ -87,6 +88,7 @@ $t->write_conf(<<"CONF");
         location = /status { hermes_status; }
         location = /mcp {
             hermes_mcp;
+            hermes_sandbox bwrap net=off;
             hermes_environments hostpy $trixie;
         }
 $ssh_loc
@@ -137,7 +139,7 @@ my $l = $t->http('GET', '/k');
 my %envs = map { $_->{session} => $_->{environment} } @{ $l->{json}{kernels} || [] };
 is($envs{d1}, 'hostpy', 'the listing names a kernel\'s environment');
 is($envs{v1}, 'venv', '... each');
-ok(!exists $envs{p1}, '... none for a kernel of no environment');
+ok(exists $envs{p1} && !defined $envs{p1}, '... none for a kernel of no environment');
 is($t->http('DELETE', '/k/d1')->{status}, 204, 'the kernel ended');
 $r = run_cell('/x', 'd1', "import sys\nprint(sys.prefix)", env => 'venv');
 is($r->{json}{output}, "$venv\n", '... then the session starts in the other');
@@ -147,8 +149,8 @@ SKIP: {
 
     # the environment's own warm pool: a new session in it takes its kernel
     ok(Hermes::Test::wait_until(sub {
-        ($t->http('GET', '/status')->{json}{warm_kernels} // 0) == 1 }, 20),
-       'trixie warm=1: one warm kernel');
+        ($t->http('GET', '/status')->{json}{warm_kernels} // 0) >= 1 }, 20),
+       'trixie warm=1: warm kernels');
     my %pool = map { m{hermes_rkernel_(\w+)$} ? ($1 => 1) : () } $t->kroot_dirs;
     my $log0 = length $t->error_log;
     $r = run_cell('/x', 'w1', "import sys\nprint(sys.version_info[:2])", env => 'trixie');
@@ -201,9 +203,9 @@ PY
     is($t->http('POST', '/k/t3/interrupt')->{status}, 202, 'trixie: interrupt');
     my $ar = $a->wait(30);
     like($ar->{json}{output} // '', qr/interrupted/, 'trixie: the cell got KeyboardInterrupt');
-    is($t->http('PUT', '/k/t3/files/in.txt', body => "from the host\n")->{status}, 201,
+    is($t->http('PUT', '/k/t3/files/in.txt', body => "from the host\n")->{status}, 204,
        'trixie: a file in');
-    $r = run_cell('/x', 't3', "print(open('in.txt').read(), end='')\nopen('out.txt', 'w').write('from the image')", env => 'trixie');
+    $r = run_cell('/x', 't3', "print(open('in.txt').read(), end='')\n_ = open('out.txt', 'w').write('from the image')", env => 'trixie');
     is($r->{json}{output}, "from the host\n", '... read by a cell');
     is($t->http('GET', '/k/t3/files/out.txt')->{content}, 'from the image', '... and one out');
 
