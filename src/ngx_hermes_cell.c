@@ -486,6 +486,8 @@ ngx_http_hermes_cell_spawned(void *data, ngx_int_t rc,
 
     ngx_http_hermes_registry_observe(cell->zone, NGX_HTTP_HERMES_HIST_SPAWN,
                                      ngx_current_msec - cell->spawn_at);
+    ngx_http_hermes_registry_env_spawned(cell->zone, cell->ref.env,
+                                         ngx_current_msec - cell->spawn_at);
 
     ngx_log_error(NGX_LOG_INFO, cell->log, 0,
                   "hermes: kernel %*s (pid %P) started for session \"%V\"",

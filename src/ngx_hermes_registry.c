@@ -1738,6 +1738,17 @@ ngx_http_hermes_registry_stats(ngx_http_hermes_zone_t *zone,
 
     st->kernels = sh->kernels;
 
+    for (st->nenvs = 0;
+         st->nenvs < NGX_HTTP_HERMES_ENVS && sh->envs[st->nenvs].id;
+         st->nenvs++)
+    {
+        st->envs[st->nenvs].id = sh->envs[st->nenvs].id;
+        st->envs[st->nenvs].kernels = 0;
+        st->envs[st->nenvs].spawns = sh->envs[st->nenvs].spawns;
+        st->envs[st->nenvs].spawn_ms = sh->envs[st->nenvs].spawn_ms;
+        ngx_str_null(&st->envs[st->nenvs].name);
+    }
+
     /* entries without a kernel may have cells queued: a spawn to come */
 
     for (q = ngx_queue_head(&sh->lost);
@@ -1765,6 +1776,13 @@ ngx_http_hermes_registry_stats(ngx_http_hermes_zone_t *zone,
 
         /* the serving ticket waits too until its request claims it */
         st->queued += ngx_http_hermes_pending(kn) - kn->claimed;
+
+        for (j = 0; kn->env && j < st->nenvs; j++) {
+            if (st->envs[j].id == kn->env) {
+                st->envs[j].kernels++;
+                break;
+            }
+        }
 
         /* most kernels are on the host of the one before */
 
@@ -2100,6 +2118,39 @@ ngx_http_hermes_registry_host(ngx_http_hermes_stats_t *st, u_char *tag,
     h->spawn_failures = 0;
 
     return h;
+}
+
+
+/* a spawn in environment "env" took "ms" (slots are taken under the lock) */
+
+void
+ngx_http_hermes_registry_env_spawned(ngx_http_hermes_zone_t *zone,
+    uint32_t env, ngx_msec_t ms)
+{
+    ngx_uint_t                    i;
+    ngx_http_hermes_env_count_t  *e;
+
+    if (env == 0) {
+        return;
+    }
+
+    ngx_shmtx_lock(&zone->shpool->mutex);
+
+    for (i = 0; i < NGX_HTTP_HERMES_ENVS; i++) {
+        e = &zone->sh->envs[i];
+
+        if (e->id == 0) {
+            e->id = env;
+        }
+
+        if (e->id == env) {
+            e->spawns++;
+            e->spawn_ms += ms;
+            break;
+        }
+    }
+
+    ngx_shmtx_unlock(&zone->shpool->mutex);
 }
 
 

@@ -111,6 +111,26 @@ struct ngx_http_hermes_counters_s {
 };
 
 
+/* kernels and spawns by environment (the first ones named) */
+
+#define NGX_HTTP_HERMES_ENVS      32
+
+typedef struct {
+    uint32_t                      id;           /* 0: a free slot */
+    ngx_atomic_uint_t             spawns;
+    ngx_atomic_uint_t             spawn_ms;
+} ngx_http_hermes_env_count_t;
+
+
+typedef struct {
+    uint32_t                      id;
+    ngx_str_t                     name;         /* the handler's */
+    ngx_uint_t                    kernels;
+    ngx_uint_t                    spawns;
+    ngx_uint_t                    spawn_ms;
+} ngx_http_hermes_env_stats_t;
+
+
 /* failed spawns by backend and host */
 
 #define NGX_HTTP_HERMES_HOSTS     64
@@ -153,6 +173,8 @@ typedef struct {
     ngx_uint_t                    mcp_requests_total[NGX_HTTP_HERMES_MCP_NMETHOD];
     ngx_uint_t                    mcp_tool_calls_total[NGX_HTTP_HERMES_MCP_NTOOL];
     ngx_uint_t                    mcp_sessions;
+    ngx_uint_t                    nenvs;
+    ngx_http_hermes_env_stats_t   envs[NGX_HTTP_HERMES_ENVS];
     ngx_uint_t                    hist[NGX_HTTP_HERMES_NHIST]
                                       [NGX_HTTP_HERMES_BUCKETS];
     ngx_uint_t                    hist_sum_ms[NGX_HTTP_HERMES_NHIST];
@@ -332,6 +354,8 @@ ngx_int_t ngx_http_hermes_registry_stats(ngx_http_hermes_zone_t *zone,
     ngx_http_hermes_stats_t *st, ngx_array_t *owners, ngx_array_t *cells);
 ngx_uint_t ngx_http_hermes_registry_drain(ngx_http_hermes_zone_t *zone,
     ngx_http_hermes_victims_t *victims);
+void ngx_http_hermes_registry_env_spawned(ngx_http_hermes_zone_t *zone,
+    uint32_t env, ngx_msec_t ms);
 void ngx_http_hermes_registry_observe(ngx_http_hermes_zone_t *zone,
     ngx_uint_t hist, ngx_msec_t ms);
 void ngx_http_hermes_registry_answered(ngx_http_hermes_zone_t *zone,

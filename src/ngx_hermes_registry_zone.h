@@ -44,6 +44,7 @@ struct ngx_http_hermes_sh_s {
      */
     ngx_uint_t                    mcp_ended_next;
     ngx_http_hermes_mcp_session_t mcp_ended[NGX_HTTP_HERMES_MCP_ENDED];
+    ngx_http_hermes_env_count_t   envs[NGX_HTTP_HERMES_ENVS];
     /* hermes_mcp's clients' sessions (ngx_hermes_mcp_sessions.c) */
     ngx_rbtree_t                  mcp_rbtree;
     ngx_rbtree_node_t             mcp_sentinel;

@@ -20,6 +20,8 @@ typedef enum {
 } ngx_http_hermes_status_format_e;
 
 
+static void ngx_http_hermes_name_envs(ngx_http_request_t *r,
+    ngx_http_hermes_stats_t *st);
 static void ngx_http_hermes_name_hosts(ngx_http_request_t *r,
     ngx_http_hermes_stats_t *st);
 static ngx_int_t ngx_http_hermes_status_page_send(ngx_http_request_t *r);
@@ -116,6 +118,7 @@ ngx_http_hermes_status_handler(ngx_http_request_t *r)
     }
 
     ngx_http_hermes_name_hosts(r, &st);
+    ngx_http_hermes_name_envs(r, &st);
 
     if (format == NGX_HTTP_HERMES_STATUS_PROMETHEUS) {
         b = ngx_http_hermes_prometheus_stats(r->pool, &st, zone->max_kernels,
@@ -258,6 +261,31 @@ ngx_http_hermes_name_hosts(ngx_http_request_t *r, ngx_http_hermes_stats_t *st)
             st->hosts[i].kernels += st->hosts[j].kernels;
             st->hosts[i].spawn_failures += st->hosts[j].spawn_failures;
             st->hosts[j] = st->hosts[--st->nhosts];
+        }
+    }
+}
+
+
+/* the environments' names, from their ids (nginx.conf's, this cycle's) */
+
+static void
+ngx_http_hermes_name_envs(ngx_http_request_t *r, ngx_http_hermes_stats_t *st)
+{
+    ngx_uint_t                       i, k;
+    ngx_http_hermes_main_conf_t     *hmcf;
+    ngx_http_hermes_environment_t  **env;
+
+    hmcf = ngx_http_get_module_main_conf(r, ngx_http_hermes_module);
+    env = hmcf->environments.elts;
+
+    for (i = 0; i < st->nenvs; i++) {
+        ngx_str_set(&st->envs[i].name, "unknown");
+
+        for (k = 0; k < hmcf->environments.nelts; k++) {
+            if (env[k]->id == st->envs[i].id) {
+                st->envs[i].name = env[k]->name;
+                break;
+            }
         }
     }
 }
@@ -526,6 +554,24 @@ ngx_http_hermes_json_stats(ngx_pool_t *pool, ngx_http_hermes_stats_t *st,
 
     ngx_http_hermes_gen_counter("mcp_sessions", st->mcp_sessions);
 
+    /* by environment: kernels now, spawns and their time so far */
+
+    ngx_http_hermes_gen_key(g, "environments");
+    yajl_gen_map_open(g);
+    for (i = 0; i < st->nenvs; i++) {
+        ngx_http_hermes_gen_str(g, &st->envs[i].name);
+        yajl_gen_map_open(g);
+        ngx_http_hermes_gen_counter("kernels", st->envs[i].kernels);
+        ngx_http_hermes_gen_counter("spawns_total", st->envs[i].spawns);
+        ngx_http_hermes_gen_key(g, "spawn_seconds_sum");
+        p = ngx_slprintf(num, num + sizeof(num), "%ui.%03ui",
+                         st->envs[i].spawn_ms / 1000,
+                         st->envs[i].spawn_ms % 1000);
+        yajl_gen_number(g, (const char *) num, p - num);
+        yajl_gen_map_close(g);
+    }
+    yajl_gen_map_close(g);
+
     ngx_http_hermes_gen_key(g, "mcp_requests_total");
     yajl_gen_map_open(g);
     for (i = 0; i < NGX_HTTP_HERMES_MCP_NMETHOD; i++) {
@@ -678,7 +724,7 @@ ngx_http_hermes_prometheus_stats(ngx_pool_t *pool,
                             * (NGX_HTTP_HERMES_BUCKETS + 2)
              + NGX_HTTP_HERMES_CELL_NSTATUS + NGX_HTTP_HERMES_RPC_NREJECT
              + NGX_HTTP_HERMES_NEVICTIONS + NGX_HTTP_HERMES_MCP_NMETHOD
-             + NGX_HTTP_HERMES_MCP_NTOOL + 16)
+             + NGX_HTTP_HERMES_MCP_NTOOL + 3 * NGX_HTTP_HERMES_ENVS + 16)
             * (128 + NGX_HTTP_HERMES_ERROR_MAX + z.len);
 
     b = ngx_create_temp_buf(pool, size);
@@ -789,6 +835,35 @@ ngx_http_hermes_prometheus_stats(ngx_pool_t *pool,
     ngx_http_hermes_prom("mcp_sessions", "gauge",
                          "hermes_mcp client sessions open.",
                          st->mcp_sessions);
+
+    if (st->nenvs) {
+        ngx_http_hermes_prom_family("environment_kernels", "gauge",
+                                    "Kernels by environment.");
+        for (i = 0; i < st->nenvs; i++) {
+            p = ngx_sprintf(p, "hermes_environment_kernels{zone=\"%V\","
+                            "environment=\"%V\"} %ui\n", &z,
+                            &st->envs[i].name, st->envs[i].kernels);
+        }
+
+        ngx_http_hermes_prom_family("environment_spawns_total", "counter",
+                                    "Kernels spawned by environment.");
+        for (i = 0; i < st->nenvs; i++) {
+            p = ngx_sprintf(p, "hermes_environment_spawns_total{zone=\"%V\","
+                            "environment=\"%V\"} %ui\n", &z,
+                            &st->envs[i].name, st->envs[i].spawns);
+        }
+
+        ngx_http_hermes_prom_family("environment_spawn_seconds_sum",
+                                    "counter",
+                                    "Time spent spawning, by environment.");
+        for (i = 0; i < st->nenvs; i++) {
+            p = ngx_sprintf(p, "hermes_environment_spawn_seconds_sum{"
+                            "zone=\"%V\",environment=\"%V\"} %ui.%03ui\n",
+                            &z, &st->envs[i].name,
+                            st->envs[i].spawn_ms / 1000,
+                            st->envs[i].spawn_ms % 1000);
+        }
+    }
 
     ngx_http_hermes_prom_family("mcp_requests_total", "counter",
                                 "hermes_mcp requests by JSON-RPC method.");

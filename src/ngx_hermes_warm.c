@@ -454,6 +454,8 @@ ngx_http_hermes_warm_spawned(void *data, ngx_int_t rc,
 
     ngx_http_hermes_registry_observe(zone, NGX_HTTP_HERMES_HIST_SPAWN,
                                      ngx_current_msec - ws->spawn_at);
+    ngx_http_hermes_registry_env_spawned(zone, ws->warm->env_id,
+                                         ngx_current_msec - ws->spawn_at);
 
     ngx_log_error(NGX_LOG_INFO, ngx_cycle->log, 0,
                   "hermes: warm kernel %*s (pid %P) started",

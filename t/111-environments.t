@@ -145,7 +145,7 @@ $r = run_cell('/x', 'd1', "import sys\nprint(sys.prefix)", env => 'venv');
 is($r->{json}{output}, "$venv\n", '... then the session starts in the other');
 
 SKIP: {
-    skip "no trixie rootfs: $no_rootfs", 21 unless $rootfs;
+    skip "no trixie rootfs: $no_rootfs", 25 unless $rootfs;
 
     # the environment's own warm pool: a new session in it takes its kernel
     ok(Hermes::Test::wait_until(sub {
@@ -159,6 +159,18 @@ SKIP: {
     unlike(substr($t->error_log, $log0), qr/started for session "w1"/, '... no spawn for it');
     $r = run_cell('/x', 'w2', "import sys\nprint(sys.version_info[:2])", env => 'hostpy');
     ok(!$pool{$r->{json}{kernel}{kernel_id}}, "another environment's session does not take it");
+
+    # figures by environment
+    my $st = $t->http('GET', '/status')->{json}{environments} // {};
+    ok(($st->{trixie}{kernels} // 0) >= 1 && ($st->{hostpy}{kernels} // 0) >= 1,
+       'status: kernels by environment') or diag explain $st;
+    ok(($st->{trixie}{spawns_total} // 0) >= 1 && defined $st->{trixie}{spawn_seconds_sum},
+       'status: spawns and their time by environment');
+    my $prom = $t->http('GET', '/status?format=prometheus')->{content};
+    like($prom, qr/^hermes_environment_kernels\{zone="kernels",environment="trixie"\} [1-9]/m,
+         'Prometheus: hermes_environment_kernels');
+    like($prom, qr/^hermes_environment_spawn_seconds_sum\{zone="kernels",environment="trixie"\} \d+\.\d{3}$/m,
+         'Prometheus: hermes_environment_spawn_seconds_sum');
 
     $r = run_cell('/x', 't1', "import sys, os\nprint(sys.version_info[:2], open('/etc/debian_version').read().strip()[:2], os.environ['IMAGE'])", env => 'trixie');
     is($r->{status}, 200, 'trixie: 200') or diag explain $r;
