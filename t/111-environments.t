@@ -144,6 +144,30 @@ is($t->http('DELETE', '/k/d1')->{status}, 204, 'the kernel ended');
 $r = run_cell('/x', 'd1', "import sys\nprint(sys.prefix)", env => 'venv');
 is($r->{json}{output}, "$venv\n", '... then the session starts in the other');
 
+# packages at run time: a wheel made in a cell, pip-installed into the
+# kernel's own site-packages (no index, no network), imported by the next
+$r = run_cell('/x', 'pip1', <<'PY', env => 'hostpy');
+import os, subprocess, sys, zipfile
+whl = "/tmp/hermes_probe_pkg-1.0-py3-none-any.whl"
+info = "hermes_probe_pkg-1.0.dist-info/"
+with zipfile.ZipFile(whl, "w") as z:
+    z.writestr("hermes_probe_pkg/__init__.py", "ANSWER = 42\n")
+    z.writestr(info + "METADATA", "Metadata-Version: 2.1\nName: hermes-probe-pkg\nVersion: 1.0\n")
+    z.writestr(info + "WHEEL", "Wheel-Version: 1.0\nGenerator: t\nRoot-Is-Purelib: true\nTag: py3-none-any\n")
+    z.writestr(info + "RECORD", "")
+p = subprocess.run([sys.executable, "-m", "pip", "install", "--no-index", "--no-cache-dir",
+                    "--disable-pip-version-check", "--target", os.environ["HERMES_SITE_PACKAGES"], whl],
+                   capture_output=True, text=True)
+print("pip", p.returncode, p.stderr[-300:])
+print(os.environ["HERMES_SITE_PACKAGES"].startswith(os.getcwd()))
+PY
+like($r->{json}{output} // '', qr/^pip 0 /m, 'pip install --target from a cell') or diag explain $r;
+like($r->{json}{output} // '', qr/^True$/m, "... into the kernel's own directory");
+$r = run_cell('/x', 'pip1', "import hermes_probe_pkg\nprint(hermes_probe_pkg.ANSWER, hermes_probe_pkg.__file__.startswith(__import__('os').getcwd()))", env => 'hostpy');
+is($r->{json}{output}, "42 True\n", '... importable in the next cell, from there');
+$r = run_cell('/x', 'pip2', "import importlib.util\nprint(importlib.util.find_spec('hermes_probe_pkg'))", env => 'hostpy');
+is($r->{json}{output}, "None\n", "... and not in another kernel: the image is untouched");
+
 SKIP: {
     skip "no trixie rootfs: $no_rootfs", 25 unless $rootfs;
 
