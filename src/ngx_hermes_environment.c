@@ -19,6 +19,8 @@ static ngx_int_t ngx_http_hermes_environment_setting(ngx_conf_t *cf,
     ngx_str_t *value);
 static ngx_int_t ngx_http_hermes_environment_exists(ngx_conf_t *cf,
     ngx_http_hermes_environment_t *env);
+static char *ngx_http_hermes_environment_venv(ngx_conf_t *cf,
+    ngx_http_hermes_environment_t *env);
 
 
 /* hermes_environment NAME [rootfs=DIR] [python=PATH] [ro=PATH] [rw=PATH]
@@ -189,7 +191,7 @@ ngx_http_hermes_environment(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
         return NGX_CONF_ERROR;
     }
 
-    return NGX_CONF_OK;
+    return ngx_http_hermes_environment_venv(cf, env);
 
 bad_name:
 
@@ -335,6 +337,57 @@ ngx_http_hermes_environment_pick(ngx_http_hermes_loc_conf_t *hlcf,
     }
 
     return NGX_DECLINED;
+}
+
+
+/*
+ * A python of the host outside /usr (a venv's DIR/bin/python3) is in a
+ * tree the sandbox does not show: DIR is bound read-only, as ro= would.
+ */
+
+static char *
+ngx_http_hermes_environment_venv(ngx_conf_t *cf,
+    ngx_http_hermes_environment_t *env)
+{
+    u_char  *p, *bin;
+
+    if (env->rootfs.len || env->python.data[0] != '/'
+        || ngx_strncmp(env->python.data, "/usr/", 5) == 0)
+    {
+        return NGX_CONF_OK;
+    }
+
+    bin = NULL;
+
+    for (p = env->python.data + env->python.len - 1;
+         p > env->python.data;
+         p--)
+    {
+        if (*p != '/') {
+            continue;
+        }
+
+        if (bin) {
+            break;
+        }
+
+        bin = p;
+    }
+
+    if (bin == NULL || p == env->python.data) {
+        /* /bin/python3, /python3: the host's own tree */
+        return NGX_CONF_OK;
+    }
+
+    env->venv.len = p - env->python.data;
+    env->venv.data = ngx_pnalloc(cf->pool, env->venv.len + 1);
+    if (env->venv.data == NULL) {
+        return NGX_CONF_ERROR;
+    }
+
+    *ngx_cpymem(env->venv.data, env->python.data, env->venv.len) = '\0';
+
+    return NGX_CONF_OK;
 }
 
 

@@ -23,6 +23,8 @@ struct ngx_http_hermes_environment_s {
     ngx_str_t                     usr;          /* its /usr and /etc */
     ngx_str_t                     etc;
     ngx_str_t                     python;       /* in it: "python3" */
+    ngx_str_t                     venv;         /* the python's tree, of
+                                                   the host: bound ro */
     ngx_array_t                  *ro;           /* ngx_str_t, NUL-ended */
     ngx_array_t                  *rw;
     ngx_array_t                  *env;          /* "NAME=VALUE" */

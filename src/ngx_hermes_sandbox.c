@@ -343,7 +343,7 @@ ngx_http_hermes_sandbox_args(ngx_http_hermes_sandbox_t *sb,
 
     /* all of them, and the NULL that ends them */
 
-    if (n < 11 + sizeof(head) / sizeof(char *) + 3 * (nro + neb)
+    if (n < 14 + sizeof(head) / sizeof(char *) + 3 * (nro + neb)
             + sizeof(tail) / sizeof(char *))
     {
         return 0;
@@ -452,6 +452,12 @@ ngx_http_hermes_sandbox_args(ngx_http_hermes_sandbox_t *sb,
     }
 
     /* the environment's own binds: they must be there */
+
+    if (env && env->venv.len) {
+        args[k++] = "--ro-bind";
+        args[k++] = (char *) env->venv.data;
+        args[k++] = (char *) env->venv.data;
+    }
 
     for (j = 0; env && j < 2; j++) {
         eb = NULL;

@@ -70,7 +70,7 @@ $t->write_conf(<<"CONF");
     hermes_backend local root=%%KROOT%%;
 
     hermes_environment hostpy python=/usr/bin/python3 env=GREETING=hello env=PAIR=a=b;
-    hermes_environment venv python=$venv/bin/python3 ro=$venv;
+    hermes_environment venv python=$venv/bin/python3;
     hermes_environment nowhere rootfs=$p/no-such-rootfs;
     $trixie_env
 
