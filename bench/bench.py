@@ -12,6 +12,7 @@ every socket in time; only 127.0.0.1 is contacted.
         [--hermes-ssh URL --hermes-ssh-rc URL | --ssh-why TEXT]
         [--hermes-warm URL --warm N | --warm-why TEXT]
         [--hermes-ssh-warm URL | --ssh-warm-why TEXT]
+        [--hermes-env-warm URL | --env-warm-why TEXT]
         [--jupyter-stock URL] [--jupyter-par N] [--hermes-status URL]
         [--out results.json]
 
@@ -991,6 +992,7 @@ def fmt(v, unit=""):
 
 COLUMNS = [("hermes-local", "local"), ("hermes-local-tmpfs", "local tmpfs"),
            ("hermes-local-warm", "local warm pool"),
+           ("hermes-local-env-warm", "trixie env warm pool"),
            ("hermes-ssh", "ssh dedicated"), ("hermes-ssh-rc", "ssh slow rc"),
            ("hermes-ssh-warm", "ssh warm pool"),
            ("jupyter-nodelay", "jupyter+nodelay"), ("jupyter-stock", "jupyter stock")]
@@ -1127,6 +1129,8 @@ def targets(res):
         ratio_row(f"ssh ({who}) new session p50 <= 0.15x", name, ("spawn", "p50_ms"), 0.15)
     ratio_row("local new session, warm pool, p50 <= 0.02x", "hermes-local-warm",
               ("spawn", "p50_ms"), 0.02)
+    ratio_row("local new session, trixie environment's warm pool, p50 <= 0.02x",
+              "hermes-local-env-warm", ("spawn", "p50_ms"), 0.02)
     ratio_row("ssh (dedicated) new session, warm pool, p50 <= 0.15x", "hermes-ssh-warm",
               ("spawn", "p50_ms"), 0.15)
     for k, what in (("1mb_one_line", "1 MB, one print"), ("1mb_10k_lines", "1 MB, 10k prints")):
@@ -1204,6 +1208,10 @@ def main():
     ap.add_argument("--hermes-ssh-warm",
                     help="the ssh backend with warm=N, the user with no shell rc")
     ap.add_argument("--ssh-warm-why", help="why there is no ssh warm pool in this run")
+    ap.add_argument("--hermes-env-warm",
+                    help="the local backend, kernels in an environment with warm=N")
+    ap.add_argument("--env-warm-why",
+                    help="why there is no environment warm pool in this run")
     ap.add_argument("--jupyter")
     ap.add_argument("--jupyter-stock")
     ap.add_argument("--jupyter-par", type=int, default=0)
@@ -1252,6 +1260,12 @@ def main():
             HermesSystem(a.hermes_warm, "hermes-local-warm"), a.warm)
     else:
         notes["hermes-local-warm"] = a.warm_why or "n/a: no warm pool location"
+    if a.hermes_env_warm:
+        res["systems"]["hermes-local-env-warm"] = run_warm(
+            HermesSystem(a.hermes_env_warm, "hermes-local-env-warm"), a.warm)
+    else:
+        notes["hermes-local-env-warm"] = (a.env_warm_why
+                                          or "n/a: no environment warm pool location")
     for url, name in ((a.hermes_ssh, "hermes-ssh"), (a.hermes_ssh_rc, "hermes-ssh-rc")):
         if url:
             rc0 = rc_runs(a.ssh_rc_runs)

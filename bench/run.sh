@@ -16,7 +16,9 @@
 #     backend through that sshd as each user), /v1/execute-warm (the local
 #     backend with warm=N, when the module takes it: nginx -t says),
 #     /v1/execute-ssh-warm (the ssh backend as the dedicated user, its own
-#     kernels root, warm=N), with BENCH_TMPFS=1, /v1/execute-tmpfs (a
+#     kernels root, warm=N), /v1/execute-env-warm (kernels in a Debian
+#     trixie rootfs, build/rootfs/trixie, an environment with warm=N: the
+#     rootfs is made by t/lib/make-rootfs.sh if it is not there yet), with BENCH_TMPFS=1, /v1/execute-tmpfs (a
 #     kernels root on /dev/shm), and /v1/status, whose version and commit
 #     of the module go into the results;
 #   - Debian's jupyter-server with TCP_NODELAY set on the kernel websocket
@@ -34,6 +36,7 @@
 #   BENCH_WARM=N           warm=N on the /v1/execute-warm and
 #                          /v1/execute-ssh-warm locations (default 4; 0
 #                          skips them)
+#   BENCH_ENV=0            skip the environment's warm pool column
 #   BENCH_STOCK=0          skip the stock jupyter-server
 #   BENCH_TMPFS=1          add the local location with its root on tmpfs
 #   BENCH_JUPYTER_PAR=N    also run the parallel test on jupyter with N
@@ -399,6 +402,30 @@ else
             hermes_max_stream 5m;
         }"
 fi
+# An environment's warm pool (a trixie rootfs, python 3.13): a location of
+# its own, its own kernels root, no warm pool but the environment's.
+env_http=""
+env_location=""
+env_why=""
+if [ "$warm" = 0 ]; then
+    env_why=$warm_why
+elif [ "${BENCH_ENV:-1}" = 0 ]; then
+    env_why="skipped (BENCH_ENV=0)"
+elif ! env_out=$("$top/t/lib/make-rootfs.sh" trixie "$top/build/rootfs/trixie" 2>&1); then
+    env_why="n/a: no trixie rootfs ($(printf '%s' "$env_out" | tail -1))"
+else
+    mkdir -p "$prefix/kernels-env"
+    chmod 711 "$prefix/kernels-env"
+    env_http="hermes_environment trixie rootfs=$top/build/rootfs/trixie warm=$warm;"
+    env_location="
+        location = /v1/execute-env-warm {
+            hermes_backend local root=$prefix/kernels-env;
+            hermes_environments trixie;
+            hermes_execute;
+            hermes_cell_timeout 60s;
+            hermes_max_stream 5m;
+        }"
+fi
 write_conf() {   # WARM_LOCATIONS
 cat > "$prefix/nginx/nginx.conf" <<EOF
 load_module $prefix/nginx/ngx_http_hermes_module.so;
@@ -417,6 +444,7 @@ http {
 
     hermes_zone bench:4m max_kernels=512 max_kernels_per_owner=512 idle_timeout=10m;
     hermes_backend local root=$prefix/kernels;
+    $env_http
 
     server {
         listen 127.0.0.1:$hport;
@@ -484,7 +512,16 @@ elif [ -n "$ssh_warm_location" ]; then
         ssh_warm_location=""
     fi
 fi
-write_conf "$warm_location$ssh_warm_location"
+if [ -n "$env_location" ]; then
+    write_conf "$warm_location$ssh_warm_location$env_location"
+    if ! conf_taken; then
+        env_why="n/a: module has no environments"
+        echo "bench: environment warm pool $env_why; nginx -t said: $said" >&2
+        env_location=""
+        env_http=""
+    fi
+fi
+write_conf "$warm_location$ssh_warm_location$env_location"
 /usr/sbin/nginx -t -q -p "$prefix/nginx" -c "$prefix/nginx/nginx.conf" -e "$prefix/nginx/logs/error.log"
 setsid /usr/sbin/nginx -p "$prefix/nginx" -c "$prefix/nginx/nginx.conf" \
     -e "$prefix/nginx/logs/error.log" -g 'daemon off;' </dev/null \
@@ -572,6 +609,11 @@ if [ -n "$ssh_warm_location" ]; then
     extra+=(--hermes-ssh-warm "http://127.0.0.1:$hport/v1/execute-ssh-warm")
 else
     extra+=(--ssh-warm-why "$ssh_warm_why")
+fi
+if [ -n "$env_location" ]; then
+    extra+=(--hermes-env-warm "http://127.0.0.1:$hport/v1/execute-env-warm")
+else
+    extra+=(--env-warm-why "$env_why")
 fi
 rm -f "$top/bench/results.json"     # no plot from an earlier run's figures
 set +e
