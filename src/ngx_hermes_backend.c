@@ -138,7 +138,7 @@ void
 ngx_http_hermes_backend_place(ngx_http_hermes_zone_t *zone,
     ngx_http_hermes_kernel_ref_t *ref, ngx_http_hermes_backend_conf_t *bcf)
 {
-    ngx_uint_t  n;
+    ngx_uint_t  i, n;
     ngx_uint_t  counts[NGX_HTTP_HERMES_HOSTS];
 
     ref->host = 0;
@@ -150,6 +150,14 @@ ngx_http_hermes_backend_place(ngx_http_hermes_zone_t *zone,
     n = ngx_min(bcf->nhosts, NGX_HTTP_HERMES_HOSTS);
 
     ngx_http_hermes_registry_host_counts(zone, bcf->tag, counts, n);
+
+    /* hosts this request found without its environment: the last resort */
+
+    for (i = 0; i < n && i < 64; i++) {
+        if (ref->avoid & ((uint64_t) 1 << i)) {
+            counts[i] = NGX_MAX_INT32_VALUE;
+        }
+    }
 
     ref->host = bcf->ops->pick_host(bcf, counts);
 

@@ -426,6 +426,21 @@ ngx_http_hermes_cell_spawned(void *data, ngx_int_t rc,
         }
     }
 
+    if (rc == NGX_ERROR && cell->req.env && err
+        && ngx_strstr(err, "no rootfs ") && cell->ref.host < 64
+        && ++cell->spawn_tries < cell->hlcf->backend->nhosts)
+    {
+        /* that host lacks the environment: another may have it */
+
+        ngx_log_error(NGX_LOG_WARN, cell->log, 0,
+                      "hermes: %s; trying another host", err);
+        cell->ref.avoid |= (uint64_t) 1 << cell->ref.host;
+
+        if (ngx_http_hermes_cell_spawn(cell) == NGX_OK) {
+            goto done;
+        }
+    }
+
     if (rc != NGX_OK) {
         ngx_log_error(NGX_LOG_ERR, cell->log, 0,
                       "hermes: spawning a kernel for session \"%V\" failed: "
@@ -446,12 +461,16 @@ ngx_http_hermes_cell_spawned(void *data, ngx_int_t rc,
             m = ngx_pnalloc(cell->pool, 512);
 
             if (m) {
-                q = ngx_strlchr(p, p + ngx_strlen(p), '\n');
+                /* the path's line, as error.log quotes it */
+                for (q = p; *q && *q != '\n' && *q != '"' && *q != '\\'; q++)
+                {
+                    /* void */
+                }
+
                 *ngx_slprintf(m, m + 511, "could not start a kernel in "
                               "environment \"%V\": %*s",
                               &cell->req.env->name,
-                              (size_t) (q ? q - p : (ssize_t) ngx_strlen(p)),
-                              p) = '\0';
+                              (size_t) (q - p), p) = '\0';
             }
 
             ngx_http_hermes_cell_error(cell, NGX_HTTP_BAD_GATEWAY,

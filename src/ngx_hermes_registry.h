@@ -266,6 +266,7 @@ typedef struct {
     uint32_t                      ticket;
     uint32_t                      env;          /* an environment's id; 0:
                                                    none */
+    uint64_t                      avoid;        /* hosts lacking it */
     uint32_t                      cell_id;
     uint32_t                      execution_count;
 

@@ -43,10 +43,17 @@ my $trixie_env = $rootfs ? "hermes_environment trixie rootfs=$rootfs env=IMAGE=t
 my $trixie = $rootfs ? 'trixie' : '';
 
 my $no_ssh = Hermes::Sshd->unavailable;
-my ($s, $ssh_loc) = (undef, '');
+my ($s, $s2, $ssh_loc) = (undef, undef, '');
 unless ($no_ssh) {
     $s = Hermes::Sshd->new(dir => "$p/ssh", port => $t->port(5));
     $s->start;
+    if ($rootfs) {
+        # a second host that lacks the rootfs (hidden in its sshd's mounts)
+        $s2 = Hermes::Sshd->new(dir => "$p/ssh2", port => $t->port(6),
+                                hide => [$rootfs]);
+        $s->share_with("$p/known_hosts_both", $s2);
+        $s2->start;
+    }
     mkdir "$p/kroot/ssh", 0711;
     my $backend = "hermes_backend ssh host=127.0.0.1:${\ $s->port } root=%%KROOT%%/ssh "
         . "user=root identity=${\ $s->identity } known_hosts=${\ $s->known_hosts } "
@@ -57,6 +64,13 @@ unless ($no_ssh) {
             $backend
             hermes_environments hostpy $trixie;
         }
+        ${\ ($s2 ? "location = /ssh-two {
+            hermes_execute;
+            hermes_backend ssh host=127.0.0.1:${\ $s2->port } host=127.0.0.1:${\ $s->port }
+                user=root identity=${\ $s->identity } known_hosts=$p/known_hosts_both
+                root=%%KROOT%%/ssh connect_timeout=3s;
+            hermes_environments trixie;
+        }" : '') }
         location = /ssh-missing {
             hermes_execute;
             $backend
@@ -257,19 +271,29 @@ PY
 }
 
 SKIP: {
-    skip "no sshd: $no_ssh", 5 if $no_ssh;
+    skip "no sshd: $no_ssh", 8 if $no_ssh;
 
     $r = run_cell('/ssh', 's1', "import os\nprint(os.environ.get('GREETING'))");
     is($r->{json}{output}, "hello\n", 'ssh: the environment\'s settings');
     $r = run_cell('/ssh-missing', 's2', '1');
     is($r->{status}, 502, 'ssh: a host without the rootfs: 502');
     is($r->{json}{error}{code}, 'spawn_failed', '... spawn_failed');
-    like($r->{json}{error}{message} // '', qr/no rootfs \Q$p\E\/no-such-rootfs on this host/,
+    like($r->{json}{error}{message} // '', qr/^could not start a kernel in environment "nowhere": no rootfs \Q$p\E\/no-such-rootfs on this host$/,
          '... naming the missing path');
     SKIP: {
-        skip "no trixie rootfs: $no_rootfs", 1 unless $rootfs;
+        skip "no trixie rootfs: $no_rootfs", 4 unless $rootfs;
         $r = run_cell('/ssh', 's3', "import sys\nprint(sys.version_info[:2])", env => 'trixie');
         is($r->{json}{output}, "(3, 13)\n", 'ssh: trixie on the host');
+
+        # two hosts, the first without the rootfs: placement moves on
+        my $log0 = length $t->error_log;
+        my @out = map { run_cell('/ssh-two', "two$_", "import sys\nprint(sys.version_info[:2])")->{json}{output} // '' } 1 .. 3;
+        is_deeply(\@out, [("(3, 13)\n") x 3], 'ssh: a host without the environment: the spawns go to the one with it');
+        like(substr($t->error_log, $log0), qr/no rootfs \Q$rootfs\E on this host.*; trying another host/,
+             '... error.log says why');
+        my @hosts = map { $_->{host} } grep { $_->{session} =~ /^two/ } @{ $t->http('GET', '/k')->{json}{kernels} || [] };
+        ok(@hosts == 3 && !grep({ $_ ne "127.0.0.1:${\ $s->port }" && $_ ne '127.0.0.1' } @hosts),
+           '... all on the host that has it') or diag explain \@hosts;
     }
 }
 

@@ -340,6 +340,15 @@ sub start {
         open STDIN, '<', '/dev/null';
         open STDOUT, '>>', $log or POSIX::_exit(127);
         open STDERR, '>&', \*STDOUT or POSIX::_exit(127);
+        if ($self->{hide}) {
+            # a host without these paths: an empty tmpfs over each, in a
+            # mount namespace of this sshd's own
+            exec 'unshare', '--mount', '--propagation', 'private', '/bin/sh', '-c',
+                'c=$1; shift; for d in "$@"; do mount -t tmpfs hermes-hidden "$d" || exit 1; done; '
+                . "exec $SSHD -D -e -f \"\$c\"",
+                'sh', $self->config_file, @{ $self->{hide} };
+            POSIX::_exit(127);
+        }
         exec { $SSHD } $SSHD, '-D', '-e', '-f', $self->config_file;
         POSIX::_exit(127);
     }
