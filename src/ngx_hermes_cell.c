@@ -459,11 +459,9 @@ ngx_http_hermes_cell_spawned(void *data, ngx_int_t rc,
         {
             /* the host lacks the environment: the client is told which */
             m = ngx_pnalloc(cell->pool, 512);
-
             if (m) {
                 /* the path's line, as error.log quotes it */
-                for (q = p; *q && *q != '\n' && *q != '"' && *q != '\\'; q++)
-                {
+                for (q = p; *q && *q != '\n' && *q != '"' && *q != '\\'; q++) {
                     /* void */
                 }
 
