@@ -50,6 +50,8 @@ typedef struct {
     unsigned                        running:1;  /* the transport has it */
     unsigned                        draining:1; /* result in, output not */
     unsigned                        interrupting:1; /* timed out: grace */
+    unsigned                        env_reset:1; /* its kernel of another
+                                                    environment ended */
 } ngx_http_hermes_cell_t;
 
 
@@ -245,6 +247,8 @@ ngx_http_hermes_cell_start(ngx_http_request_t *r,
 static ngx_int_t
 ngx_http_hermes_cell_acquired(ngx_http_hermes_cell_t *cell, ngx_int_t rc)
 {
+    ngx_http_hermes_victims_t  victims;
+
     if (rc == NGX_HTTP_HERMES_ACQ_RUN || rc == NGX_HTTP_HERMES_ACQ_SPAWN) {
         /* what it waited for its turn is not the cell's duration */
         cell->turn = ngx_current_msec;
@@ -286,11 +290,40 @@ ngx_http_hermes_cell_acquired(ngx_http_hermes_cell_t *cell, ngx_int_t rc)
         return NGX_DONE;
 
     case NGX_HTTP_HERMES_ACQ_ENV_MISMATCH:
+        if (cell->req.reset && !cell->env_reset) {
+            /* a reset into another environment: a new kernel, in it */
+            cell->env_reset = 1;
+            victims.n = 0;
+
+            rc = ngx_http_hermes_registry_end(cell->zone, &cell->ref,
+                                              &victims);
+
+            ngx_http_hermes_kernel_kill_victims(cell->hlcf->thread_pool,
+                                                &victims, cell->log);
+
+            if (rc != NGX_BUSY) {
+                victims.n = 0;
+
+                rc = ngx_http_hermes_registry_acquire(cell->zone, &cell->ref,
+                                                 &cell->hlcf->backend->root,
+                                                 cell->hlcf->queue, &victims);
+
+                ngx_http_hermes_kernel_kill_victims(cell->hlcf->thread_pool,
+                                                    &victims, cell->log);
+
+                return ngx_http_hermes_cell_acquired(cell, rc);
+            }
+        }
+
         ngx_http_hermes_cell_error(cell, NGX_HTTP_CONFLICT,
                                    "environment_mismatch",
-                                   "this session's kernel runs in another "
-                                   "environment; end it first (DELETE it, "
-                                   "or reset_session over MCP)");
+                                   cell->req.reset
+                                   ? "this session's kernel runs in another "
+                                     "environment and a cell runs or waits "
+                                     "on it"
+                                   : "this session's kernel runs in another "
+                                     "environment; \"reset\": true starts it "
+                                     "anew in this one");
         return NGX_DONE;
 
     case NGX_HTTP_HERMES_ACQ_WAIT:

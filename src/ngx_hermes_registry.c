@@ -1604,6 +1604,44 @@ ngx_http_hermes_registry_recovering(ngx_http_hermes_zone_t *zone)
  * NGX_BUSY (a cell runs or waits, and not forced).
  */
 
+/*
+ * The kernel of ref's entry ends, to be spawned anew (a reset into
+ * another environment).  NGX_BUSY: a cell runs or waits on it;
+ * NGX_DECLINED: no kernel.
+ */
+
+ngx_int_t
+ngx_http_hermes_registry_end(ngx_http_hermes_zone_t *zone,
+    ngx_http_hermes_kernel_ref_t *ref, ngx_http_hermes_victims_t *victims)
+{
+    uint32_t                 ohash;
+    ngx_int_t                rc;
+    ngx_rbtree_key_t         hash;
+    ngx_http_hermes_node_t  *kn;
+
+    hash = ngx_http_hermes_registry_key(ref, &ohash);
+
+    ngx_shmtx_lock(&zone->shpool->mutex);
+
+    kn = ngx_http_hermes_registry_lookup(zone, &ref->key, hash);
+
+    if (kn == NULL || kn->state == NGX_HTTP_HERMES_STATE_LOST) {
+        rc = NGX_DECLINED;
+
+    } else if (ngx_http_hermes_pending(kn)) {
+        rc = NGX_BUSY;
+
+    } else {
+        rc = ngx_http_hermes_registry_retire(zone, kn, victims,
+                                             NGX_HTTP_HERMES_LOST_DELETED);
+    }
+
+    ngx_shmtx_unlock(&zone->shpool->mutex);
+
+    return rc;
+}
+
+
 ngx_int_t
 ngx_http_hermes_registry_shutdown(ngx_http_hermes_zone_t *zone,
     ngx_str_t *owner, ngx_str_t *session, ngx_uint_t force,

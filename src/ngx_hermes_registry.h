@@ -348,6 +348,8 @@ ngx_uint_t ngx_http_hermes_registry_mcp_ended(ngx_http_hermes_zone_t *zone,
     uint32_t peer, ngx_http_hermes_mcp_session_t *ms, ngx_uint_t n);
 u_char *ngx_http_hermes_registry_instance(ngx_http_hermes_zone_t *zone);
 ngx_uint_t ngx_http_hermes_registry_recovering(ngx_http_hermes_zone_t *zone);
+ngx_int_t ngx_http_hermes_registry_end(ngx_http_hermes_zone_t *zone,
+    ngx_http_hermes_kernel_ref_t *ref, ngx_http_hermes_victims_t *victims);
 ngx_int_t ngx_http_hermes_registry_shutdown(ngx_http_hermes_zone_t *zone,
     ngx_str_t *owner, ngx_str_t *session, ngx_uint_t force,
     ngx_http_hermes_victims_t *victims);

@@ -12,6 +12,7 @@ use warnings;
 
 use Test::More;
 use POSIX ();
+use JSON::PP ();
 
 use Hermes::Test;
 use Hermes::Sshd;
@@ -117,6 +118,7 @@ sub run_cell {
     my ($loc, $session, $code, %o) = @_;
     my %body = (session => $session, code => $code);
     $body{environment} = $o{env} if defined $o{env};
+    $body{reset} = JSON::PP::true if $o{reset};
     return $t->execute($loc, \%body, json => 1, timeout => 60);
 }
 
@@ -157,6 +159,12 @@ ok(exists $envs{p1} && !defined $envs{p1}, '... none for a kernel of no environm
 is($t->http('DELETE', '/k/d1')->{status}, 204, 'the kernel ended');
 $r = run_cell('/x', 'd1', "import sys\nprint(sys.prefix)", env => 'venv');
 is($r->{json}{output}, "$venv\n", '... then the session starts in the other');
+$r = run_cell('/x', 'd1', "y = 1", env => 'venv');
+$r = run_cell('/x', 'd1', "import sys\nprint(sys.prefix, 'y' in dir())", env => 'hostpy', reset => 1);
+is($r->{status}, 200, '"reset" with another environment: 200') or diag explain $r;
+is($r->{json}{output}, "/usr False\n", '... a new kernel, in it, with nothing of the old');
+$r = run_cell('/x', 'd1', "print(1)", env => 'venv');
+is($r->{json}{error}{code}, 'environment_mismatch', '... and the session is of that one now');
 
 # packages at run time: a wheel made in a cell, pip-installed into the
 # kernel's own site-packages (no index, no network), imported by the next
