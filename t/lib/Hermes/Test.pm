@@ -155,6 +155,14 @@ sub _subst {
 }
 
 # write_conf($http_block_text, main => $main_context_text)
+# a location block run in the test environment, unless it has no sandbox
+sub _in_test_env {
+    my ($loc) = @_;
+    $loc =~ s/\b(hermes_(?:execute|mcp)\b[^;]*;)/$1 hermes_environments test_env;/
+        unless $loc =~ /hermes_sandbox\s+off/;
+    return $loc;
+}
+
 sub write_conf {
     my ($self, $http, %o) = @_;
     my $p = $self->{prefix};
@@ -177,7 +185,14 @@ sub write_conf {
     $conf .= "    fastcgi_temp_path $p/fastcgi_temp;\n";
     $conf .= "    uwsgi_temp_path $p/uwsgi_temp;\n";
     $conf .= "    scgi_temp_path $p/scgi_temp;\n\n";
-    $conf .= $self->_subst($http // '') . "\n";
+    my $body = $self->_subst($http // '');
+    if ($ENV{HERMES_TEST_ROOTFS}) {
+        # a test file run again inside an environment (t/112): every
+        # location that runs cells does so in a kernel of that rootfs
+        $conf .= "    hermes_environment test_env rootfs=$ENV{HERMES_TEST_ROOTFS};\n";
+        $body =~ s/(location\b[^\x7b]*\x7b[^\x7b\x7d]*\x7d)/_in_test_env($1)/ge;
+    }
+    $conf .= $body . "\n";
     $conf .= "}\n";
 
     open my $fh, '>', "$p/nginx.conf" or die "write nginx.conf: $!";
