@@ -31,6 +31,7 @@ use HTTP::Tiny;
 use JSON::PP ();
 use IO::Socket::INET;
 use IO::Select;
+use File::Path ();
 use File::Temp ();
 use File::Spec;
 use File::Basename qw(dirname);
@@ -488,13 +489,21 @@ sub node_missing {
 # asks for (the npm servers listen on every interface, and have no flag)
 sub node_loopback_options { "--require $ROOT/t/lib/listen-loopback.cjs" }
 
-# A Debian trixie rootfs with python3 (issue 20's environments: an image
-# bwrap binds read-only as /), built by t/lib/make-rootfs.sh on first use
-# and kept in build/rootfs/trixie: (DIR), or (undef, WHY) when it cannot be
-# made here (no mmdebstrap and apt-get cannot install it, no Debian mirror
-# reachable: the test skips, saying why).  Any other failure dies.
+# A Debian trixie rootfs with python3 (issue 20's environments: the
+# image whose /usr and /etc the sandbox shows), built by
+# t/lib/make-rootfs.sh on first use and kept in build/rootfs/trixie; in a
+# checkout the kernel user cannot pass through (a private mktemp -d, 0700),
+# in /var/tmp/ngx-hermes-rootfs/trixie instead: (DIR), or (undef, WHY) when
+# it cannot be made here (no mmdebstrap and apt-get cannot install it, no
+# Debian mirror reachable: the test skips, saying why).  Any other failure
+# dies.
 sub rootfs_trixie {
     my $dir = "$ROOT/build/rootfs/trixie";
+    unless (_others_pass($ROOT)) {
+        File::Path::make_path('/var/tmp/ngx-hermes-rootfs', { mode => 0755 });
+        chmod 0755, '/var/tmp/ngx-hermes-rootfs';
+        $dir = '/var/tmp/ngx-hermes-rootfs/trixie';
+    }
     return ($dir) if -f "$dir/.hermes-rootfs";
     my $out = `'$ROOT/t/lib/make-rootfs.sh' trixie '$dir' 2>&1 </dev/null`;
     my $rc = $? >> 8;
@@ -503,6 +512,18 @@ sub rootfs_trixie {
     die "t/lib/make-rootfs.sh failed (exit $rc):\n$out" if $rc != 77 || !$why;
     $why =~ s/^make-rootfs: //;
     return (undef, "no trixie rootfs: $why");
+}
+
+# whether every directory from / down to DIR lets others pass (o+x)
+sub _others_pass {
+    my ($dir) = @_;
+    my $path = '';
+    for my $part ('', grep { length } split m{/}, $dir) {
+        $path .= "$part/";
+        my @st = stat $path or return 0;
+        return 0 unless $st[2] & 0001;
+    }
+    return 1;
 }
 
 # @modelcontextprotocol/server-everything, streamable HTTP, on
