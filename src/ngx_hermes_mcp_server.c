@@ -80,6 +80,7 @@ static ngx_int_t ngx_http_hermes_mcp_output(ngx_http_hermes_response_t *rs,
     u_char *p, size_t n);
 static void ngx_http_hermes_mcp_event(ngx_http_hermes_response_t *rs,
     ngx_http_hermes_mcp_call_t *call);
+static void ngx_http_hermes_mcp_text_start(yajl_gen g, ngx_str_t *id);
 static void ngx_http_hermes_mcp_notification(yajl_gen g, const char *method);
 static void ngx_http_hermes_mcp_write_event(ngx_http_hermes_response_t *rs,
     yajl_gen g);
@@ -1725,6 +1726,27 @@ ngx_http_hermes_mcp_event(ngx_http_hermes_response_t *rs,
 }
 
 
+/* a tool result's response, up to the value of its first content's text */
+
+static void
+ngx_http_hermes_mcp_text_start(yajl_gen g, ngx_str_t *id)
+{
+    yajl_gen_map_open(g);
+    ngx_http_hermes_gen_key(g, "jsonrpc");
+    ngx_http_hermes_gen_key(g, "2.0");
+    ngx_http_hermes_gen_key(g, "id");
+    yajl_gen_number(g, (const char *) id->data, id->len);
+    ngx_http_hermes_gen_key(g, "result");
+    yajl_gen_map_open(g);
+    ngx_http_hermes_gen_key(g, "content");
+    yajl_gen_array_open(g);
+    yajl_gen_map_open(g);
+    ngx_http_hermes_gen_key(g, "type");
+    ngx_http_hermes_gen_key(g, "text");
+    ngx_http_hermes_gen_key(g, "text");
+}
+
+
 /* a notification's start, up to its params' members, in a fresh message */
 
 static void
@@ -1818,21 +1840,7 @@ ngx_http_hermes_mcp_result(ngx_http_request_t *r, void *data,
     failed = (res->status != NGX_HTTP_HERMES_CELL_SUCCESS);
     status = &ngx_http_hermes_cell_status_names[res->status];
 
-    yajl_gen_map_open(g);
-    ngx_http_hermes_gen_key(g, "jsonrpc");
-    ngx_http_hermes_gen_key(g, "2.0");
-    ngx_http_hermes_gen_key(g, "id");
-    yajl_gen_number(g, (const char *) call->id.data, call->id.len);
-    ngx_http_hermes_gen_key(g, "result");
-    yajl_gen_map_open(g);
-
-    ngx_http_hermes_gen_key(g, "content");
-    yajl_gen_array_open(g);
-
-    yajl_gen_map_open(g);
-    ngx_http_hermes_gen_key(g, "type");
-    ngx_http_hermes_gen_key(g, "text");
-    ngx_http_hermes_gen_key(g, "text");
+    ngx_http_hermes_mcp_text_start(g, &call->id);
 
     if (failed) {
         /* the output, then what went wrong, by name */
@@ -1942,21 +1950,7 @@ ngx_http_hermes_mcp_cell_error(ngx_http_request_t *r, void *data,
         return NULL;
     }
 
-    yajl_gen_map_open(g);
-    ngx_http_hermes_gen_key(g, "jsonrpc");
-    ngx_http_hermes_gen_key(g, "2.0");
-    ngx_http_hermes_gen_key(g, "id");
-
-    yajl_gen_number(g, (const char *) call->id.data, call->id.len);
-
-    ngx_http_hermes_gen_key(g, "result");
-    yajl_gen_map_open(g);
-    ngx_http_hermes_gen_key(g, "content");
-    yajl_gen_array_open(g);
-    yajl_gen_map_open(g);
-    ngx_http_hermes_gen_key(g, "type");
-    ngx_http_hermes_gen_key(g, "text");
-    ngx_http_hermes_gen_key(g, "text");
+    ngx_http_hermes_mcp_text_start(g, &call->id);
     yajl_gen_string(g, p, ngx_sprintf(p, "%V: %V", code, message) - p);
     yajl_gen_map_close(g);
     yajl_gen_array_close(g);
