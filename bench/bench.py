@@ -503,6 +503,33 @@ class JupyterSystem:
 
 # --- the tests -----------------------------------------------------------------
 
+def t_floor(url, n, budget=30.0):
+    """The floor a cell cannot beat here: the same client's keep-alive POST
+    round trip, with a trivial cell's body, to a plain nginx location that
+    answers 200 at once (return 200)."""
+    u = urllib.parse.urlsplit(url)
+    conn = http.client.HTTPConnection(u.hostname, u.port, timeout=SOCK_TIMEOUT)
+    body = json.dumps({"session": "floor", "code": TRIVIAL}).encode()
+    lat = []
+    t_end = time.perf_counter() + budget
+    try:
+        for i in range(n + 30):
+            t0 = time.perf_counter()
+            conn.request("POST", u.path, body=body, headers={
+                "Content-Type": "application/json", "Accept": "application/json"})
+            r = conn.getresponse()
+            r.read()
+            if r.status != 200:
+                raise BenchError(f"floor {r.status}")
+            if i >= 30:           # the first ones warm the connection up
+                lat.append(time.perf_counter() - t0)
+            if time.perf_counter() > t_end:
+                break
+    finally:
+        conn.close()
+    return summary(lat, keep=True)
+
+
 def t_trivial(sysm, n, warm, budget=60.0, s=None):
     own = s is None
     if own:
@@ -990,7 +1017,7 @@ def fmt(v, unit=""):
     return f"{v}{unit}"
 
 
-COLUMNS = [("hermes-local", "local"), ("hermes-local-tmpfs", "local tmpfs"),
+COLUMNS = [("floor", "floor: nginx return 200"), ("hermes-local", "local"), ("hermes-local-tmpfs", "local tmpfs"),
            ("hermes-local-warm", "local warm pool"),
            ("hermes-local-env-warm", "trixie env warm pool"),
            ("hermes-ssh", "ssh dedicated"), ("hermes-ssh-rc", "ssh slow rc"),
@@ -1208,6 +1235,8 @@ def main():
     ap.add_argument("--hermes-ssh-warm",
                     help="the ssh backend with warm=N, the user with no shell rc")
     ap.add_argument("--ssh-warm-why", help="why there is no ssh warm pool in this run")
+    ap.add_argument("--floor",
+                    help="a plain nginx location answering 200: the HTTP floor")
     ap.add_argument("--hermes-env-warm",
                     help="the local backend, kernels in an environment with warm=N")
     ap.add_argument("--env-warm-why",
@@ -1251,6 +1280,10 @@ def main():
         # everything is up: time to probe the servers by hand
         log(f"holding {hold:g}s before the first column (BENCH_HOLD)")
         time.sleep(hold)
+    if a.floor:
+        log("floor: keep-alive round trip to nginx's return 200")
+        res["systems"]["floor"] = {}
+        guarded(res["systems"]["floor"], "trivial", t_floor, a.floor, 1000)
     res["systems"]["hermes-local"] = run_system(HermesSystem(a.hermes))
     if a.hermes_tmpfs:
         res["systems"]["hermes-local-tmpfs"] = run_system(
@@ -1342,6 +1375,17 @@ def report(res):
     print("Against the targets (ratio: hermes / jupyter-server+nodelay, medians):")
     print(render(("target", "hermes", "jupyter", "ratio", "verdict"),
                  [tuple(t.values()) for t in res["targets"]]))
+    floor = get(res["systems"].get("floor", {}), "trivial", "p50_ms")
+    if isinstance(floor, (int, float)) and floor > 0:
+        print()
+        print(f"Against the floor (nginx return 200, keep-alive, p50 {floor:.3f} ms):")
+        rows = []
+        for name, lbl in (("hermes-local", "local"), ("hermes-ssh", "ssh dedicated"),
+                          ("jupyter-nodelay", "jupyter+nodelay")):
+            v = get(res["systems"].get(name, {}), "trivial", "p50_ms")
+            if isinstance(v, (int, float)):
+                rows.append((f"{lbl} trivial cell p50", f"{v:.3f} ms", f"{v / floor:.2f}x"))
+        print(render(("what", "p50", "x floor"), rows))
     errs = [f"{s}.{k}: {v['error']}" for s, d in res["systems"].items()
             for k, v in d.items() if isinstance(v, dict) and "error" in v]
     par_errs = []

@@ -461,6 +461,11 @@ http {
         }
 $shm_location$ssh_locations$1
 
+        # the floor a cell cannot beat: a keep-alive round trip to nginx
+        location = /floor {
+            return 200 "{}";
+        }
+
         # the build measured: its version and commit go into the results
         location = /v1/status {
             hermes_status;
@@ -619,6 +624,7 @@ rm -f "$top/bench/results.json"     # no plot from an earlier run's figures
 set +e
 timeout --kill-after=10 "${BENCH_TIMEOUT:-480}" "$PY" "$top/bench/bench.py" \
     --hermes "http://127.0.0.1:$hport/v1/execute" \
+    --floor "http://127.0.0.1:$hport/floor" \
     ${shm:+--hermes-tmpfs "http://127.0.0.1:$hport/v1/execute-tmpfs"} \
     --jupyter "http://127.0.0.1:${jport[nodelay]}" \
     ${stock_arg[@]+"${stock_arg[@]}"} \
