@@ -37,6 +37,8 @@
 #                          /v1/execute-ssh-warm locations (default 4; 0
 #                          skips them)
 #   BENCH_ENV=0            skip the environment's warm pool column
+#   BENCH_RECORD=1         record this run's figures in bench/baseline.json
+#                          instead of comparing with them
 #   BENCH_STOCK=0          skip the stock jupyter-server
 #   BENCH_TMPFS=1          add the local location with its root on tmpfs
 #   BENCH_JUPYTER_PAR=N    also run the parallel test on jupyter with N
@@ -641,6 +643,11 @@ set -e
 if [ $rc != 0 ]; then
     echo "bench: bench.py failed ($rc); last lines of the hermes error log:" >&2
     tail -20 "$prefix/nginx/logs/error.log" >&2 || true
+elif [ "${BENCH_RECORD:-0}" = 1 ]; then
+    "$PY" "$top/bench/guard.py" --record "$top/bench/results.json" "$top/bench/baseline.json"
+else
+    # the regression guard: worse than recorded beyond the noise band fails
+    "$PY" "$top/bench/guard.py" "$top/bench/results.json" "$top/bench/baseline.json" || rc=1
 fi
 # the plot, from results.json (python3-matplotlib, Debian's)
 plot=${BENCH_PLOT-$top/docs/benchmarks-latency.png}
