@@ -104,7 +104,6 @@ void ngx_http_hermes_mcp_sessions_call(ngx_http_hermes_zone_t *zone,
 ngx_int_t ngx_http_hermes_mcp_sessions_cancel(ngx_http_hermes_zone_t *zone,
     ngx_str_t *owner, ngx_http_hermes_mcp_client_t *mc, uint32_t call,
     ngx_str_t *session);
-ngx_uint_t ngx_http_hermes_mcp_sessions_count(ngx_http_hermes_zone_t *zone);
 
 /* the tools' answers (ngx_hermes_mcp_server.c) */
 ngx_int_t ngx_http_hermes_mcp_kernel_session(ngx_http_hermes_mcp_req_t *mr,

@@ -273,20 +273,6 @@ ngx_http_hermes_mcp_sessions_cancel(ngx_http_hermes_zone_t *zone,
 }
 
 
-ngx_uint_t
-ngx_http_hermes_mcp_sessions_count(ngx_http_hermes_zone_t *zone)
-{
-    ngx_uint_t  n;
-
-    ngx_shmtx_lock(&zone->shpool->mutex);
-    ngx_http_hermes_mcp_sessions_ready(zone->sh);
-    n = zone->sh->mcp_sessions;
-    ngx_shmtx_unlock(&zone->shpool->mutex);
-
-    return n;
-}
-
-
 /* under the lock: the idle ones, then the oldest over "max" */
 
 static void
