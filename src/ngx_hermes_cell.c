@@ -434,7 +434,7 @@ ngx_http_hermes_cell_spawned(void *data, ngx_int_t rc,
 {
     ngx_http_hermes_cell_t *cell = data;
 
-    u_char            *p, *q, *m;
+    u_char            *m;
     ngx_connection_t  *c;
 
     c = cell->stream.client;
@@ -459,8 +459,7 @@ ngx_http_hermes_cell_spawned(void *data, ngx_int_t rc,
         }
     }
 
-    if (rc == NGX_ERROR && cell->req.env && err
-        && ngx_strstr(err, "no rootfs ") && cell->ref.host < 64
+    if (rc == NGX_ABORT && cell->ref.host < 64
         && ++cell->spawn_tries < cell->hlcf->backend->nhosts)
     {
         /* that host lacks the environment: another may have it */
@@ -487,21 +486,14 @@ ngx_http_hermes_cell_spawned(void *data, ngx_int_t rc,
                                        "backend_unavailable",
                                        "the kernel host cannot be reached");
 
-        } else if (cell->req.env && err
-                   && (p = (u_char *) ngx_strstr(err, "no rootfs ")))
-        {
+        } else if (rc == NGX_ABORT && cell->req.env) {
             /* the host lacks the environment: the client is told which */
             m = ngx_pnalloc(cell->pool, 512);
             if (m) {
-                /* the path's line, as error.log quotes it */
-                for (q = p; *q && *q != '\n' && *q != '"' && *q != '\\'; q++) {
-                    /* void */
-                }
-
                 *ngx_slprintf(m, m + 511, "could not start a kernel in "
-                              "environment \"%V\": %*s",
-                              &cell->req.env->name,
-                              (size_t) (q - p), p) = '\0';
+                              "environment \"%V\": no rootfs %V on this "
+                              "host", &cell->req.env->name,
+                              &cell->req.env->rootfs) = '\0';
             }
 
             ngx_http_hermes_cell_error(cell, NGX_HTTP_BAD_GATEWAY,

@@ -46,6 +46,7 @@ struct ngx_http_hermes_spawn_s {
     ngx_int_t                      rc;
     u_char                         err[NGX_HTTP_HERMES_SPAWN_ERR];
     size_t                         out_len;
+    ngx_int_t                      status;      /* the last step's exit */
     ngx_http_hermes_spawn_done_pt  done;
     void                          *data;
     unsigned                       made:1;
@@ -222,7 +223,7 @@ ngx_http_hermes_spawn_thread(void *data, ngx_log_t *log)
     u_char                         *d, *p, *q, *elast;
     ngx_int_t                       pid, uid, rc;
     ngx_pid_t                       expect;
-    ngx_uint_t                      tries;
+    ngx_uint_t                      tries, lacks;
     char                           *args[7];
     ngx_http_hermes_victim_t        v;
     u_char                          kid[NGX_HTTP_HERMES_ID_LEN + 1];
@@ -233,6 +234,7 @@ ngx_http_hermes_spawn_thread(void *data, ngx_log_t *log)
     d = s->k.dir;
     kid[NGX_HTTP_HERMES_ID_LEN] = '\0';
     s->rc = NGX_ERROR;
+    lacks = 0;
     elast = s->err + sizeof(s->err) - 1;
 
     /*
@@ -319,6 +321,8 @@ ngx_http_hermes_spawn_thread(void *data, ngx_log_t *log)
                                   sargs, NULL, 0, out, sizeof(out), "start")
         != NGX_OK)
     {
+        /* exit 3: the host lacks the environment's rootfs */
+        lacks = (s->status == 3);
         goto failed;
     }
 
@@ -377,7 +381,7 @@ failed:
 
     if (!s->made) {
         /* the path is someone else's, or was never made */
-        s->rc = NGX_ERROR;
+        s->rc = lacks ? NGX_ABORT : NGX_ERROR;
         return;
     }
 
@@ -394,7 +398,7 @@ failed:
                                          args, NULL, 0, out, sizeof(out), NULL);
     }
 
-    s->rc = NGX_ERROR;
+    s->rc = lacks ? NGX_ABORT : NGX_ERROR;
 }
 
 
@@ -664,6 +668,8 @@ ngx_http_hermes_spawn_run(ngx_http_hermes_spawn_t *s, u_char *cmd,
         *p = '\0';
         return NGX_ERROR;
     }
+
+    s->status = c.status;
 
     if (c.status != 0) {
         p = ngx_slprintf(p, last, "%s: exit code %d: ", step, c.status);

@@ -18,7 +18,10 @@
 
 typedef struct ngx_http_hermes_spawn_s  ngx_http_hermes_spawn_t;
 
-/* rc NGX_DECLINED: the host cannot be reached (another may be tried) */
+/*
+ * rc NGX_DECLINED: the host cannot be reached, NGX_ABORT: it lacks the
+ * environment's rootfs (another host may be tried for either)
+ */
 typedef void (*ngx_http_hermes_spawn_done_pt)(void *data, ngx_int_t rc,
     ngx_http_hermes_spawned_t *k, const char *err);
 

@@ -173,9 +173,10 @@ kernel_start() {
         /*|[A-Za-z0-9_]*) ;;
         *) echo "bad python"; exit 2 ;;
     esac
+    # exit 3: this host lacks the environment (another may have it)
     if [ -n "$rootfs" ] && [ ! -d "$rootfs/usr" ]; then
         echo "no rootfs $rootfs on this host"
-        exit 1
+        exit 3
     fi
 
     d=$root/hermes_rkernel_$kid
