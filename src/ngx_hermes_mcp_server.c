@@ -55,13 +55,13 @@ static void ngx_http_hermes_mcp_cancelled(ngx_http_hermes_mcp_req_t *mr);
 static uint32_t ngx_http_hermes_mcp_call_crc(ngx_str_t *id);
 static ngx_int_t ngx_http_hermes_mcp_tools_call(ngx_http_hermes_mcp_req_t *mr);
 static ngx_int_t ngx_http_hermes_mcp_execute(ngx_http_hermes_mcp_req_t *mr,
-    yajl_val args);
+    void *data);
 static ngx_int_t ngx_http_hermes_mcp_interrupt(ngx_http_hermes_mcp_req_t *mr,
-    yajl_val args);
+    void *data);
 static ngx_int_t ngx_http_hermes_mcp_list_kernels(
-    ngx_http_hermes_mcp_req_t *mr);
+    ngx_http_hermes_mcp_req_t *mr, void *data);
 static ngx_int_t ngx_http_hermes_mcp_reset(ngx_http_hermes_mcp_req_t *mr,
-    yajl_val args);
+    void *data);
 static ngx_int_t ngx_http_hermes_mcp_delete(ngx_http_request_t *r);
 static ngx_uint_t ngx_http_hermes_mcp_allowed(ngx_http_request_t *r);
 static ngx_uint_t ngx_http_hermes_mcp_local_host(u_char *p, size_t len);
@@ -113,6 +113,18 @@ ngx_str_t  ngx_http_hermes_mcp_tool_names[] = {
     ngx_string("reset_session"),
     ngx_string("upload_file"),
     ngx_string("download_file")
+};
+
+
+/* the tools, in the order of their names */
+
+static ngx_http_hermes_mcp_tool_pt  ngx_http_hermes_mcp_handlers[] = {
+    ngx_http_hermes_mcp_execute,
+    ngx_http_hermes_mcp_interrupt,
+    ngx_http_hermes_mcp_list_kernels,
+    ngx_http_hermes_mcp_reset,
+    ngx_http_hermes_mcp_upload_file,
+    ngx_http_hermes_mcp_download_file
 };
 
 
@@ -752,6 +764,7 @@ static ngx_int_t
 ngx_http_hermes_mcp_tools_call(ngx_http_hermes_mcp_req_t *mr)
 {
     yajl_val                 name, args;
+    ngx_uint_t               i;
     ngx_http_hermes_zone_t  *zone;
     const char              *pname[] = { "name", NULL };
     const char              *pargs[] = { "arguments", NULL };
@@ -771,40 +784,13 @@ ngx_http_hermes_mcp_tools_call(ngx_http_hermes_mcp_req_t *mr)
                                          "an object of params.arguments");
     }
 
-    if (ngx_strcmp(name->u.string, "execute_code") == 0) {
-        ngx_http_hermes_count(zone,
-                     mcp_tool_calls_total[NGX_HTTP_HERMES_MCP_T_EXECUTE_CODE]);
-        return ngx_http_hermes_mcp_execute(mr, args);
-    }
-
-    if (ngx_strcmp(name->u.string, "interrupt") == 0) {
-        ngx_http_hermes_count(zone,
-                     mcp_tool_calls_total[NGX_HTTP_HERMES_MCP_T_INTERRUPT]);
-        return ngx_http_hermes_mcp_interrupt(mr, args);
-    }
-
-    if (ngx_strcmp(name->u.string, "list_kernels") == 0) {
-        ngx_http_hermes_count(zone,
-                     mcp_tool_calls_total[NGX_HTTP_HERMES_MCP_T_LIST_KERNELS]);
-        return ngx_http_hermes_mcp_list_kernels(mr);
-    }
-
-    if (ngx_strcmp(name->u.string, "reset_session") == 0) {
-        ngx_http_hermes_count(zone,
-                    mcp_tool_calls_total[NGX_HTTP_HERMES_MCP_T_RESET_SESSION]);
-        return ngx_http_hermes_mcp_reset(mr, args);
-    }
-
-    if (ngx_strcmp(name->u.string, "upload_file") == 0) {
-        ngx_http_hermes_count(zone,
-                      mcp_tool_calls_total[NGX_HTTP_HERMES_MCP_T_UPLOAD_FILE]);
-        return ngx_http_hermes_mcp_upload_file(mr, args);
-    }
-
-    if (ngx_strcmp(name->u.string, "download_file") == 0) {
-        ngx_http_hermes_count(zone,
-                    mcp_tool_calls_total[NGX_HTTP_HERMES_MCP_T_DOWNLOAD_FILE]);
-        return ngx_http_hermes_mcp_download_file(mr, args);
+    for (i = 0; i < NGX_HTTP_HERMES_MCP_NTOOL; i++) {
+        if (ngx_strcmp(name->u.string, ngx_http_hermes_mcp_tool_names[i].data)
+            == 0)
+        {
+            ngx_http_hermes_count(zone, mcp_tool_calls_total[i]);
+            return ngx_http_hermes_mcp_handlers[i](mr, args);
+        }
     }
 
     return ngx_http_hermes_mcp_error(mr->r, NGX_HTTP_OK, &mr->id,
@@ -816,8 +802,10 @@ ngx_http_hermes_mcp_tools_call(ngx_http_hermes_mcp_req_t *mr)
 /* execute_code: a cell, as /v1/execute runs it, answered in JSON-RPC */
 
 static ngx_int_t
-ngx_http_hermes_mcp_execute(ngx_http_hermes_mcp_req_t *mr, yajl_val args)
+ngx_http_hermes_mcp_execute(ngx_http_hermes_mcp_req_t *mr, void *data)
 {
+    yajl_val args = data;
+
     ngx_int_t                    rc;
     yajl_val                     v, token;
     ngx_http_request_t          *r;
@@ -971,8 +959,10 @@ ngx_http_hermes_mcp_execute(ngx_http_hermes_mcp_req_t *mr, yajl_val args)
 
 
 static ngx_int_t
-ngx_http_hermes_mcp_interrupt(ngx_http_hermes_mcp_req_t *mr, yajl_val args)
+ngx_http_hermes_mcp_interrupt(ngx_http_hermes_mcp_req_t *mr, void *data)
 {
+    yajl_val args = data;
+
     u_char                       buf[64];
     uint32_t                     cell;
     ngx_int_t                    rc;
@@ -1021,7 +1011,7 @@ ngx_http_hermes_mcp_interrupt(ngx_http_hermes_mcp_req_t *mr, yajl_val args)
 
 
 static ngx_int_t
-ngx_http_hermes_mcp_list_kernels(ngx_http_hermes_mcp_req_t *mr)
+ngx_http_hermes_mcp_list_kernels(ngx_http_hermes_mcp_req_t *mr, void *data)
 {
     ngx_str_t                    text;
     ngx_buf_t                   *b;
@@ -1061,8 +1051,10 @@ ngx_http_hermes_mcp_list_kernels(ngx_http_hermes_mcp_req_t *mr)
 
 
 static ngx_int_t
-ngx_http_hermes_mcp_reset(ngx_http_hermes_mcp_req_t *mr, yajl_val args)
+ngx_http_hermes_mcp_reset(ngx_http_hermes_mcp_req_t *mr, void *data)
 {
+    yajl_val args = data;
+
     ngx_int_t                    rc;
     ngx_str_t                    session, text;
     ngx_http_hermes_victims_t    victims;
@@ -1932,7 +1924,7 @@ ngx_http_hermes_mcp_cell_error(ngx_http_request_t *r, void *data,
 
     u_char    *p;
     yajl_gen   g;
-    ngx_buf_t *b;
+    ngx_buf_t *b, *err;
 
     if (call->zone) {
         ngx_http_hermes_mcp_sessions_call(call->zone, call->session,
@@ -1950,20 +1942,19 @@ ngx_http_hermes_mcp_cell_error(ngx_http_request_t *r, void *data,
         return NULL;
     }
 
+    /* the structured content: our error object, as /v1/execute sends it */
+    err = ngx_http_hermes_json_error(r->pool, code, message);
+    if (err == NULL) {
+        yajl_gen_free(g);
+        return NULL;
+    }
+
     ngx_http_hermes_mcp_text_start(g, &call->id);
     yajl_gen_string(g, p, ngx_sprintf(p, "%V: %V", code, message) - p);
     yajl_gen_map_close(g);
     yajl_gen_array_close(g);
     ngx_http_hermes_gen_key(g, "structuredContent");
-    yajl_gen_map_open(g);
-    ngx_http_hermes_gen_key(g, "error");
-    yajl_gen_map_open(g);
-    ngx_http_hermes_gen_key(g, "code");
-    ngx_http_hermes_gen_str(g, code);
-    ngx_http_hermes_gen_key(g, "message");
-    ngx_http_hermes_gen_str(g, message);
-    yajl_gen_map_close(g);
-    yajl_gen_map_close(g);
+    yajl_gen_number(g, (const char *) err->pos, err->last - err->pos - 1);
     ngx_http_hermes_gen_key(g, "isError");
     yajl_gen_bool(g, 1);
     yajl_gen_map_close(g);

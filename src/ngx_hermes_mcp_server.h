@@ -87,6 +87,11 @@ typedef struct {
 } ngx_http_hermes_mcp_req_t;
 
 
+/* a tool: its arguments a yajl_val (NULL: none); what the handler returns */
+typedef ngx_int_t (*ngx_http_hermes_mcp_tool_pt)(
+    ngx_http_hermes_mcp_req_t *mr, void *args);
+
+
 extern ngx_str_t  ngx_http_hermes_mcp_method_names[];
 extern ngx_str_t  ngx_http_hermes_mcp_tool_names[];
 
