@@ -84,7 +84,7 @@ $t->write_conf(<<"CONF");
     hermes_zone kernels:1m;
     hermes_backend local root=%%KROOT%%;
 
-    hermes_environment hostpy python=/usr/bin/python3 env=GREETING=hello env=PAIR=a=b;
+    hermes_environment hostpy python=/usr/bin/python3 env=GREETING=hello env=PAIR=a=b env=T111_SECRET=zq7-env-secret-91;
     hermes_environment venv python=$venv/bin/python3;
     hermes_environment nowhere rootfs=$p/no-such-rootfs;
     $trixie_env
@@ -127,6 +127,12 @@ my $r = run_cell('/x', 'd1', "import os, sys\nprint(os.environ.get('GREETING'), 
 is($r->{status}, 200, 'default environment: 200');
 is($r->{json}{output}, "hello a=b /usr/bin/python3\n",
    'the first of hermes_environments, its env= settings set');
+$r = run_cell('/x', 'd1', "import os\nprint(os.environ.get('T111_SECRET'))");
+is($r->{json}{output}, "zq7-env-secret-91\n", 'a setting reaches the code');
+my @argv_with = grep {
+    open my $c, '<', $_ or next; local $/; (<$c> // '') =~ /zq7-env-secret-91/
+} glob('/proc/[0-9]*/cmdline');
+is(scalar @argv_with, 0, '... and no command line of any process holds it');
 $r = run_cell('/plain', 'p1', "import os\nprint(os.environ.get('GREETING'))");
 is($r->{json}{output}, "None\n", 'a location without environments has none of them');
 
