@@ -163,11 +163,15 @@ def _text_line(name, text):
         b"\\", b"\\\\").replace(b'"', b'\\"').replace(b"\n", b"\\n"), b'"}\n'))
 
 
+# ensure_ascii=False keeps the files compact.  One encoder: json.dumps with
+# these arguments makes a new one each call (a few us, several a cell).
+_ENCODE = json.JSONEncoder(ensure_ascii=False, separators=(",", ":")).encode
+
+
 def _dumps(obj):
-    # ensure_ascii=False keeps the files compact; "replace" is a last resort
-    # for a lone surrogate that reached us some other way (an error message).
-    return json.dumps(obj, ensure_ascii=False, separators=(",", ":")).encode(
-        "utf-8", "replace")
+    # "replace" is a last resort for a lone surrogate that reached us some
+    # other way (an error message).
+    return _ENCODE(obj).encode("utf-8", "replace")
 
 
 # -- output capture ---------------------------------------------------------
@@ -236,7 +240,7 @@ class _State:
 
     __slots__ = ("lock", "cond", "current", "flusher_at", "fd_ready",
                  "interruptible", "deferred", "loop", "fflush", "globals",
-                 "count", "site")
+                 "count", "site", "made")
 
     def __init__(self):
         # One lock for the running cell's sink, shared with the flusher
@@ -255,6 +259,7 @@ class _State:
         self.globals = None       # the cells' namespace
         self.count = 0            # cells run: the result's execution_count
         self.site = None          # SITE's (inode, mtime) as last put on sys.path
+        self.made = None          # the last cell's files' paths (_remove_older)
 
 
 _state = _State()
@@ -338,6 +343,7 @@ class _Sink:
         self.shown, self.shown_bytes = [], 0    # display bundles, for the result
         self.shown_omitted = 0                  # ... past max_output
         self.figures = set()        # ids of figures shown by this cell
+        self.held = None            # lines _write gathers, not written yet
 
     def add(self, item, text, appended=False):
         """A write: item (see _item) of text.  appended: _CellStream.write
@@ -419,26 +425,36 @@ class _Sink:
                 return False
             self._raise_if_full()
             _drain_fds()
+            data = _dumps(bundle)     # once: most bundles fit whole
             room = self.max_output - self.shown_bytes
-            kept = _fit(bundle, room, "hermes_max_output", self.max_output)
+            kept, size = _fit(bundle, room, "hermes_max_output",
+                              self.max_output, data)
             if kept is None:
                 self.shown_omitted += 1
             else:
                 self.shown.append(kept)
-                self.shown_bytes += len(_dumps(kept))
-            self._flush()
-            if not self.cut and self.fd >= 0:
-                # counted in JSON bytes: with text's UTF-8 bytes (at most
-                # 6 bytes of JSON each) the file stays in the module's bound
-                room = self.max_stream - self.streamed
-                ev = _fit(bundle, room, "hermes_max_stream", self.max_stream)
-                if ev is None:
-                    self.cut = True
-                    self._line({"type": "stream_truncated",
-                                "max_stream": self.max_stream})
-                else:
-                    self.streamed += len(_dumps(ev))
-                    self._line({"type": "display", "data": ev})
+                self.shown_bytes += size
+            self.held = []            # the text before it and it: one write
+            try:
+                self._flush()
+                if not self.cut and self.fd >= 0:
+                    # counted in JSON bytes: with text's UTF-8 bytes (at most
+                    # 6 bytes of JSON each) the file stays in the module's bound
+                    room = self.max_stream - self.streamed
+                    ev, size = _fit(bundle, room, "hermes_max_stream",
+                                    self.max_stream, data)
+                    if ev is None:
+                        self.cut = True
+                        self._line({"type": "stream_truncated",
+                                    "max_stream": self.max_stream})
+                    else:
+                        self.streamed += size
+                        self.held.append(b'{"type":"display","data":%s}\n' % (
+                            data if ev is bundle else _dumps(ev)))
+            finally:
+                held, self.held = self.held, None
+                if held:
+                    self._write(b"".join(held))
             self._raise_if_full()
         return True
 
@@ -556,8 +572,12 @@ class _Sink:
         self._write(_dumps(event) + b"\n")
 
     def _write(self, line):
-        # One os.write per line; O_APPEND, so the reader (and a forked child
-        # writing the same file) never sees lines interleaved mid-way.
+        # One os.write per line (or per lines held, see _display); O_APPEND,
+        # so the reader (and a forked child writing the same file) never
+        # sees lines interleaved mid-way.
+        if self.held is not None:
+            self.held.append(line)
+            return
         data = memoryview(line)
         done = 0
         try:
@@ -1161,28 +1181,32 @@ def _bundle(obj):
     return data
 
 
-def _fit(bundle, room, bound, size):
+def _fit(bundle, room, bound, size, data=None):
     """bundle in at most room bytes of JSON: its largest parts replaced by
-    a note in text/plain, then text/plain cut; None if not even that fits."""
-    if len(_dumps(bundle)) <= room:
-        return bundle
+    a note in text/plain, then text/plain cut; -> (what fits, its JSON's
+    length), (None, None) if not even that fits.  data: bundle's JSON."""
+    n = len(_dumps(bundle) if data is None else data)
+    if n <= room:
+        return bundle, n
     b = dict(bundle)
     text = b.get("text/plain", "")
     for k in sorted((k for k in b if k != "text/plain"),
                     key=lambda k: -len(_dumps(b[k]))):
         text += "\n" + NOTE.format(k, len(_dumps(b.pop(k))), bound, size)
         b["text/plain"] = text
-        if len(_dumps(b)) <= room:
-            return b
+        n = len(_dumps(b))
+        if n <= room:
+            return b, n
     # cut its end (an escaped byte costs up to 6: halve until it fits)
     raw = text.encode("utf-8")
     keep = len(raw) - (len(_dumps(b)) - room) - 16
     while keep > 0:
         b["text/plain"] = raw[:keep].decode("utf-8", "ignore") + "..."
-        if len(_dumps(b)) <= room:
-            return b
+        n = len(_dumps(b))
+        if n <= room:
+            return b, n
         keep //= 2
-    return None
+    return None, None
 
 
 def _display(*objs):
@@ -1201,12 +1225,12 @@ def _shown_for_result(sink, room):
     for those that did not fit: never silently dropped."""
     out, used, omitted = [], 0, sink.shown_omitted
     for b in sink.shown:
-        kept = _fit(b, room - used, "hermes_max_output", sink.max_output)
+        kept, size = _fit(b, room - used, "hermes_max_output", sink.max_output)
         if kept is None:
             omitted += 1
             continue
         out.append(kept)
-        used += len(_dumps(kept)) + 1
+        used += size + 1
     if omitted:
         out.append({"text/plain": OMITTED.format(omitted, sink.max_output)})
     return out
@@ -1511,8 +1535,17 @@ def _remove(path):
 
 
 def _remove_older(n, names=None):
-    # The module is done with every earlier cell's files.
+    """The module is done with every earlier cell's files: those of names
+    (what cells/ held), else those the last cell made, without a listing."""
     if names is None:
+        made, _state.made = _state.made, None
+        if made is not None:
+            for path in made:
+                try:
+                    _remove(path)
+                except OSError:
+                    pass
+            return
         try:
             names = os.listdir(CELLS)
         except OSError:
@@ -1575,7 +1608,10 @@ def _read_req(path):
     data = _read_regular(path)
     if data is None:
         raise ValueError("not a regular file")
-    req = json.loads(data)
+    return _check_req(json.loads(data))
+
+
+def _check_req(req):
     if not isinstance(req, dict) or not isinstance(req.get("code"), str):
         raise ValueError("no code")
     return req
@@ -1585,9 +1621,9 @@ def _int(v, default):
     return v if isinstance(v, int) and not isinstance(v, bool) and v >= 0 else default
 
 
-def _process(n, path, names=None):
-    """Cell n, from its request at path; names: what cells/ held just
-    before, if it is known."""
+def _process(n, path, names=None, req=None):
+    """Cell n, from its request: req (inline), else the file at path;
+    names: what cells/ held just before, if it is known."""
     t0 = time.monotonic()
     _restore_fds()                        # before we open anything
     os.umask(0o077)                       # a cell may have changed it
@@ -1595,9 +1631,11 @@ def _process(n, path, names=None):
     _signal.signal(_SIGINT, _on_sigint)
     _remove_older(n, names)
     try:
-        req, bad = _read_req(path), None
+        req, bad = _check_req(req) if path is None else _read_req(path), None
     except (OSError, ValueError) as e:
         req, bad = {}, "bad cell request: %s" % e
+    _state.made = [p for p in (path, _cell_path("out", n), _cell_path("res", n))
+                   if p is not None]
     hermes_tools._begin(_tools(req), req.get("schemas", True) is not False)
     _sweep_rpc()
     max_output = _int(req.get("max_output"), DEFAULT_MAX_OUTPUT)
@@ -1920,17 +1958,81 @@ def _fail(n, e):
 
 # -- main loop --------------------------------------------------------------
 
-def _pending(last):
-    """-> ([(id, name) of each request after last, in order], the names
-    in cells/) or ([], None)"""
-    try:
-        names = os.listdir(CELLS)
-    except OSError:
-        return [], None
-    ids = [(int(m.group(1)), name) for name in names
-           for m in [_REQ.fullmatch(name)] if m and int(m.group(1)) > last]
-    return sorted(ids), names
+class _Inbox:
+    """The cells the module ships, by two ways into one order of ids: a
+    request file in cells/ (the ssh agent's way, and a large request's),
+    announced by a NUL byte in the wake FIFO; or a small request inline,
+    one line of JSON in the FIFO itself, written at once (a FIFO write of
+    at most PIPE_BUF bytes is atomic), which spares a file made, renamed,
+    listed, read and removed a cell."""
 
+    def __init__(self, fd):
+        self.fd = fd
+        self.buf = b""         # a line not whole yet (a read cut it)
+        self.inline = {}       # id -> the request (a dict)
+        self.look = True       # cells/ may hold requests: list it
+
+    def drain(self):
+        """Take what the FIFO holds, without waiting."""
+        while True:
+            try:
+                data = os.read(self.fd, 65536)
+            except BlockingIOError:
+                return
+            if not data:
+                return
+            if b"\0" in data:
+                self.look = True
+                data = data.replace(b"\0", b"")
+            lines = (self.buf + data).split(b"\n")
+            self.buf = lines.pop()
+            for line in lines:
+                try:
+                    req = json.loads(line) if line else None
+                    n = req["id"] if isinstance(req, dict) else None
+                except ValueError:
+                    n = None
+                if _int(n, 0) > 0:
+                    self.inline[n] = req
+                elif line:
+                    _log("wake: not a request: %r" % line[:80])
+            if len(self.buf) > 65536:      # no module writes that: a cell's
+                self.buf = b""
+
+    def pending(self, last):
+        """-> ([(id, request file name or None, inline request or None) of
+        each request after last, in order], the names in cells/ if it was
+        listed, else None)"""
+        names, todo = None, {}
+        if self.look:
+            self.look = False
+            try:
+                names = os.listdir(CELLS)
+            except OSError:
+                names = None
+            for name in names or ():
+                m = _REQ.fullmatch(name)
+                if m and int(m.group(1)) > last:
+                    todo[int(m.group(1))] = (name, None)
+        for n in [n for n in self.inline if n <= last]:
+            del self.inline[n]
+        for n, req in self.inline.items():
+            todo[n] = (None, req)
+        self.inline = {}
+        return [(n,) + todo[n] for n in sorted(todo)], names
+
+    def waiting(self, last):
+        """Whether a request after last has come (the idle timeout waits
+        for it): what the FIFO holds, and cells/."""
+        self.drain()
+        self.look = True
+        if any(n > last for n in self.inline):
+            return True
+        try:
+            return any(m and int(m.group(1)) > last for m in
+                       map(_REQ.fullmatch, os.listdir(CELLS)))
+        except OSError:
+            return False
 
 def _read_env_fd():
     """The spawn hands kernel.env over as an open file (HERMES_ENV_FD),
@@ -2035,25 +2137,25 @@ def main():
     _find_fflush()
     _write_atomic(os.path.join(D, "ready"), ('{"pid":%d}' % os.getpid()).encode())
 
+    inbox = _Inbox(fifo)
     last = 0
     deadline = time.monotonic() + idle
     while True:
-        pending, names = _pending(last)
-        for n, name in pending:
+        pending, names = inbox.pending(last)
+        for n, name, req in pending:
             last = n
             try:
-                _process(n, os.path.join(CELLS, name), names)
+                _process(n, name and os.path.join(CELLS, name), names, req)
             except BaseException as e:    # never let one cell end the loop
                 _fail(n, e)
-            names = None     # the next one lists again: this one made files
+            names = None     # the next one removes what this one made
             deadline = time.monotonic() + idle   # the idle clock restarts
         if not idle:
             timeout = None
         else:
             timeout = deadline - time.monotonic()
             if timeout <= 0:
-                late, _ = _pending(last)
-                if late:             # a cell whose wake-up is still coming
+                if inbox.waiting(last):   # a cell whose wake-up is coming
                     continue
                 _idle_exit()
         if not _reserve_kept():
@@ -2062,12 +2164,7 @@ def main():
             if not _reserve_kept():
                 timeout = RESERVE_RETRY if timeout is None else min(timeout, RESERVE_RETRY)
         if select.select([fifo], [], [], timeout)[0]:
-            try:
-                while os.read(fifo, 4096):       # only wake-ups: drain them
-                    pass
-            except BlockingIOError:
-                pass
-
+            inbox.drain()
 
 if __name__ == "__main__":
     try:
