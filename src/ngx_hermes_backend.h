@@ -41,6 +41,8 @@ ngx_int_t ngx_http_hermes_local_write_at(ngx_fd_t dir, const char *name,
 ngx_fd_t ngx_http_hermes_local_open_at(ngx_fd_t dir, const char *name,
     off_t *size);
 ngx_int_t ngx_http_hermes_local_wake(ngx_fd_t dir, ngx_log_t *log);
+ngx_int_t ngx_http_hermes_local_ship_inline(ngx_fd_t dir, u_char *data,
+    size_t len, ngx_log_t *log);
 ngx_int_t ngx_http_hermes_local_interrupt(ngx_fd_t dir, uint32_t cell,
     ngx_log_t *log);
 ngx_int_t ngx_http_hermes_local_wait_ready(u_char *dir, ngx_pid_t pid,

@@ -832,6 +832,66 @@ ngx_http_hermes_local_wake(ngx_fd_t dir, ngx_log_t *log)
 
 
 /*
+ * A small request goes inline: its JSON and a newline in "wake", one
+ * write of at most PIPE_BUF bytes, which a FIFO takes whole or not at all
+ * (EAGAIN).  The runner reads it there: no request file is made, renamed,
+ * listed, read and removed.  NGX_DECLINED: the kernel is gone; NGX_AGAIN:
+ * too large, or a line break in it, or the FIFO full: ship it as a file.
+ */
+
+ngx_int_t
+ngx_http_hermes_local_ship_inline(ngx_fd_t dir, u_char *data, size_t len,
+    ngx_log_t *log)
+{
+    ssize_t       n;
+    ngx_fd_t      fd;
+    ngx_err_t     err;
+    struct iovec  iov[2];
+
+    if (len + 1 > PIPE_BUF
+        || ngx_strlchr(data, data + len, '\n') != NULL
+        || ngx_strlchr(data, data + len, '\0') != NULL)
+    {
+        return NGX_AGAIN;
+    }
+
+    fd = openat(dir, "wake", O_WRONLY|O_NONBLOCK|O_NOFOLLOW|O_CLOEXEC);
+    if (fd == -1) {
+        err = ngx_errno;
+
+        if (err == ENXIO || err == NGX_ENOENT) {
+            return NGX_DECLINED;
+        }
+
+        ngx_log_error(NGX_LOG_ERR, log, err, "hermes: openat(\"wake\") failed");
+        return NGX_ERROR;
+    }
+
+    iov[0].iov_base = data;
+    iov[0].iov_len = len;
+    iov[1].iov_base = (void *) "\n";
+    iov[1].iov_len = 1;
+
+    n = writev(fd, iov, 2);
+    err = ngx_errno;
+
+    close(fd);
+
+    if (n == (ssize_t) len + 1) {
+        return NGX_OK;
+    }
+
+    if (n == -1 && err == NGX_EAGAIN) {
+        return NGX_AGAIN;
+    }
+
+    ngx_log_error(NGX_LOG_ERR, log, err, "hermes: writev(\"wake\") failed");
+
+    return NGX_ERROR;
+}
+
+
+/*
  * "N\n" into "intr": interrupt cell N.  NGX_DECLINED: it cannot be: the
  * kernel is gone, or the write failed (logged).
  */

@@ -13,6 +13,7 @@
 
 
 #include "ngx_hermes.h"
+#include "ngx_hermes_local_handles.h"
 
 #include <poll.h>
 #include <sys/inotify.h>
@@ -36,7 +37,8 @@
 typedef struct {
     ngx_http_hermes_stream_t       *st;
     int                             wd;
-    ngx_fd_t                        dir_fd;     /* verified at the start */
+    ngx_http_hermes_local_handle_t *handle;     /* verified, borrowed */
+    ngx_fd_t                        dir_fd;     /* the handle's */
     ngx_fd_t                        cells_fd;
     ngx_fd_t                        out_fd;
     off_t                           out_off;
@@ -44,6 +46,7 @@ typedef struct {
     ngx_connection_t               *pidfd;
     ngx_queue_t                     queue;      /* the worker's streams */
     unsigned                        queued:1;
+    unsigned                        req_file:1; /* not inline: too large */
     unsigned                        res_ready:1;
     unsigned                        draining:1; /* result in, output not */
     unsigned                        paused:1;   /* the client is slow */
@@ -57,10 +60,10 @@ static ngx_int_t ngx_http_hermes_local_stream_interrupt(
 static void ngx_http_hermes_local_stream_salvage(ngx_http_hermes_stream_t *st,
     ngx_http_hermes_windows_t *w);
 static void ngx_http_hermes_local_stream_close(ngx_http_hermes_stream_t *st);
+static ngx_int_t ngx_http_hermes_local_stream_ship(
+    ngx_http_hermes_local_stream_t *ls, ngx_uint_t wake);
 static ngx_int_t ngx_http_hermes_local_stream_open_kernel(
     ngx_http_hermes_local_stream_t *ls);
-static ngx_int_t ngx_http_hermes_local_stream_private_dir(ngx_file_info_t *fi,
-    uint32_t uid);
 static void ngx_http_hermes_local_stream_unwatch(
     ngx_http_hermes_local_stream_t *ls);
 static void ngx_http_hermes_local_stream_inotify_handler(ngx_event_t *ev);
@@ -132,6 +135,8 @@ ngx_http_hermes_transport_local_init_process(ngx_cycle_t *cycle)
 void
 ngx_http_hermes_transport_local_exit_process(ngx_cycle_t *cycle)
 {
+    ngx_http_hermes_local_handles_exit();
+
     if (ngx_http_hermes_inotify) {
         ngx_close_connection(ngx_http_hermes_inotify);
         ngx_http_hermes_inotify = NULL;
@@ -176,6 +181,18 @@ ngx_http_hermes_local_stream_run(ngx_http_hermes_stream_t *st)
         goto ship_failed;
     }
 
+    if (st->request != NULL) {
+        rc = ngx_http_hermes_local_stream_ship(ls, 0);
+        if (rc != NGX_OK) {
+            goto not_shipped;
+        }
+    }
+
+    /*
+     * cells/ is watched once the request is there (its rename is not an
+     * event of ours) and before the runner is woken
+     */
+
     ngx_sprintf(name, "/proc/self/fd/%d%Z", ls->cells_fd);
 
     ls->wd = inotify_add_watch(ngx_http_hermes_inotify->fd, (char *) name,
@@ -210,31 +227,9 @@ ngx_http_hermes_local_stream_run(ngx_http_hermes_stream_t *st)
         goto shipped;
     }
 
-    ngx_http_hermes_local_stream_name(ls, name, "cell_req");
-
-    rc = ngx_http_hermes_local_write_at(ls->cells_fd, (char *) name,
-                                        st->request->pos,
-                                        st->request->last - st->request->pos,
-                                        (ngx_uid_t) st->ref->uid, st->log);
-
-    if (rc == NGX_DECLINED) {
-        st->failed(st, NGX_HTTP_HERMES_STREAM_FULL, NULL);
-        return NGX_OK;
-    }
-
+    rc = ngx_http_hermes_local_stream_ship(ls, 1);
     if (rc != NGX_OK) {
-        goto ship_failed;
-    }
-
-    rc = ngx_http_hermes_local_wake(ls->dir_fd, st->log);
-
-    if (rc == NGX_DECLINED && !st->ref->spawn) {
-        st->failed(st, NGX_HTTP_HERMES_STREAM_DEAD, NULL);
-        return NGX_OK;
-    }
-
-    if (rc != NGX_OK) {
-        goto ship_failed;
+        goto not_shipped;
     }
 
 shipped:
@@ -258,6 +253,18 @@ shipped:
 
     return NGX_OK;
 
+not_shipped:
+
+    if (rc == NGX_DECLINED && !st->ref->spawn) {
+        st->failed(st, NGX_HTTP_HERMES_STREAM_DEAD, NULL);
+        return NGX_OK;
+    }
+
+    if (rc == NGX_BUSY) {
+        st->failed(st, NGX_HTTP_HERMES_STREAM_FULL, NULL);
+        return NGX_OK;
+    }
+
 ship_failed:
 
     st->failed(st, NGX_HTTP_HERMES_STREAM_SHIP_FAILED, NULL);
@@ -267,35 +274,88 @@ ship_failed:
 
 
 /*
- * Before a cell goes to a kernel, it must still be that kernel: the pid
- * alive and started when the kernel was (not a later process given the
- * pid), the directory the one made at spawn (a runner that exited removed
- * it, and a co-tenant may have made another by that name), ours and
- * owner-only.  NGX_DECLINED: it is not; NGX_ERROR: we cannot tell.
+ * The request to the runner, in two steps around the watch on cells/:
+ * first (wake 0) a request too large to go inline is written as
+ * cells/cell_req_N.json; then (wake 1) a small one goes inline in "wake",
+ * or the file's wake-up byte.  NGX_DECLINED: the kernel is gone; NGX_BUSY:
+ * its disk is full; NGX_ERROR: not shipped.
+ */
+
+static ngx_int_t
+ngx_http_hermes_local_stream_ship(ngx_http_hermes_local_stream_t *ls,
+    ngx_uint_t wake)
+{
+    u_char                     name[64];
+    size_t                     len;
+    ngx_int_t                  rc;
+    ngx_http_hermes_stream_t  *st;
+
+    st = ls->st;
+    len = st->request->last - st->request->pos;
+
+    if (wake && !ls->req_file) {
+        rc = ngx_http_hermes_local_ship_inline(ls->dir_fd, st->request->pos,
+                                               len, st->log);
+        if (rc != NGX_AGAIN) {
+            return rc;
+        }
+
+        /* the FIFO full: the file after all */
+
+    } else if (wake) {
+        return ngx_http_hermes_local_wake(ls->dir_fd, st->log);
+
+    } else if (len + 1 <= PIPE_BUF) {
+        return NGX_OK;
+    }
+
+    ls->req_file = 1;
+
+    ngx_http_hermes_local_stream_name(ls, name, "cell_req");
+
+    rc = ngx_http_hermes_local_write_at(ls->cells_fd, (char *) name,
+                                        st->request->pos, len,
+                                        (ngx_uid_t) st->ref->uid, st->log);
+
+    if (rc == NGX_DECLINED) {
+        return NGX_BUSY;
+    }
+
+    if (rc != NGX_OK || !wake) {
+        return rc;
+    }
+
+    return ngx_http_hermes_local_wake(ls->dir_fd, st->log);
+}
+
+
+/*
+ * The kernel's verified handles (ngx_hermes_local_handles.c), and a pidfd
+ * of the cell's own for the event loop: two streams of one kernel may be
+ * in this worker at once.  NGX_DECLINED: it is not that kernel any more;
+ * NGX_ERROR: we cannot tell.
  */
 
 static ngx_int_t
 ngx_http_hermes_local_stream_open_kernel(ngx_http_hermes_local_stream_t *ls)
 {
-    int                            fd;
-    uint64_t                       start;
-    ngx_connection_t              *c;
-    struct pollfd                  pfd;
-    ngx_file_info_t                fi;
-    ngx_http_hermes_kernel_ref_t  *ref;
+    ngx_fd_t           fd;
+    ngx_int_t          rc;
+    ngx_connection_t  *c;
 
-    ref = ls->st->ref;
+    rc = ngx_http_hermes_local_handle_get(ls->st->ref, &ls->handle,
+                                          ls->st->log);
+    if (rc != NGX_OK) {
+        return rc;
+    }
 
-    /* the pidfd first: then the start time says whose it is */
+    ls->dir_fd = ls->handle->dir_fd;
+    ls->cells_fd = ls->handle->cells_fd;
 
-    fd = syscall(SYS_pidfd_open, ref->pid, 0);
+    fd = fcntl(ls->handle->pidfd, F_DUPFD_CLOEXEC, 0);
     if (fd == -1) {
-        if (ngx_errno == ESRCH) {
-            return NGX_DECLINED;
-        }
-
         ngx_log_error(NGX_LOG_ERR, ls->st->log, ngx_errno,
-                      "hermes: pidfd_open(%P) failed", ref->pid);
+                      "hermes: fcntl(F_DUPFD_CLOEXEC) failed");
         return NGX_ERROR;
     }
 
@@ -306,76 +366,6 @@ ngx_http_hermes_local_stream_open_kernel(ngx_http_hermes_local_stream_t *ls)
     }
 
     ls->pidfd = c;
-
-    if (ngx_http_hermes_local_proc_start(ref->pid, &start) != NGX_OK
-        || start != ref->start)
-    {
-        ngx_log_error(NGX_LOG_WARN, ls->st->log, 0,
-                      "hermes: pid %P is no longer kernel %*s",
-                      ref->pid, (size_t) NGX_HTTP_HERMES_ID_LEN,
-                      ref->kernel_id);
-        return NGX_DECLINED;
-    }
-
-    pfd.fd = fd;
-    pfd.events = POLLIN;
-    pfd.revents = 0;
-
-    if (poll(&pfd, 1, 0) != 0) {
-        /* it has exited, and is not reaped yet */
-        return NGX_DECLINED;
-    }
-
-    ls->dir_fd = open((char *) ref->dir,
-                      O_RDONLY|O_DIRECTORY|O_NOFOLLOW|O_NONBLOCK|O_CLOEXEC);
-
-    if (ls->dir_fd == NGX_INVALID_FILE) {
-        ngx_log_error(NGX_LOG_WARN, ls->st->log, ngx_errno,
-                      "hermes: kernel %*s: open(\"%s\") failed",
-                      (size_t) NGX_HTTP_HERMES_ID_LEN, ref->kernel_id,
-                      ref->dir);
-        return NGX_DECLINED;
-    }
-
-    if (ngx_fd_info(ls->dir_fd, &fi) == NGX_FILE_ERROR
-        || (uint64_t) fi.st_ino != ref->ino
-        || ngx_http_hermes_local_stream_private_dir(&fi, ref->uid) != NGX_OK)
-    {
-        ngx_log_error(NGX_LOG_WARN, ls->st->log, 0,
-                      "hermes: \"%s\" is not the directory kernel %*s was "
-                      "started in, or not owner-only any more",
-                      ref->dir, (size_t) NGX_HTTP_HERMES_ID_LEN,
-                      ref->kernel_id);
-        return NGX_DECLINED;
-    }
-
-    ls->cells_fd = openat(ls->dir_fd, "cells",
-                         O_RDONLY|O_DIRECTORY|O_NOFOLLOW|O_NONBLOCK|O_CLOEXEC);
-
-    if (ls->cells_fd == NGX_INVALID_FILE
-        || ngx_fd_info(ls->cells_fd, &fi) == NGX_FILE_ERROR
-        || ngx_http_hermes_local_stream_private_dir(&fi, ref->uid) != NGX_OK)
-    {
-        ngx_log_error(NGX_LOG_WARN, ls->st->log, 0,
-                      "hermes: \"%s/cells\" is not an owner-only directory",
-                      ref->dir);
-        return NGX_DECLINED;
-    }
-
-    return NGX_OK;
-}
-
-
-/* a directory of uid's, owner-only (0700); NGX_DECLINED: it is not */
-
-static ngx_int_t
-ngx_http_hermes_local_stream_private_dir(ngx_file_info_t *fi, uint32_t uid)
-{
-    if (!ngx_is_dir(fi) || fi->st_uid != uid
-        || (fi->st_mode & 07777) != 0700)
-    {
-        return NGX_DECLINED;
-    }
 
     return NGX_OK;
 }
@@ -412,6 +402,18 @@ ngx_http_hermes_local_stream_unwatch(ngx_http_hermes_local_stream_t *ls)
     }
 
     if (ls->pidfd) {
+        /*
+         * out of epoll first: the pidfd is a dup of the handle's, which
+         * stays open, so closing ours would leave its registration there
+         */
+
+        if (ls->pidfd->read->active
+            && ngx_del_event(ls->pidfd->read, NGX_READ_EVENT, 0) != NGX_OK)
+        {
+            ngx_log_error(NGX_LOG_ALERT, ls->st->log, 0,
+                          "hermes: a pidfd's event could not be removed");
+        }
+
         ngx_close_connection(ls->pidfd);
         ls->pidfd = NULL;
     }
@@ -436,13 +438,10 @@ ngx_http_hermes_local_stream_close(ngx_http_hermes_stream_t *st)
         ls->out_fd = NGX_INVALID_FILE;
     }
 
-    if (ls->cells_fd != NGX_INVALID_FILE) {
-        close(ls->cells_fd);
+    if (ls->handle) {
+        ngx_http_hermes_local_handle_put(ls->handle, 0);
+        ls->handle = NULL;
         ls->cells_fd = NGX_INVALID_FILE;
-    }
-
-    if (ls->dir_fd != NGX_INVALID_FILE) {
-        close(ls->dir_fd);
         ls->dir_fd = NGX_INVALID_FILE;
     }
 

@@ -72,8 +72,10 @@ for my $s (1 .. 3) {
 }
 
 # modes while a cell runs
+# (a request too large for the wake FIFO, so it is a file: its mode too)
 my $bg = $t->execute_async('/v1/execute', { session => 'lock1',
-    code => "import time\nprint('x' * 10, flush=True)\ntime.sleep(1.5)" });
+    code => "import time\nprint('x' * 10, flush=True)\ntime.sleep(1.5)\n#"
+        . ('p' x 5000) });
 
 my $dir = $t->kroot . "/hermes_rkernel_$kernels[0]";
 ok(wait_until(sub { -e "$dir/cells/cell_out_000002" }, 5), 'cell running');

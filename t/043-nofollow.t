@@ -48,7 +48,7 @@ write_file($fake_out, join '', map { qq({"type":"stdout","text":"FAKE-OUT $_\\n"
 
 my $ME = <<'PY';
 import glob, os, time
-n = int(sorted(glob.glob('cells/cell_req_*.json'))[-1].split('_')[-1].split('.')[0])
+n = int(sorted(glob.glob('cells/cell_out_*'))[-1].split('_')[-1].split('.')[0])
 def plant(target, name):
     os.symlink(target, 'cells/.plant')
     os.rename('cells/.plant', 'cells/' + name)

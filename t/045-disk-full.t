@@ -72,14 +72,23 @@ for my $case (['prints after the disk filled', "print('after', err)\nprint('not 
     is($r->{events}[0]{kernel_id}, $kid, '... on the same kernel');
 }
 
-# the disk is still full: the next request cannot even be written
+# the disk is still full: a small request goes inline (the wake FIFO)
+# and its result into the reserve; a large one cannot even be written
 {
     my $d = "$root/hermes_rkernel_$kid";
     open my $f, '>>', "$d/fill2" or die;
     while (syswrite($f, "\0" x 65536)) { }
     close $f;
-    $r = $t->execute('/x', {session => 'full', code => 'print(x)'});
-    is($r->{status}, 503, 'a cell shipped onto a full disk: 503');
+    $r = $t->execute('/x', {session => 'full', code => 'x'});
+    is($r->{status}, 200, 'a small cell on a full disk: 200');
+    ok($r->{result}, '... with its result');
+    is($r->{events}[0]{kernel_id}, $kid, '... on the same kernel');
+    # (it removed the files of the cells before: full again)
+    open $f, '>>', "$d/fill2" or die;
+    while (syswrite($f, "\0" x 4096)) { }
+    close $f;
+    $r = $t->execute('/x', {session => 'full', code => "print(x)\n#" . ('p' x 5000)});
+    is($r->{status}, 503, 'a large cell shipped onto a full disk: 503');
     is($r->{json}{error}{code}, 'disk_full', '... disk_full');
     ok($r->{headers}{'retry-after'}, '... with Retry-After');
     unlink "$d/fill2";

@@ -1,0 +1,411 @@
+
+/*
+ * SPDX-License-Identifier: BSD-2-Clause
+ *
+ * ngx_hermes: a worker's verified handles on its local kernels.  Before a
+ * cell goes to a kernel it must still be that kernel: the pid alive and
+ * the process started when the kernel was, the directory the one made at
+ * spawn, ours and owner-only.  Proving it anew each cell (pidfd_open, the
+ * start time from /proc, opening the dir and cells/ by path) was a third
+ * of a worker's system calls a trivial cell; so the pidfd and the two
+ * directory fds, once verified, are kept for the next cell of the kernel,
+ * at most NGX_HTTP_HERMES_LOCAL_HANDLES a worker (the least recently
+ * used let go first).  Each cell then checks what can change: the process
+ * still alive (a poll of its pidfd: a pid reused is another process, not
+ * this pidfd's), the dir and cells/ still owner-only, and cells/ still the
+ * one we hold (a cell may have made a new one).
+ */
+
+
+#include "ngx_hermes.h"
+#include "ngx_hermes_local_handles.h"
+
+#include <poll.h>
+#include <sys/syscall.h>
+
+
+#define NGX_HTTP_HERMES_LOCAL_HANDLES  64
+
+
+typedef struct {
+    ngx_http_hermes_local_handle_t  handle;     /* first: the cast back */
+    ngx_queue_t                     queue;      /* most recently used first */
+    u_char                          kernel_id[NGX_HTTP_HERMES_ID_LEN];
+    ngx_pid_t                       pid;
+    uint64_t                        start;
+    uint64_t                        ino;
+    uint64_t                        cells_ino;
+    ngx_uint_t                      users;
+    unsigned                        cached:1;
+} ngx_http_hermes_local_entry_t;
+
+
+static ngx_int_t ngx_http_hermes_local_handle_open(
+    ngx_http_hermes_local_entry_t *e, ngx_http_hermes_kernel_ref_t *ref,
+    ngx_log_t *log);
+static ngx_int_t ngx_http_hermes_local_handle_check(
+    ngx_http_hermes_local_entry_t *e, ngx_http_hermes_kernel_ref_t *ref);
+static ngx_int_t ngx_http_hermes_local_private_dir(ngx_file_info_t *fi,
+    uint32_t uid);
+static void ngx_http_hermes_local_handles_reap(void);
+static void ngx_http_hermes_local_handle_free(
+    ngx_http_hermes_local_entry_t *e);
+
+
+static ngx_queue_t  ngx_http_hermes_local_handles;
+static ngx_uint_t   ngx_http_hermes_local_handles_n;
+
+
+/*
+ * NGX_OK: *handle is the kernel's, verified; NGX_DECLINED: it is not that
+ * kernel (any more); NGX_ERROR: we cannot tell.
+ */
+
+ngx_int_t
+ngx_http_hermes_local_handle_get(ngx_http_hermes_kernel_ref_t *ref,
+    ngx_http_hermes_local_handle_t **handle, ngx_log_t *log)
+{
+    ngx_int_t                       rc;
+    ngx_queue_t                    *q;
+    ngx_http_hermes_local_entry_t  *e;
+
+    if (ngx_http_hermes_local_handles.next == NULL) {
+        ngx_queue_init(&ngx_http_hermes_local_handles);
+    }
+
+    for (q = ngx_queue_head(&ngx_http_hermes_local_handles);
+         q != ngx_queue_sentinel(&ngx_http_hermes_local_handles);
+         q = ngx_queue_next(q))
+    {
+        e = ngx_queue_data(q, ngx_http_hermes_local_entry_t, queue);
+
+        if (e->pid != ref->pid || e->start != ref->start || e->ino != ref->ino
+            || ngx_memcmp(e->kernel_id, ref->kernel_id,
+                          NGX_HTTP_HERMES_ID_LEN) != 0)
+        {
+            continue;
+        }
+
+        rc = ngx_http_hermes_local_handle_check(e, ref);
+
+        if (rc != NGX_OK) {
+            ngx_log_error(NGX_LOG_WARN, log, 0,
+                          "hermes: kernel %*s has exited, or \"%s\" is no "
+                          "longer its owner-only directory",
+                          (size_t) NGX_HTTP_HERMES_ID_LEN, ref->kernel_id,
+                          ref->dir);
+            e->users++;
+            ngx_http_hermes_local_handle_put(&e->handle, 1);
+            return rc;
+        }
+
+        ngx_queue_remove(&e->queue);
+        ngx_queue_insert_head(&ngx_http_hermes_local_handles, &e->queue);
+
+        e->users++;
+        *handle = &e->handle;
+
+        return NGX_OK;
+    }
+
+    e = ngx_calloc(sizeof(ngx_http_hermes_local_entry_t), log);
+    if (e == NULL) {
+        return NGX_ERROR;
+    }
+
+    e->handle.pidfd = NGX_INVALID_FILE;
+    e->handle.dir_fd = NGX_INVALID_FILE;
+    e->handle.cells_fd = NGX_INVALID_FILE;
+    e->users = 1;
+
+    rc = ngx_http_hermes_local_handle_open(e, ref, log);
+
+    if (rc != NGX_OK) {
+        ngx_http_hermes_local_handle_free(e);
+        return rc;
+    }
+
+    ngx_memcpy(e->kernel_id, ref->kernel_id, NGX_HTTP_HERMES_ID_LEN);
+    e->pid = ref->pid;
+    e->start = ref->start;
+    e->ino = ref->ino;
+
+    /* room: kernels that exited go first, then the least recently used */
+
+    if (ngx_http_hermes_local_handles_n >= NGX_HTTP_HERMES_LOCAL_HANDLES) {
+        ngx_http_hermes_local_handles_reap();
+    }
+
+    for (q = ngx_queue_last(&ngx_http_hermes_local_handles);
+         ngx_http_hermes_local_handles_n >= NGX_HTTP_HERMES_LOCAL_HANDLES
+         && q != ngx_queue_sentinel(&ngx_http_hermes_local_handles);
+         /* void */)
+    {
+        ngx_http_hermes_local_entry_t  *old;
+
+        old = ngx_queue_data(q, ngx_http_hermes_local_entry_t, queue);
+        q = ngx_queue_prev(q);
+
+        if (old->users == 0) {
+            ngx_http_hermes_local_handle_free(old);
+        }
+    }
+
+    if (ngx_http_hermes_local_handles_n < NGX_HTTP_HERMES_LOCAL_HANDLES) {
+        /* else every handle is in use: this one is the cell's alone */
+        ngx_queue_insert_head(&ngx_http_hermes_local_handles, &e->queue);
+        ngx_http_hermes_local_handles_n++;
+        e->cached = 1;
+    }
+
+    *handle = &e->handle;
+
+    return NGX_OK;
+}
+
+
+/* the cell is done with it; drop: the kernel is not what it was */
+
+void
+ngx_http_hermes_local_handle_put(ngx_http_hermes_local_handle_t *handle,
+    ngx_uint_t drop)
+{
+    ngx_http_hermes_local_entry_t  *e;
+
+    e = (ngx_http_hermes_local_entry_t *) handle;
+
+    if (drop && e->cached) {
+        ngx_queue_remove(&e->queue);
+        ngx_http_hermes_local_handles_n--;
+        e->cached = 0;
+    }
+
+    if (--e->users == 0 && !e->cached) {
+        ngx_http_hermes_local_handle_free(e);
+    }
+}
+
+
+void
+ngx_http_hermes_local_handles_exit(void)
+{
+    ngx_queue_t                    *q;
+    ngx_http_hermes_local_entry_t  *e;
+
+    if (ngx_http_hermes_local_handles.next == NULL) {
+        return;
+    }
+
+    while (!ngx_queue_empty(&ngx_http_hermes_local_handles)) {
+        q = ngx_queue_head(&ngx_http_hermes_local_handles);
+        e = ngx_queue_data(q, ngx_http_hermes_local_entry_t, queue);
+        ngx_queue_remove(q);
+        ngx_http_hermes_local_handles_n--;
+        e->cached = 0;
+
+        if (e->users == 0) {
+            ngx_http_hermes_local_handle_free(e);
+        }
+    }
+}
+
+
+/* the pidfd first: then the start time says whose it is */
+
+static ngx_int_t
+ngx_http_hermes_local_handle_open(ngx_http_hermes_local_entry_t *e,
+    ngx_http_hermes_kernel_ref_t *ref, ngx_log_t *log)
+{
+    uint64_t          start;
+    struct pollfd     pfd;
+    ngx_file_info_t   fi;
+
+    e->handle.pidfd = syscall(SYS_pidfd_open, ref->pid, 0);
+
+    if (e->handle.pidfd == NGX_INVALID_FILE) {
+        if (ngx_errno == ESRCH) {
+            return NGX_DECLINED;
+        }
+
+        ngx_log_error(NGX_LOG_ERR, log, ngx_errno,
+                      "hermes: pidfd_open(%P) failed", ref->pid);
+        return NGX_ERROR;
+    }
+
+    if (ngx_http_hermes_local_proc_start(ref->pid, &start) != NGX_OK
+        || start != ref->start)
+    {
+        ngx_log_error(NGX_LOG_WARN, log, 0,
+                      "hermes: pid %P is no longer kernel %*s",
+                      ref->pid, (size_t) NGX_HTTP_HERMES_ID_LEN,
+                      ref->kernel_id);
+        return NGX_DECLINED;
+    }
+
+    pfd.fd = e->handle.pidfd;
+    pfd.events = POLLIN;
+    pfd.revents = 0;
+
+    if (poll(&pfd, 1, 0) != 0) {
+        /* it has exited, and is not reaped yet */
+        return NGX_DECLINED;
+    }
+
+    e->handle.dir_fd = open((char *) ref->dir,
+                            O_RDONLY|O_DIRECTORY|O_NOFOLLOW|O_NONBLOCK
+                            |O_CLOEXEC);
+
+    if (e->handle.dir_fd == NGX_INVALID_FILE) {
+        ngx_log_error(NGX_LOG_WARN, log, ngx_errno,
+                      "hermes: kernel %*s: open(\"%s\") failed",
+                      (size_t) NGX_HTTP_HERMES_ID_LEN, ref->kernel_id,
+                      ref->dir);
+        return NGX_DECLINED;
+    }
+
+    if (ngx_fd_info(e->handle.dir_fd, &fi) == NGX_FILE_ERROR
+        || (uint64_t) fi.st_ino != ref->ino
+        || ngx_http_hermes_local_private_dir(&fi, ref->uid) != NGX_OK)
+    {
+        ngx_log_error(NGX_LOG_WARN, log, 0,
+                      "hermes: \"%s\" is not the directory kernel %*s was "
+                      "started in, or not owner-only any more",
+                      ref->dir, (size_t) NGX_HTTP_HERMES_ID_LEN,
+                      ref->kernel_id);
+        return NGX_DECLINED;
+    }
+
+    e->handle.cells_fd = openat(e->handle.dir_fd, "cells",
+                                O_RDONLY|O_DIRECTORY|O_NOFOLLOW|O_NONBLOCK
+                                |O_CLOEXEC);
+
+    if (e->handle.cells_fd == NGX_INVALID_FILE
+        || ngx_fd_info(e->handle.cells_fd, &fi) == NGX_FILE_ERROR
+        || ngx_http_hermes_local_private_dir(&fi, ref->uid) != NGX_OK)
+    {
+        ngx_log_error(NGX_LOG_WARN, log, 0,
+                      "hermes: \"%s/cells\" is not an owner-only directory",
+                      ref->dir);
+        return NGX_DECLINED;
+    }
+
+    e->cells_ino = fi.st_ino;
+
+    return NGX_OK;
+}
+
+
+/*
+ * A kept handle, before each cell: the process alive, the dir and cells/
+ * owner-only, cells/ the one we hold.  NGX_DECLINED: not so.
+ */
+
+static ngx_int_t
+ngx_http_hermes_local_handle_check(ngx_http_hermes_local_entry_t *e,
+    ngx_http_hermes_kernel_ref_t *ref)
+{
+    struct pollfd    pfd;
+    ngx_file_info_t  fi;
+
+    pfd.fd = e->handle.pidfd;
+    pfd.events = POLLIN;
+    pfd.revents = 0;
+
+    if (poll(&pfd, 1, 0) != 0) {
+        return NGX_DECLINED;
+    }
+
+    if (ngx_fd_info(e->handle.dir_fd, &fi) == NGX_FILE_ERROR
+        || ngx_http_hermes_local_private_dir(&fi, ref->uid) != NGX_OK
+        || fstatat(e->handle.dir_fd, "cells", &fi, AT_SYMLINK_NOFOLLOW) == -1
+        || (uint64_t) fi.st_ino != e->cells_ino
+        || ngx_http_hermes_local_private_dir(&fi, ref->uid) != NGX_OK)
+    {
+        return NGX_DECLINED;
+    }
+
+    return NGX_OK;
+}
+
+
+/* a directory of uid's, owner-only (0700); NGX_DECLINED: it is not */
+
+static ngx_int_t
+ngx_http_hermes_local_private_dir(ngx_file_info_t *fi, uint32_t uid)
+{
+    if (!ngx_is_dir(fi) || fi->st_uid != uid
+        || (fi->st_mode & 07777) != 0700)
+    {
+        return NGX_DECLINED;
+    }
+
+    return NGX_OK;
+}
+
+
+/* the handles of kernels that exited, not in use: one poll for all */
+
+static void
+ngx_http_hermes_local_handles_reap(void)
+{
+    ngx_uint_t                      i, n;
+    ngx_queue_t                    *q, *next;
+    struct pollfd                   pfd[NGX_HTTP_HERMES_LOCAL_HANDLES];
+    ngx_http_hermes_local_entry_t  *e;
+
+    n = 0;
+
+    for (q = ngx_queue_head(&ngx_http_hermes_local_handles);
+         q != ngx_queue_sentinel(&ngx_http_hermes_local_handles)
+         && n < NGX_HTTP_HERMES_LOCAL_HANDLES;
+         q = ngx_queue_next(q))
+    {
+        e = ngx_queue_data(q, ngx_http_hermes_local_entry_t, queue);
+        pfd[n].fd = e->handle.pidfd;
+        pfd[n].events = POLLIN;
+        pfd[n].revents = 0;
+        n++;
+    }
+
+    if (n == 0 || poll(pfd, n, 0) <= 0) {
+        return;
+    }
+
+    i = 0;
+
+    for (q = ngx_queue_head(&ngx_http_hermes_local_handles);
+         q != ngx_queue_sentinel(&ngx_http_hermes_local_handles) && i < n;
+         q = next, i++)
+    {
+        next = ngx_queue_next(q);
+        e = ngx_queue_data(q, ngx_http_hermes_local_entry_t, queue);
+
+        if (pfd[i].revents && e->users == 0) {
+            ngx_http_hermes_local_handle_free(e);
+        }
+    }
+}
+
+
+static void
+ngx_http_hermes_local_handle_free(ngx_http_hermes_local_entry_t *e)
+{
+    if (e->cached) {
+        ngx_queue_remove(&e->queue);
+        ngx_http_hermes_local_handles_n--;
+    }
+
+    if (e->handle.cells_fd != NGX_INVALID_FILE) {
+        close(e->handle.cells_fd);
+    }
+
+    if (e->handle.dir_fd != NGX_INVALID_FILE) {
+        close(e->handle.dir_fd);
+    }
+
+    if (e->handle.pidfd != NGX_INVALID_FILE) {
+        close(e->handle.pidfd);
+    }
+
+    ngx_free(e);
+}

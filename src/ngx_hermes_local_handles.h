@@ -1,0 +1,33 @@
+
+/*
+ * SPDX-License-Identifier: BSD-2-Clause
+ *
+ * ngx_hermes: a worker's verified handles on its local kernels (pidfd,
+ * kernel dir, cells/), kept from one cell to the next.
+ */
+
+
+#ifndef _NGX_HERMES_LOCAL_HANDLES_H_INCLUDED_
+#define _NGX_HERMES_LOCAL_HANDLES_H_INCLUDED_
+
+
+#include "ngx_hermes.h"
+
+
+/* what a cell borrows: it closes none of these */
+
+typedef struct {
+    ngx_fd_t                      pidfd;      /* the runner's */
+    ngx_fd_t                      dir_fd;     /* the kernel dir, its inode */
+    ngx_fd_t                      cells_fd;
+} ngx_http_hermes_local_handle_t;
+
+
+ngx_int_t ngx_http_hermes_local_handle_get(ngx_http_hermes_kernel_ref_t *ref,
+    ngx_http_hermes_local_handle_t **handle, ngx_log_t *log);
+void ngx_http_hermes_local_handle_put(ngx_http_hermes_local_handle_t *handle,
+    ngx_uint_t drop);
+void ngx_http_hermes_local_handles_exit(void);
+
+
+#endif /* _NGX_HERMES_LOCAL_HANDLES_H_INCLUDED_ */
