@@ -2166,7 +2166,47 @@ def main():
         if select.select([fifo], [], [], timeout)[0]:
             inbox.drain()
 
+def _self_time(n):
+    """The runner's own cost of a trivial cell, and nothing else (`make
+    bench`'s second floor): a request parsed, `1 + 1` compiled and run,
+    its display made and its event line written (to /dev/null), the result
+    made.  No files, no wake-up, no other process.  Prints the median and
+    the 90th percentile in ms as JSON."""
+    _state.globals = _fresh_globals()
+    builtins.display, builtins.print = _display, _print
+    req = b'{"id":1,"code":"1 + 1","max_output":50000,"max_stream":5242880}'
+    null = os.open(os.devnull, os.O_WRONLY | os.O_CLOEXEC)
+    took = []
+    for i in range(n):
+        t0 = time.perf_counter()
+        r = _check_req(json.loads(req))
+        sink = _Sink(os.dup(null), DEFAULT_MAX_OUTPUT, DEFAULT_MAX_STREAM)
+        with _state.cond:
+            _state.current = sink
+        sys.stdout, sys.stderr = STDOUT, STDERR
+        try:
+            status, error, ended = _run(r["code"])
+        finally:
+            sys.stdout, sys.stderr = sys.__stdout__, sys.__stderr__
+        sink.close()
+        output, cut = _final_output(sink.caps["stdout"], sink.caps["stderr"],
+                                    DEFAULT_MAX_OUTPUT)
+        _dumps({"id": i, "status": status, "output": output, "error": error,
+                "execution_count": i, "stdout_truncated": cut,
+                "stdout_bytes_total": sink.caps["stdout"].total,
+                "stream_truncated": sink.cut, "state_reset": False,
+                "ended": ended, "duration_seconds": 0.0,
+                "displays": _shown_for_result(sink, DEFAULT_MAX_OUTPUT)})
+        took.append(time.perf_counter() - t0)
+    took.sort()
+    print(json.dumps({"n": n, "p50_ms": round(took[n // 2] * 1e3, 4),
+                      "p90_ms": round(took[n * 9 // 10] * 1e3, 4)}))
+
+
 if __name__ == "__main__":
+    if sys.argv[1:2] == ["--self-time"]:
+        _self_time(int(sys.argv[2]) if len(sys.argv) > 2 else 3000)
+        sys.exit(0)
     try:
         main()
     except BaseException:

@@ -534,6 +534,19 @@ class RunnerTest(unittest.TestCase):
         k.n = 4
         self.assertEqual(k.result(4)["output"], "41\n")
 
+    def test_self_time_is_the_runners_own_cost(self):
+        # make bench's second floor: a trivial cell inside the runner,
+        # nothing made in any directory
+        d = tempfile.mkdtemp()
+        self.addCleanup(shutil.rmtree, d, True)
+        out = subprocess.run([PYTHON, "-I", os.path.join(HERE, "kernel_runner.py"),
+                              "--self-time", "200"], cwd=d, capture_output=True,
+                             check=True, timeout=60)
+        r = json.loads(out.stdout)
+        self.assertEqual(r["n"], 200)
+        self.assertTrue(0 < r["p50_ms"] <= r["p90_ms"] < 50, r)
+        self.assertEqual(os.listdir(d), [])
+
     def test_bad_inline_lines_are_logged_and_passed_over(self):
         k = self.kernel()
         k.say(b"nope\n[1]\n{\"id\": 0}\n" + b"\x01" * 100 + b"\n")
