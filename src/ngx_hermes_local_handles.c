@@ -14,6 +14,14 @@
  * still alive (a poll of its pidfd: a pid reused is another process, not
  * this pidfd's), the dir and cells/ still owner-only, and cells/ still the
  * one we hold (a cell may have made a new one).
+ *
+ * The watch on cells/ is kept with them: adding and removing it each cell
+ * (a path walk, a mark made and freed by a kernel worker) cost more than
+ * the events of the kernel's cells that other workers run.  It asks for
+ * the result's rename (and the directory's end); the writes to cell_out
+ * only while a cell of ours streams.  inotify gives one watch a directory
+ * and inotify fd, so handles of one kernel (a kept one and one of a cell
+ * alone, when every kept handle was in use) share it.
  */
 
 
@@ -21,15 +29,22 @@
 #include "ngx_hermes_local_handles.h"
 
 #include <poll.h>
+#include <sys/inotify.h>
 #include <sys/syscall.h>
 
 
 #define NGX_HTTP_HERMES_LOCAL_HANDLES  64
 
+#define NGX_HTTP_HERMES_LOCAL_WATCH                                           \
+    (IN_MOVED_TO|IN_DELETE_SELF|IN_ONLYDIR)
+
 
 typedef struct {
     ngx_http_hermes_local_handle_t  handle;     /* first: the cast back */
     ngx_queue_t                     queue;      /* most recently used first */
+    int                             wd;         /* cells/ watched, or -1 */
+    int                             ifd;        /* by this inotify fd */
+    ngx_uint_t                      streaming;  /* users asking for writes */
     u_char                          kernel_id[NGX_HTTP_HERMES_ID_LEN];
     ngx_pid_t                       pid;
     uint64_t                        start;
@@ -37,6 +52,7 @@ typedef struct {
     uint64_t                        cells_ino;
     ngx_uint_t                      users;
     unsigned                        cached:1;
+    unsigned                        modify:1;   /* the watch asks for writes */
 } ngx_http_hermes_local_entry_t;
 
 
@@ -52,8 +68,9 @@ static void ngx_http_hermes_local_handle_free(
     ngx_http_hermes_local_entry_t *e);
 
 
+/* every handle: those kept (cached, LRU order), and those of a cell alone */
 static ngx_queue_t  ngx_http_hermes_local_handles;
-static ngx_uint_t   ngx_http_hermes_local_handles_n;
+static ngx_uint_t   ngx_http_hermes_local_handles_n;    /* kept */
 
 
 /*
@@ -79,7 +96,8 @@ ngx_http_hermes_local_handle_get(ngx_http_hermes_kernel_ref_t *ref,
     {
         e = ngx_queue_data(q, ngx_http_hermes_local_entry_t, queue);
 
-        if (e->pid != ref->pid || e->start != ref->start || e->ino != ref->ino
+        if (!e->cached
+            || e->pid != ref->pid || e->start != ref->start || e->ino != ref->ino
             || ngx_memcmp(e->kernel_id, ref->kernel_id,
                           NGX_HTTP_HERMES_ID_LEN) != 0)
         {
@@ -116,6 +134,7 @@ ngx_http_hermes_local_handle_get(ngx_http_hermes_kernel_ref_t *ref,
     e->handle.pidfd = NGX_INVALID_FILE;
     e->handle.dir_fd = NGX_INVALID_FILE;
     e->handle.cells_fd = NGX_INVALID_FILE;
+    e->wd = -1;
     e->users = 1;
 
     rc = ngx_http_hermes_local_handle_open(e, ref, log);
@@ -146,14 +165,15 @@ ngx_http_hermes_local_handle_get(ngx_http_hermes_kernel_ref_t *ref,
         old = ngx_queue_data(q, ngx_http_hermes_local_entry_t, queue);
         q = ngx_queue_prev(q);
 
-        if (old->users == 0) {
+        if (old->cached && old->users == 0) {
             ngx_http_hermes_local_handle_free(old);
         }
     }
 
+    ngx_queue_insert_head(&ngx_http_hermes_local_handles, &e->queue);
+
     if (ngx_http_hermes_local_handles_n < NGX_HTTP_HERMES_LOCAL_HANDLES) {
         /* else every handle is in use: this one is the cell's alone */
-        ngx_queue_insert_head(&ngx_http_hermes_local_handles, &e->queue);
         ngx_http_hermes_local_handles_n++;
         e->cached = 1;
     }
@@ -175,7 +195,6 @@ ngx_http_hermes_local_handle_put(ngx_http_hermes_local_handle_t *handle,
     e = (ngx_http_hermes_local_entry_t *) handle;
 
     if (drop && e->cached) {
-        ngx_queue_remove(&e->queue);
         ngx_http_hermes_local_handles_n--;
         e->cached = 0;
     }
@@ -189,19 +208,178 @@ ngx_http_hermes_local_handle_put(ngx_http_hermes_local_handle_t *handle,
 void
 ngx_http_hermes_local_handles_exit(void)
 {
-    ngx_queue_t                    *q;
+    ngx_queue_t                    *q, *next;
     ngx_http_hermes_local_entry_t  *e;
 
     if (ngx_http_hermes_local_handles.next == NULL) {
         return;
     }
 
-    while (!ngx_queue_empty(&ngx_http_hermes_local_handles)) {
-        q = ngx_queue_head(&ngx_http_hermes_local_handles);
+    for (q = ngx_queue_head(&ngx_http_hermes_local_handles);
+         q != ngx_queue_sentinel(&ngx_http_hermes_local_handles);
+         q = next)
+    {
+        next = ngx_queue_next(q);
         e = ngx_queue_data(q, ngx_http_hermes_local_entry_t, queue);
-        ngx_queue_remove(q);
-        ngx_http_hermes_local_handles_n--;
-        e->cached = 0;
+
+        if (e->cached) {
+            ngx_http_hermes_local_handles_n--;
+            e->cached = 0;
+        }
+
+        if (e->users == 0) {
+            ngx_http_hermes_local_handle_free(e);
+        }
+    }
+}
+
+
+/*
+ * cells/ watched for this cell: the result's rename, and with output the
+ * writes to cell_out.  -> the watch descriptor, -1 on failure (errno).
+ */
+
+int
+ngx_http_hermes_local_handle_watch(ngx_http_hermes_local_handle_t *handle,
+    int ifd, ngx_uint_t output)
+{
+    int                             wd;
+    u_char                          name[64];
+    uint32_t                        mask;
+    ngx_queue_t                    *q;
+    ngx_http_hermes_local_entry_t  *e, *o;
+
+    e = (ngx_http_hermes_local_entry_t *) handle;
+
+    if (e->wd != -1 && (!output || e->modify)) {
+        e->streaming += output;
+        return e->wd;
+    }
+
+    mask = NGX_HTTP_HERMES_LOCAL_WATCH|IN_MASK_ADD | (output ? IN_MODIFY : 0);
+
+    ngx_sprintf(name, "/proc/self/fd/%d%Z", handle->cells_fd);
+
+    wd = inotify_add_watch(ifd, (char *) name, mask);
+    if (wd == -1) {
+        return -1;
+    }
+
+    e->wd = wd;
+    e->ifd = ifd;
+    e->streaming += output;
+    e->modify |= output;
+
+    /* a handle sharing the watch shares its mask */
+
+    for (q = ngx_queue_head(&ngx_http_hermes_local_handles);
+         q != ngx_queue_sentinel(&ngx_http_hermes_local_handles);
+         q = ngx_queue_next(q))
+    {
+        o = ngx_queue_data(q, ngx_http_hermes_local_entry_t, queue);
+
+        if (o->wd == wd) {
+            o->modify |= output;
+        }
+    }
+
+    return wd;
+}
+
+
+/* the cell is done with cells/: a watch for writes goes back to less */
+
+void
+ngx_http_hermes_local_handle_unwatch(ngx_http_hermes_local_handle_t *handle,
+    ngx_uint_t output)
+{
+    u_char                          name[64];
+    ngx_uint_t                      streaming;
+    ngx_queue_t                    *q;
+    ngx_http_hermes_local_entry_t  *e, *o;
+
+    e = (ngx_http_hermes_local_entry_t *) handle;
+
+    if (!output || e->streaming == 0) {
+        return;
+    }
+
+    if (--e->streaming != 0 || e->wd == -1) {
+        return;
+    }
+
+    streaming = 0;
+
+    for (q = ngx_queue_head(&ngx_http_hermes_local_handles);
+         q != ngx_queue_sentinel(&ngx_http_hermes_local_handles);
+         q = ngx_queue_next(q))
+    {
+        o = ngx_queue_data(q, ngx_http_hermes_local_entry_t, queue);
+
+        if (o->wd == e->wd) {
+            streaming += o->streaming;
+        }
+    }
+
+    if (streaming) {
+        return;
+    }
+
+    ngx_sprintf(name, "/proc/self/fd/%d%Z", handle->cells_fd);
+
+    /* without IN_MASK_ADD: the mask is replaced */
+
+    if (inotify_add_watch(e->ifd, (char *) name, NGX_HTTP_HERMES_LOCAL_WATCH)
+        != e->wd)
+    {
+        return;
+    }
+
+    for (q = ngx_queue_head(&ngx_http_hermes_local_handles);
+         q != ngx_queue_sentinel(&ngx_http_hermes_local_handles);
+         q = ngx_queue_next(q))
+    {
+        o = ngx_queue_data(q, ngx_http_hermes_local_entry_t, queue);
+
+        if (o->wd == e->wd) {
+            o->modify = 0;
+        }
+    }
+}
+
+
+/*
+ * The kernel removed a watch (IN_IGNORED: its directory is gone): the
+ * handles on it are let go.
+ */
+
+void
+ngx_http_hermes_local_handles_ignored(int wd)
+{
+    ngx_queue_t                    *q, *next;
+    ngx_http_hermes_local_entry_t  *e;
+
+    if (ngx_http_hermes_local_handles.next == NULL) {
+        return;
+    }
+
+    for (q = ngx_queue_head(&ngx_http_hermes_local_handles);
+         q != ngx_queue_sentinel(&ngx_http_hermes_local_handles);
+         q = next)
+    {
+        next = ngx_queue_next(q);
+        e = ngx_queue_data(q, ngx_http_hermes_local_entry_t, queue);
+
+        if (e->wd != wd) {
+            continue;
+        }
+
+        e->wd = -1;
+
+        if (e->cached) {
+            ngx_http_hermes_local_handles_n--;
+            e->cached = 0;
+        }
 
         if (e->users == 0) {
             ngx_http_hermes_local_handle_free(e);
@@ -380,7 +558,7 @@ ngx_http_hermes_local_handles_reap(void)
         next = ngx_queue_next(q);
         e = ngx_queue_data(q, ngx_http_hermes_local_entry_t, queue);
 
-        if (pfd[i].revents && e->users == 0) {
+        if (pfd[i].revents && e->cached && e->users == 0) {
             ngx_http_hermes_local_handle_free(e);
         }
     }
@@ -390,9 +568,35 @@ ngx_http_hermes_local_handles_reap(void)
 static void
 ngx_http_hermes_local_handle_free(ngx_http_hermes_local_entry_t *e)
 {
+    ngx_queue_t                    *q;
+    ngx_http_hermes_local_entry_t  *o;
+
     if (e->cached) {
-        ngx_queue_remove(&e->queue);
         ngx_http_hermes_local_handles_n--;
+    }
+
+    if (e->queue.next) {
+        ngx_queue_remove(&e->queue);
+    }
+
+    if (e->wd != -1) {
+
+        /* the watch stays while another handle has it */
+
+        for (q = ngx_queue_head(&ngx_http_hermes_local_handles);
+             q != ngx_queue_sentinel(&ngx_http_hermes_local_handles);
+             q = ngx_queue_next(q))
+        {
+            o = ngx_queue_data(q, ngx_http_hermes_local_entry_t, queue);
+
+            if (o->wd == e->wd) {
+                break;
+            }
+        }
+
+        if (q == ngx_queue_sentinel(&ngx_http_hermes_local_handles)) {
+            (void) inotify_rm_watch(e->ifd, e->wd);
+        }
     }
 
     if (e->handle.cells_fd != NGX_INVALID_FILE) {

@@ -28,6 +28,11 @@ ngx_int_t ngx_http_hermes_local_handle_get(ngx_http_hermes_kernel_ref_t *ref,
 void ngx_http_hermes_local_handle_put(ngx_http_hermes_local_handle_t *handle,
     ngx_uint_t drop);
 void ngx_http_hermes_local_handles_exit(void);
+int ngx_http_hermes_local_handle_watch(ngx_http_hermes_local_handle_t *handle,
+    int ifd, ngx_uint_t output);
+void ngx_http_hermes_local_handle_unwatch(
+    ngx_http_hermes_local_handle_t *handle, ngx_uint_t output);
+void ngx_http_hermes_local_handles_ignored(int wd);
 
 
 #endif /* _NGX_HERMES_LOCAL_HANDLES_H_INCLUDED_ */

@@ -22,18 +22,6 @@
 
 #define NGX_HTTP_HERMES_LOCAL_CHUNK    (128 * 1024)
 
-/*
- * The result's rename, the directory's end; and appends to cell_out,
- * only for a stream whose client takes output.  A JSON answer's cell is
- * not woken by each write of the cell nor by the result's tmp file.
- * IN_MASK_ADD: a directory has one watch, shared with the other streams
- * of the kernel, and takes the union of what they ask.
- */
-#define NGX_HTTP_HERMES_INOTIFY_MASK                                          \
-    (IN_MOVED_TO|IN_DELETE_SELF|IN_ONLYDIR|IN_MASK_ADD)
-#define NGX_HTTP_HERMES_INOTIFY_OUTPUT  IN_MODIFY
-
-
 typedef struct {
     ngx_http_hermes_stream_t       *st;
     int                             wd;
@@ -153,7 +141,6 @@ ngx_http_hermes_transport_local_exit_process(ngx_cycle_t *cycle)
 static ngx_int_t
 ngx_http_hermes_local_stream_run(ngx_http_hermes_stream_t *st)
 {
-    u_char                          name[64];
     ngx_int_t                       rc;
     ngx_connection_t               *c;
     ngx_http_hermes_local_stream_t *ls;
@@ -189,17 +176,13 @@ ngx_http_hermes_local_stream_run(ngx_http_hermes_stream_t *st)
     }
 
     /*
-     * cells/ is watched once the request is there (its rename is not an
-     * event of ours) and before the runner is woken
+     * cells/ watched before the runner is woken (the handle keeps the
+     * watch from cell to cell; a new one sees no rename of a request)
      */
 
-    ngx_sprintf(name, "/proc/self/fd/%d%Z", ls->cells_fd);
-
-    ls->wd = inotify_add_watch(ngx_http_hermes_inotify->fd, (char *) name,
-                               NGX_HTTP_HERMES_INOTIFY_MASK
-                               | (st->quiet ? 0
-                                            : NGX_HTTP_HERMES_INOTIFY_OUTPUT));
-
+    ls->wd = ngx_http_hermes_local_handle_watch(ls->handle,
+                                                ngx_http_hermes_inotify->fd,
+                                                !st->quiet);
     if (ls->wd == -1) {
         ngx_log_error(NGX_LOG_ERR, st->log, ngx_errno,
                       "hermes: inotify_add_watch(\"%s/cells\") failed",
@@ -376,28 +359,9 @@ ngx_http_hermes_local_stream_open_kernel(ngx_http_hermes_local_stream_t *ls)
 static void
 ngx_http_hermes_local_stream_unwatch(ngx_http_hermes_local_stream_t *ls)
 {
-    ngx_queue_t                     *q;
-    ngx_http_hermes_local_stream_t  *o;
-
     if (ls->wd != -1) {
-
-        /* one watch a directory: another stream of the cell may share it */
-
-        for (q = ngx_queue_head(&ngx_http_hermes_local_streams);
-             q != ngx_queue_sentinel(&ngx_http_hermes_local_streams);
-             q = ngx_queue_next(q))
-        {
-            o = ngx_queue_data(q, ngx_http_hermes_local_stream_t, queue);
-
-            if (o != ls && o->wd == ls->wd) {
-                break;
-            }
-        }
-
-        if (q == ngx_queue_sentinel(&ngx_http_hermes_local_streams)) {
-            (void) inotify_rm_watch(ngx_http_hermes_inotify->fd, ls->wd);
-        }
-
+        /* the watch is the handle's: kept for the kernel's next cell */
+        ngx_http_hermes_local_handle_unwatch(ls->handle, !ls->st->quiet);
         ls->wd = -1;
     }
 
@@ -492,6 +456,11 @@ ngx_http_hermes_local_stream_inotify_handler(ngx_event_t *ev)
                 /* events were lost (a cell can make many): look at all */
                 ngx_http_hermes_local_stream_inotify_overflow(ev->log);
                 continue;
+            }
+
+            if (e->mask & IN_IGNORED) {
+                /* a kernel dir's cells/ is gone: so are its handles */
+                ngx_http_hermes_local_handles_ignored(e->wd);
             }
 
             /* every stream of that directory: a cell, and its readers */
