@@ -45,6 +45,9 @@ typedef struct {
     int                             wd;         /* cells/ watched, or -1 */
     int                             ifd;        /* by this inotify fd */
     ngx_uint_t                      streaming;  /* users asking for writes */
+    ngx_fd_t                        rpc_fd;     /* rpc/, once a cell asks */
+    uint64_t                        rpc_ino;
+    int                             rpc_wd;
     u_char                          kernel_id[NGX_HTTP_HERMES_ID_LEN];
     ngx_pid_t                       pid;
     uint64_t                        start;
@@ -134,7 +137,9 @@ ngx_http_hermes_local_handle_get(ngx_http_hermes_kernel_ref_t *ref,
     e->handle.pidfd = NGX_INVALID_FILE;
     e->handle.dir_fd = NGX_INVALID_FILE;
     e->handle.cells_fd = NGX_INVALID_FILE;
+    e->rpc_fd = NGX_INVALID_FILE;
     e->wd = -1;
+    e->rpc_wd = -1;
     e->users = 1;
 
     rc = ngx_http_hermes_local_handle_open(e, ref, log);
@@ -349,6 +354,82 @@ ngx_http_hermes_local_handle_unwatch(ngx_http_hermes_local_handle_t *handle,
 
 
 /*
+ * The kernel's rpc/, for a cell with tools: opened and watched (a request's
+ * rename or close) the first time, checked each time after (still the
+ * one we hold, owner-only).  -> its fd and *wd, NGX_INVALID_FILE if not.
+ */
+
+ngx_fd_t
+ngx_http_hermes_local_handle_rpc(ngx_http_hermes_local_handle_t *handle,
+    ngx_http_hermes_kernel_ref_t *ref, int ifd, int *wd, ngx_log_t *log)
+{
+    u_char                          name[64];
+    ngx_file_info_t                 fi;
+    ngx_http_hermes_local_entry_t  *e;
+
+    e = (ngx_http_hermes_local_entry_t *) handle;
+
+    if (e->rpc_fd != NGX_INVALID_FILE && e->rpc_wd != -1) {
+        if (fstatat(handle->dir_fd, "rpc", &fi, AT_SYMLINK_NOFOLLOW) == -1
+            || (uint64_t) fi.st_ino != e->rpc_ino
+            || ngx_http_hermes_local_private_dir(&fi, ref->uid) != NGX_OK)
+        {
+            goto bad;
+        }
+
+        *wd = e->rpc_wd;
+        return e->rpc_fd;
+    }
+
+    if (e->rpc_fd == NGX_INVALID_FILE) {
+        e->rpc_fd = openat(handle->dir_fd, "rpc",
+                           O_RDONLY|O_DIRECTORY|O_NOFOLLOW|O_NONBLOCK
+                           |O_CLOEXEC);
+
+        if (e->rpc_fd == NGX_INVALID_FILE
+            || ngx_fd_info(e->rpc_fd, &fi) == NGX_FILE_ERROR
+            || ngx_http_hermes_local_private_dir(&fi, ref->uid) != NGX_OK)
+        {
+            goto bad;
+        }
+
+        e->rpc_ino = fi.st_ino;
+    }
+
+    ngx_sprintf(name, "/proc/self/fd/%d%Z", e->rpc_fd);
+
+    e->rpc_wd = inotify_add_watch(ifd, (char *) name,
+                                  IN_MOVED_TO|IN_CLOSE_WRITE|IN_ONLYDIR);
+    if (e->rpc_wd == -1) {
+        ngx_log_error(NGX_LOG_ERR, log, ngx_errno,
+                      "hermes: inotify_add_watch(\"%s/rpc\") failed",
+                      ref->dir);
+        return NGX_INVALID_FILE;
+    }
+
+    e->ifd = ifd;
+    *wd = e->rpc_wd;
+
+    return e->rpc_fd;
+
+bad:
+
+    ngx_log_error(NGX_LOG_WARN, log, ngx_errno,
+                  "hermes: \"%s/rpc\" is not an owner-only directory",
+                  ref->dir);
+
+    /* a new rpc/ is not ours to watch: the next cell opens it afresh */
+
+    if (e->cached) {
+        ngx_http_hermes_local_handles_n--;
+        e->cached = 0;
+    }
+
+    return NGX_INVALID_FILE;
+}
+
+
+/*
  * The kernel removed a watch (IN_IGNORED: its directory is gone): the
  * handles on it are let go.
  */
@@ -370,11 +451,16 @@ ngx_http_hermes_local_handles_ignored(int wd)
         next = ngx_queue_next(q);
         e = ngx_queue_data(q, ngx_http_hermes_local_entry_t, queue);
 
-        if (e->wd != wd) {
+        if (e->wd != wd && e->rpc_wd != wd) {
             continue;
         }
 
-        e->wd = -1;
+        if (e->wd == wd) {
+            e->wd = -1;
+
+        } else {
+            e->rpc_wd = -1;
+        }
 
         if (e->cached) {
             ngx_http_hermes_local_handles_n--;
@@ -568,6 +654,8 @@ ngx_http_hermes_local_handles_reap(void)
 static void
 ngx_http_hermes_local_handle_free(ngx_http_hermes_local_entry_t *e)
 {
+    int                             wd;
+    ngx_uint_t                      i;
     ngx_queue_t                    *q;
     ngx_http_hermes_local_entry_t  *o;
 
@@ -579,9 +667,14 @@ ngx_http_hermes_local_handle_free(ngx_http_hermes_local_entry_t *e)
         ngx_queue_remove(&e->queue);
     }
 
-    if (e->wd != -1) {
+    /* a watch stays while another handle has it */
 
-        /* the watch stays while another handle has it */
+    for (i = 0; i < 2; i++) {
+        wd = i ? e->rpc_wd : e->wd;
+
+        if (wd == -1) {
+            continue;
+        }
 
         for (q = ngx_queue_head(&ngx_http_hermes_local_handles);
              q != ngx_queue_sentinel(&ngx_http_hermes_local_handles);
@@ -589,14 +682,18 @@ ngx_http_hermes_local_handle_free(ngx_http_hermes_local_entry_t *e)
         {
             o = ngx_queue_data(q, ngx_http_hermes_local_entry_t, queue);
 
-            if (o->wd == e->wd) {
+            if (o->wd == wd || o->rpc_wd == wd) {
                 break;
             }
         }
 
         if (q == ngx_queue_sentinel(&ngx_http_hermes_local_handles)) {
-            (void) inotify_rm_watch(e->ifd, e->wd);
+            (void) inotify_rm_watch(e->ifd, wd);
         }
+    }
+
+    if (e->rpc_fd != NGX_INVALID_FILE) {
+        close(e->rpc_fd);
     }
 
     if (e->handle.cells_fd != NGX_INVALID_FILE) {

@@ -32,6 +32,9 @@ int ngx_http_hermes_local_handle_watch(ngx_http_hermes_local_handle_t *handle,
     int ifd, ngx_uint_t output);
 void ngx_http_hermes_local_handle_unwatch(
     ngx_http_hermes_local_handle_t *handle, ngx_uint_t output);
+ngx_fd_t ngx_http_hermes_local_handle_rpc(
+    ngx_http_hermes_local_handle_t *handle, ngx_http_hermes_kernel_ref_t *ref,
+    int ifd, int *wd, ngx_log_t *log);
 void ngx_http_hermes_local_handles_ignored(int wd);
 
 

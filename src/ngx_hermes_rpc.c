@@ -557,16 +557,17 @@ ngx_http_hermes_rpc_create(ngx_pool_t *pool, ngx_http_request_t *r,
 
 
 /*
- * The kernel's rpc/, through its verified directory fd (the transport's):
- * owner-only, watched, then swept of what an earlier cell left.  Again
- * for a kernel started anew: the old one's is let go.
+ * The kernel's rpc/ and its watch, verified and kept by the transport (it
+ * closes neither: ngx_hermes_local_handles.c), through its verified
+ * directory fd; then swept of what an earlier cell left.  Again for a
+ * kernel started anew: the old one's is let go.
  */
 
 ngx_int_t
-ngx_http_hermes_rpc_open(ngx_http_hermes_rpc_t *rpc, ngx_fd_t dir_fd, int ifd)
+ngx_http_hermes_rpc_open(ngx_http_hermes_rpc_t *rpc, ngx_fd_t dir_fd,
+    ngx_fd_t rpc_fd, int wd)
 {
-    u_char           name[2 * NGX_HTTP_HERMES_TOKEN_LEN + 1];
-    ngx_file_info_t  fi;
+    u_char  name[2 * NGX_HTTP_HERMES_TOKEN_LEN + 1];
 
     ngx_http_hermes_rpc_close(rpc);
 
@@ -578,36 +579,10 @@ ngx_http_hermes_rpc_open(ngx_http_hermes_rpc_t *rpc, ngx_fd_t dir_fd, int ifd)
     sodium_memzero(name, sizeof(name));
 
     rpc->dir_fd = dir_fd;
-    rpc->ifd = ifd;
+    rpc->rpc_fd = rpc_fd;
+    rpc->wd = wd;
 
-    rpc->rpc_fd = openat(dir_fd, "rpc",
-                         O_RDONLY|O_DIRECTORY|O_NOFOLLOW|O_NONBLOCK|O_CLOEXEC);
-
-    if (rpc->rpc_fd == NGX_INVALID_FILE
-        || ngx_fd_info(rpc->rpc_fd, &fi) == NGX_FILE_ERROR
-        || !ngx_is_dir(&fi) || fi.st_uid != rpc->ref->uid
-        || (fi.st_mode & 07777) != 0700)
-    {
-        ngx_log_error(NGX_LOG_WARN, rpc->log, ngx_errno,
-                      "hermes: \"%s/rpc\" is not an owner-only directory",
-                      rpc->ref->dir);
-        ngx_http_hermes_rpc_close(rpc);
-        return NGX_ERROR;
-    }
-
-    /* the watch first: a request written after the sweep is seen */
-
-    ngx_sprintf(name, "/proc/self/fd/%d%Z", rpc->rpc_fd);
-
-    rpc->wd = inotify_add_watch(ifd, (char *) name,
-                                IN_MOVED_TO|IN_CLOSE_WRITE|IN_ONLYDIR);
-    if (rpc->wd == -1) {
-        ngx_log_error(NGX_LOG_ERR, rpc->log, ngx_errno,
-                      "hermes: inotify_add_watch(\"%s/rpc\") failed",
-                      rpc->ref->dir);
-        ngx_http_hermes_rpc_close(rpc);
-        return NGX_ERROR;
-    }
+    /* the watch was there first: a request written after the sweep is seen */
 
     ngx_http_hermes_rpc_scan(rpc, 1);
 
@@ -640,18 +615,13 @@ ngx_http_hermes_rpc_carry(ngx_http_hermes_rpc_t *rpc,
 }
 
 
+/* the fd and the watch are the transport's: let go of, not closed */
+
 static void
 ngx_http_hermes_rpc_close(ngx_http_hermes_rpc_t *rpc)
 {
-    if (rpc->wd != -1) {
-        (void) inotify_rm_watch(rpc->ifd, rpc->wd);
-        rpc->wd = -1;
-    }
-
-    if (rpc->rpc_fd != NGX_INVALID_FILE) {
-        close(rpc->rpc_fd);
-        rpc->rpc_fd = NGX_INVALID_FILE;
-    }
+    rpc->wd = -1;
+    rpc->rpc_fd = NGX_INVALID_FILE;
 
     rpc->dir_fd = NGX_INVALID_FILE;
     rpc->remote = 0;
@@ -700,54 +670,59 @@ ngx_http_hermes_rpc_notify(ngx_http_hermes_rpc_t *rpc, u_char *name,
 void
 ngx_http_hermes_rpc_scan(ngx_http_hermes_rpc_t *rpc, ngx_uint_t sweep)
 {
-    int              fd;
-    DIR             *dir;
-    size_t           len;
-    ngx_uint_t       n;
-    struct dirent   *de;
-    u_char           names[NGX_HTTP_HERMES_RPC_SCAN_MAX][32];
+    u_char            *p;
+    size_t             len;
+    ssize_t            got;
+    ngx_uint_t         n;
+    struct dirent64   *de;
+    u_char             names[NGX_HTTP_HERMES_RPC_SCAN_MAX][32];
+    u_char             buf[4096]
+                       __attribute__ ((aligned(__alignof__(struct dirent64))));
 
     if (rpc->rpc_fd == NGX_INVALID_FILE) {
         return;
     }
 
-    fd = openat(rpc->rpc_fd, ".", O_RDONLY|O_DIRECTORY|O_CLOEXEC);
-    if (fd == -1) {
+    /*
+     * the kept fd read from its start (the event loop alone uses it):
+     * names first, then the files, no reading across our own unlinks
+     */
+
+    if (lseek(rpc->rpc_fd, 0, SEEK_SET) == -1) {
         return;
     }
-
-    dir = fdopendir(fd);
-    if (dir == NULL) {
-        close(fd);
-        return;
-    }
-
-    /* names first, then the files: no readdir across our own unlinks */
 
     n = 0;
 
-    while (n < NGX_HTTP_HERMES_RPC_SCAN_MAX && (de = readdir(dir)) != NULL) {
-        len = ngx_strlen(de->d_name);
-
-        if (len >= sizeof(names[0])) {
-            continue;
-        }
-
-        /* requests; with sweep, answers too; a .tmp is nobody's yet */
-
-        if (ngx_http_hermes_rpc_name_seq((u_char *) de->d_name, len) == 0
-            && !(sweep && ngx_strncmp(de->d_name, "res_", 4) == 0
-                 && ngx_strlchr((u_char *) de->d_name,
-                                (u_char *) de->d_name + len, '.') == NULL))
+    while (n < NGX_HTTP_HERMES_RPC_SCAN_MAX
+           && (got = getdents64(rpc->rpc_fd, buf, sizeof(buf))) > 0)
+    {
+        for (p = buf;
+             p < buf + got && n < NGX_HTTP_HERMES_RPC_SCAN_MAX;
+             p += de->d_reclen)
         {
-            continue;
+            de = (struct dirent64 *) p;
+            len = ngx_strlen(de->d_name);
+
+            if (len >= sizeof(names[0])) {
+                continue;
+            }
+
+            /* requests; with sweep, answers too; a .tmp is nobody's yet */
+
+            if (ngx_http_hermes_rpc_name_seq((u_char *) de->d_name, len) == 0
+                && !(sweep && ngx_strncmp(de->d_name, "res_", 4) == 0
+                     && ngx_strlchr((u_char *) de->d_name,
+                                    (u_char *) de->d_name + len, '.')
+                        == NULL))
+            {
+                continue;
+            }
+
+            ngx_memcpy(names[n], de->d_name, len + 1);
+            n++;
         }
-
-        ngx_memcpy(names[n], de->d_name, len + 1);
-        n++;
     }
-
-    closedir(dir);
 
     while (n--) {
         if (sweep) {

@@ -59,7 +59,7 @@ ngx_http_hermes_rpc_t *ngx_http_hermes_rpc_create(ngx_pool_t *pool,
     ngx_http_hermes_kernel_ref_t *ref, ngx_http_hermes_rpc_event_pt event,
     void *data, ngx_log_t *log);
 ngx_int_t ngx_http_hermes_rpc_open(ngx_http_hermes_rpc_t *rpc,
-    ngx_fd_t dir_fd, int ifd);
+    ngx_fd_t dir_fd, ngx_fd_t rpc_fd, int wd);
 int ngx_http_hermes_rpc_wd(ngx_http_hermes_rpc_t *rpc);
 void ngx_http_hermes_rpc_notify(ngx_http_hermes_rpc_t *rpc, u_char *name,
     size_t len);

@@ -64,9 +64,8 @@ struct ngx_http_hermes_rpc_s {
     ngx_http_hermes_kernel_ref_t   *ref;
 
     ngx_fd_t                        dir_fd;     /* the cell's, verified */
-    ngx_fd_t                        rpc_fd;
-    int                             ifd;        /* the worker's inotify */
-    int                             wd;
+    ngx_fd_t                        rpc_fd;     /* verified, the transport's */
+    int                             wd;         /* its watch, the same */
 
     /* a kernel on another host: requests come, answers go, by its carrier */
     ngx_http_hermes_rpc_write_pt    write;

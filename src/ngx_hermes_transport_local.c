@@ -141,6 +141,8 @@ ngx_http_hermes_transport_local_exit_process(ngx_cycle_t *cycle)
 static ngx_int_t
 ngx_http_hermes_local_stream_run(ngx_http_hermes_stream_t *st)
 {
+    int                             wd;
+    ngx_fd_t                        fd;
     ngx_int_t                       rc;
     ngx_connection_t               *c;
     ngx_http_hermes_local_stream_t *ls;
@@ -195,12 +197,15 @@ ngx_http_hermes_local_stream_run(ngx_http_hermes_stream_t *st)
 
     /* rpc/ too: the cell's tool calls (ngx_hermes_rpc.c) */
 
-    if (st->rpc
-        && ngx_http_hermes_rpc_open(st->rpc, ls->dir_fd,
-                                    ngx_http_hermes_inotify->fd)
-           != NGX_OK)
-    {
-        goto ship_failed;
+    if (st->rpc) {
+        fd = ngx_http_hermes_local_handle_rpc(ls->handle, st->ref,
+                                              ngx_http_hermes_inotify->fd,
+                                              &wd, st->log);
+        if (fd == NGX_INVALID_FILE
+            || ngx_http_hermes_rpc_open(st->rpc, ls->dir_fd, fd, wd) != NGX_OK)
+        {
+            goto ship_failed;
+        }
     }
 
     if (st->request == NULL) {

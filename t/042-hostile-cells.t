@@ -162,8 +162,8 @@ for my $kind (qw(fifo dir symlink)) {
 
 # a slow client that then leaves, while its cell's output waits: the cell
 # is let go of all the same (no fd of its files stays open in the worker;
-# the worker keeps its verified handles on each kernel: a pidfd, the
-# kernel dir and cells/, three fds a kernel, for the next cell)
+# the worker keeps its verified handles on each kernel for the next cell:
+# a pidfd, the kernel dir, cells/ and rpc/, four fds a kernel)
 sub cell_fds {
     return scalar grep { (readlink($_) // '') =~ m{/cells/cell_} }
         glob("/proc/$worker/fd/*");
@@ -183,7 +183,7 @@ sub cell_fds {
     }
     my ($fds, $cells);
     ok(wait_until(sub { $fds = () = glob("/proc/$worker/fd/*"); $cells = cell_fds();
-                        $cells == 0 && $fds <= $fds0 + 1 + 3 * 4 }, 5),
+                        $cells == 0 && $fds <= $fds0 + 1 + 4 * 4 }, 5),
         "slow clients that leave: the worker holds no fd of their cells ($fds0 before, "
         . ($fds // '?') . " after, " . ($cells // '?') . " of cell files)");
     my $r = $t->execute('/big', {session => 'leave-1', code => 'print("again")'});
