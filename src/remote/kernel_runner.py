@@ -686,18 +686,21 @@ def _drain_fds(final=False, polled=False):
     runner.log; final: the cell is ending, decoders give what they hold."""
     if not _FDS:
         return
-    if not (final or polled):
+    ready = None                      # None: read both, without asking
+    if not polled:
         try:
-            if not _state.fd_ready(0):
-                return                # the common case: one syscall
+            ready = [fd for fd, _ in _state.fd_ready(0)]
         except (OSError, RuntimeError, ValueError):
-            return
+            ready = None if final else []
+        if not ready and not final:
+            return                    # the common case: one syscall
     s = _state.current
     if s is not None and s.closed:
         s = None
     now, pushed = _monotonic(), False
     for r, name, dec in _FDS:
-        for _ in range(16):           # then let others have the lock
+        for _ in range(16 if ready is None or r in ready else 0):
+            # (16 reads, then let others have the lock)
             try:
                 data = os.read(r, FD_READ)
             except OSError:           # EAGAIN: empty
@@ -1981,6 +1984,7 @@ class _Inbox:
                 return
             if not data:
                 return
+            more = len(data) == 65536     # else the FIFO is empty now
             if b"\0" in data:
                 self.look = True
                 data = data.replace(b"\0", b"")
@@ -1998,6 +2002,8 @@ class _Inbox:
                     _log("wake: not a request: %r" % line[:80])
             if len(self.buf) > 65536:      # no module writes that: a cell's
                 self.buf = b""
+            if not more:
+                return
 
     def pending(self, last):
         """-> ([(id, request file name or None, inline request or None) of
