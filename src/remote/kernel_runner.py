@@ -48,6 +48,9 @@ import traceback
 D = os.path.dirname(os.path.abspath(__file__))
 CELLS = os.path.join(D, "cells")
 RPC = os.path.join(D, "rpc")
+_CELL_PATH = {k: CELLS + "/cell_" + k + "_%06d" + sfx   # a cell's files
+              for k, sfx in (("req", ".json"), ("out", ""), ("res", ".json"))}
+RESERVE = os.path.join(CELLS, "reserve.tmp")
 
 # Make `import hermes_tools` work in cells, and share its module object.
 # We run as `python3 -I`, so D is not on sys.path by itself; it goes last,
@@ -411,20 +414,24 @@ class _Sink:
             else:
                 _text_to_log("stdout", it)
 
-    def display(self, bundle):
-        """A display event after the text so far, and the bundle kept for
-        the result, each within its bound.  False once the cell is over."""
+    def display(self, bundle, text=""):
+        """A display event after the text so far and text (its text/plain,
+        for the output, as print would), and the bundle kept for the
+        result, each within its bound.  False once the cell is over."""
         try:
-            return self._display(bundle)
+            return self._display(bundle, text)
         finally:
             _raise_deferred()
 
-    def _display(self, bundle):
+    def _display(self, bundle, text):
         with _state.lock:
             if self.closed:
                 return False
             self._raise_if_full()
             _drain_fds()
+            if text:                  # stdout's, flushed below with the rest
+                self.parts.append(text)
+                self.chars += len(text)
             data = _dumps(bundle)     # once: most bundles fit whole
             room = self.max_output - self.shown_bytes
             kept, size = _fit(bundle, room, "hermes_max_output",
@@ -1217,10 +1224,10 @@ def _display(*objs):
     its text/plain in the output, as print would), kept for the result."""
     for obj in objs:
         data = _bundle(obj)
-        STDOUT.write(data["text/plain"] + "\n")
+        text = data["text/plain"] + "\n"
         sink = _state.current         # None between cells: text to the log
-        if sink is not None:
-            sink.display(data)
+        if sink is None or not sink.display(data, text):
+            STDOUT.write(text)
 
 
 def _shown_for_result(sink, room):
@@ -1511,7 +1518,7 @@ def _flush_std():
 
 
 def _cell_path(kind, n):
-    return os.path.join(CELLS, "cell_%s_%06d%s" % (kind, n, ".json" if kind != "out" else ""))
+    return _CELL_PATH[kind] % n
 
 
 _O_PATH = getattr(os, "O_PATH", 0)
@@ -1699,7 +1706,7 @@ def _process(n, path, names=None, req=None):
 # -- the result, on a full disk too -----------------------------------------
 
 def _reserve_path():
-    return os.path.join(CELLS, "reserve.tmp")
+    return RESERVE
 
 
 def _allocate(fd, size):
