@@ -7,6 +7,7 @@
 #                   runs them too, as t/001-lint.t)
 #   make test-asan  the suite again with the module built with AddressSanitizer
 #   make bench      side-by-side benchmark against jupyter-server (bench/)
+#   make bench-wrk  throughput with a C client (wrk): 1, 64, 256 sessions
 #   make deb        the Debian package libnginx-mod-http-hermes, in build/
 #   make dist       the source tarball of the tag vVERSION, in build/
 #   make rootfs     a Debian trixie rootfs with python3, for kernels to run
@@ -48,7 +49,7 @@ MODULE      = build/ngx_http_hermes_module.so
 ASAN_MODULE = build-asan/ngx_http_hermes_module.so
 
 .PHONY: all deps test-deps lint-deps npm-deps module asan run test test-asan \
-        lint unit bench deb dist rootfs clean FORCE
+        lint unit bench bench-wrk deb dist rootfs clean FORCE
 
 all: module
 
@@ -196,6 +197,11 @@ bench: module
 	    apt-get update -qq && apt-get install -y -qq $$missing >/dev/null; \
 	fi
 	bench/run.sh
+
+# bench/wrk.py starts a gateway of its own; Debian's wrk drives it
+bench-wrk: module
+	$(call install_pkgs,wrk)
+	/usr/bin/python3 bench/wrk.py
 
 # The package: debian/rules builds with the targets above (nginx-dev, a
 # package of PKGS, brings debhelper and dpkg-dev); -nc keeps build/, so
