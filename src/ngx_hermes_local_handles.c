@@ -87,7 +87,7 @@ ngx_http_hermes_local_handle_get(ngx_http_hermes_kernel_ref_t *ref,
 {
     ngx_int_t                       rc;
     ngx_queue_t                    *q;
-    ngx_http_hermes_local_entry_t  *e;
+    ngx_http_hermes_local_entry_t  *e, *old;
 
     if (ngx_http_hermes_local_handles.next == NULL) {
         ngx_queue_init(&ngx_http_hermes_local_handles);
@@ -165,8 +165,6 @@ ngx_http_hermes_local_handle_get(ngx_http_hermes_kernel_ref_t *ref,
          && q != ngx_queue_sentinel(&ngx_http_hermes_local_handles);
          /* void */)
     {
-        ngx_http_hermes_local_entry_t  *old;
-
         old = ngx_queue_data(q, ngx_http_hermes_local_entry_t, queue);
         q = ngx_queue_prev(q);
 
