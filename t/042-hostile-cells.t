@@ -206,13 +206,17 @@ sub cell_fds {
     mkdir $dir, 0700;
     system('rm', '-rf', "$dir.old"); mkdir "$dir/cells", 0700; mkdir "$dir/rpc", 0700;
     system('mkfifo', '-m', '600', "$dir/wake");
-    # the co-tenant keeps what it is sent, outside the directory
+    # the co-tenant keeps what it is sent, outside the directory: the
+    # FIFO's bytes (a request comes inline there) and the files
     my $cap = "$p/captured";
     mkdir $cap;
     my $holder = fork // die;
     if (!$holder) {
         open my $w, '+<', "$dir/wake" or POSIX::_exit(1);
-        while (sysread($w, my $b, 1)) {
+        while (sysread($w, my $b, 4096)) {
+            open my $k, '>>', "$cap/wake-bytes" or POSIX::_exit(1);
+            print $k $b;
+            close $k;
             system("cp -r '$dir/cells/.' '$cap/' 2>/dev/null");
         }
         POSIX::_exit(0);

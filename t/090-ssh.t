@@ -240,8 +240,10 @@ $r = run_cell('/v1/execute', 'ssh-a',
 
 # modes on the kernel host, while a cell runs
 {
+    # (a request too large for the wake FIFO, so it is a file: its mode too)
     my $bg = $t->execute_async('/v1/execute', { session => 'ssh-a',
-        code => "import time\nprint('x' * 10, flush=True)\ntime.sleep(1.5)" }, timeout => 30);
+        code => "import time\nprint('x' * 10, flush=True)\ntime.sleep(1.5)\n#"
+            . ('p' x 5000) }, timeout => 30);
     my $dir = dir_of($kA);
     ok(wait_until(sub { -e "$dir/cells/cell_out_000004" }, 10), 'a cell is running');
     is(mode($dir), '700', 'kernel dir 0700');

@@ -503,15 +503,29 @@ def interrupt(path, ino, cell):
 
 
 def ship(k, cell, req):
-    """Write the request as a new file, wake the runner; the agent's word
-    when the cell was not shipped, else None."""
+    """Send the request inline through the runner's wake FIFO when it is
+    small (its JSON and a newline, one write of at most PIPE_BUF, which a
+    FIFO takes whole or not at all), else write it as a new file and wake
+    the runner; the agent's word when the cell was not shipped, else
+    None."""
     if not k.ours() or not k.alive():
         return {"relay": "dead"}
+    if len(req) < select.PIPE_BUF and b"\n" not in req and b"\0" not in req:
+        w = wake(k, req + b"\n")
+        if w != "full":
+            return w
     err = k.write_new(k.cells, "cell_req_%06d.json" % cell, req, "cells")
     if err is not None:
         if err[0].errno in (errno.ENOSPC, errno.EDQUOT):
             return {"relay": "full"}
         return {"relay": "failed", "error": err[1]}
+    w = wake(k, b"\0")
+    return None if w == "full" else w     # a full FIFO holds a wake-up
+
+
+def wake(k, data):
+    """data into the kernel's wake FIFO: None when written, "full" when
+    the FIFO has no room for it, else the agent's word."""
     try:
         fd = os.open("wake", os.O_WRONLY | os.O_NONBLOCK | os.O_NOFOLLOW
                      | os.O_CLOEXEC, dir_fd=k.dir)
@@ -522,9 +536,9 @@ def ship(k, cell, req):
     try:
         if not stat.S_ISFIFO(os.fstat(fd).st_mode):
             return {"relay": "failed", "error": "wake: not a FIFO"}
-        os.write(fd, b"\0")
+        os.write(fd, data)
     except BlockingIOError:
-        pass  # a full FIFO already holds a wake-up
+        return "full"
     except OSError as e:
         return {"relay": "failed", "error": "wake: %s" % e.strerror}
     finally:

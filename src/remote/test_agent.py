@@ -399,8 +399,10 @@ class AgentTest(unittest.TestCase):
     def test_ship_stream_result_exact(self):
         a = self.agent()
         k = self.kernel()
+        # (a request too large for the wake FIFO: a file, its mode seen)
         a.cell(1, k, 1, code="import time\nprint('a', flush=True)\n"
-                             "time.sleep(0.3)\nprint('b' * 70000)\nprint('\u00e9')")
+                             "time.sleep(0.3)\nprint('b' * 70000)\nprint('\u00e9')\n#"
+                             + "p" * 5000)
         fr = a.end(1)
         self.assertEqual(fr[0], ("S", b""))
         self.assertEqual(out_bytes(fr), self.file(k, "cell_out_000001"))
@@ -546,6 +548,15 @@ class AgentTest(unittest.TestCase):
         a.cell(5, k, 1, offset=0, ino=os.stat(k.dir).st_ino + 1)
         self.assertEqual(a.end(5), [("R", b'{"relay":"died"}')])
 
+    def test_a_small_request_goes_inline(self):
+        # no request file: the JSON line in the wake FIFO
+        a = self.agent()
+        k = self.kernel()
+        a.cell(1, k, 1, code="print('in line')")
+        fr = a.end(1)
+        self.assertEqual(json.loads(result(fr))["output"], "in line\n")
+        self.assertFalse([x for x in os.listdir(k.cells) if "req" in x])
+
     def test_planted_request_tmp_fails_the_ship(self):
         a = self.agent()
         for i, kind in enumerate(("file", "symlink", "fifo", "dir")):
@@ -562,7 +573,7 @@ class AgentTest(unittest.TestCase):
                 os.mkfifo(tmp, 0o600)
             else:
                 os.mkdir(tmp, 0o700)
-            a.cell(i + 1, k, 1, code="1")
+            a.cell(i + 1, k, 1, code="1\n#" + "p" * 5000)   # not inline: a file
             w = json.loads(result(a.end(i + 1)))
             self.assertEqual(w["relay"], "failed", kind)
             self.assertTrue(w["error"].startswith("cells/cell_req_000001.json.tmp: "), w)
@@ -963,9 +974,14 @@ class DiskFullTest(unittest.TestCase):
             os.close(fd)
         a = Agent()
         self.addCleanup(a.close)
-        a.cell(1, k, 2, code="print(1)")
+        # a request too large for the wake FIFO cannot be written
+        a.cell(1, k, 2, code="print(1)\n#" + "p" * 5000)
         self.assertEqual(a.end(1), [("R", b'{"relay":"full"}')], a.stderr())
         self.assertFalse([x for x in os.listdir(k.cells) if "req_000002" in x])
+        self.assertTrue(k.alive())
+        # a small one goes inline, and its result into the reserve
+        a.cell(2, k, 2, code="print(1)")
+        self.assertEqual(a.end(2)[0], ("S", b""))
         self.assertTrue(k.alive())
 
 
