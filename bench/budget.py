@@ -3,14 +3,18 @@
 """Where a trivial cell's CPU goes, on a running gateway (make run): the
 client, the nginx workers and the kernel (its runner and sandbox), each
 in ms of CPU a cell, over many cells; with --strace, the kernel's system
-calls a cell (files made, renamed, removed, inotify, wake-ups).
+calls a cell (files made, renamed, removed, inotify, wake-ups).  For an
+ssh location (a host on this machine, as `make bench`'s), --ssh-user
+names the user the module logs in as: that user's other processes (the
+kernel-host agent, sshd's session process) and the sshd processes above
+them (the connection's privileged monitor) are a part of their own.
 
 CPU time is each task's own (/proc/PID/task/TID/schedstat: ns on a CPU),
 read before and after the cells: it needs no performance counters (a VM
 often has none: perf stat says "not supported") and counts every thread.
 
     /usr/bin/python3 bench/budget.py [--url URL] [--n N] [--strace]
-        [--pid-file run/nginx.pid]
+        [--pid-file run/nginx.pid] [--ssh-user USER]
 """
 
 import argparse
@@ -18,6 +22,7 @@ import glob
 import http.client
 import json
 import os
+import pwd
 import re
 import subprocess
 import time
@@ -58,6 +63,10 @@ def ppid(pid):
     return 0
 
 
+def owner(pid):
+    return os.stat(f"/proc/{pid}").st_uid
+
+
 def cmdline(pid):
     with open(f"/proc/{pid}/cmdline", "rb") as f:
         return f.read().replace(b"\0", b" ").decode(errors="replace")
@@ -71,6 +80,8 @@ def main():
     ap.add_argument("--pid-file", default=os.path.join(
         os.path.dirname(os.path.abspath(__file__)), "..", "run", "nginx.pid"),
                     help="the gateway's nginx.pid (make run's by default)")
+    ap.add_argument("--ssh-user",
+                    help="an ssh location's login user: its agent and sshd's part")
     a = ap.parse_args()
 
     u = urllib.parse.urlsplit(a.url)
@@ -98,6 +109,14 @@ def main():
     # the runner itself, not the shell or bwrap that name it in their argv
     runner = [p for p in kernel if "python" in cmdline(p).split(" ", 1)[0]
               and "kernel_runner.py" in cmdline(p)]
+    host = []
+    if a.ssh_user:
+        uid = pwd.getpwnam(a.ssh_user).pw_uid
+        host = pids_where(lambda p: owner(p) == uid and p not in kernel)
+        for p in list(host):             # the sessions' privileged monitors
+            q = ppid(p)
+            if q > 1 and q not in host and cmdline(q).startswith("sshd"):
+                host.append(q)
 
     tracer = None
     if a.strace and runner:
@@ -109,6 +128,7 @@ def main():
     me0 = cpu_ns(os.getpid())
     w0 = sum(cpu_ns(p) for p in workers)
     k0 = sum(cpu_ns(p) for p in kernel)
+    h0 = sum(cpu_ns(p) for p in host)
     t0 = time.perf_counter()
     for _ in range(a.n):
         cell()
@@ -116,6 +136,7 @@ def main():
     me = cpu_ns(os.getpid()) - me0
     w = sum(cpu_ns(p) for p in workers) - w0
     k = sum(cpu_ns(p) for p in kernel) - k0
+    h = sum(cpu_ns(p) for p in host) - h0
 
     per = lambda ns: ns / a.n / 1e6   # noqa: E731
     print(f"{a.n} trivial cells ({TRIVIAL!r}), one session, keep-alive, "
@@ -123,7 +144,9 @@ def main():
     print(f"  client (this process)       {per(me):.3f} ms CPU a cell")
     print(f"  nginx workers ({len(workers)})           {per(w):.3f} ms CPU a cell")
     print(f"  kernel ({len(kernel)} processes)      {per(k):.3f} ms CPU a cell")
-    print(f"  sum                         {per(me + w + k):.3f} ms CPU a cell")
+    if a.ssh_user:
+        print(f"  agent and sshd ({len(host)} processes) {per(h):.3f} ms CPU a cell")
+    print(f"  sum                         {per(me + w + k + h):.3f} ms CPU a cell")
 
     if tracer:
         tracer.terminate()
