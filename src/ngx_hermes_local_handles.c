@@ -67,6 +67,8 @@ static ngx_int_t ngx_http_hermes_local_handle_check(
 static ngx_int_t ngx_http_hermes_local_private_dir(ngx_file_info_t *fi,
     uint32_t uid);
 static void ngx_http_hermes_local_handles_reap(void);
+static void ngx_http_hermes_local_handle_drop(
+    ngx_http_hermes_local_entry_t *e);
 static void ngx_http_hermes_local_handle_free(
     ngx_http_hermes_local_entry_t *e);
 
@@ -74,6 +76,14 @@ static void ngx_http_hermes_local_handle_free(
 /* every handle: those kept (cached, LRU order), and those of a cell alone */
 static ngx_queue_t  ngx_http_hermes_local_handles;
 static ngx_uint_t   ngx_http_hermes_local_handles_n;    /* kept */
+
+
+void
+ngx_http_hermes_local_handles_init(void)
+{
+    ngx_queue_init(&ngx_http_hermes_local_handles);
+    ngx_http_hermes_local_handles_n = 0;
+}
 
 
 /*
@@ -88,10 +98,6 @@ ngx_http_hermes_local_handle_get(ngx_http_hermes_kernel_ref_t *ref,
     ngx_int_t                       rc;
     ngx_queue_t                    *q;
     ngx_http_hermes_local_entry_t  *e, *old;
-
-    if (ngx_http_hermes_local_handles.next == NULL) {
-        ngx_queue_init(&ngx_http_hermes_local_handles);
-    }
 
     for (q = ngx_queue_head(&ngx_http_hermes_local_handles);
          q != ngx_queue_sentinel(&ngx_http_hermes_local_handles);
@@ -115,8 +121,7 @@ ngx_http_hermes_local_handle_get(ngx_http_hermes_kernel_ref_t *ref,
                           "longer its owner-only directory",
                           (size_t) NGX_HTTP_HERMES_ID_LEN, ref->kernel_id,
                           ref->dir);
-            e->users++;
-            ngx_http_hermes_local_handle_put(&e->handle, 1);
+            ngx_http_hermes_local_handle_drop(e);
             return rc;
         }
 
@@ -197,12 +202,25 @@ ngx_http_hermes_local_handle_put(ngx_http_hermes_local_handle_t *handle,
 
     e = (ngx_http_hermes_local_entry_t *) handle;
 
-    if (drop && e->cached) {
+    e->users--;
+
+    if (drop || (e->users == 0 && !e->cached)) {
+        ngx_http_hermes_local_handle_drop(e);
+    }
+}
+
+
+/* no longer kept for later cells; freed once no cell has it */
+
+static void
+ngx_http_hermes_local_handle_drop(ngx_http_hermes_local_entry_t *e)
+{
+    if (e->cached) {
         ngx_http_hermes_local_handles_n--;
         e->cached = 0;
     }
 
-    if (--e->users == 0 && !e->cached) {
+    if (e->users == 0) {
         ngx_http_hermes_local_handle_free(e);
     }
 }
@@ -214,25 +232,13 @@ ngx_http_hermes_local_handles_exit(void)
     ngx_queue_t                    *q, *next;
     ngx_http_hermes_local_entry_t  *e;
 
-    if (ngx_http_hermes_local_handles.next == NULL) {
-        return;
-    }
-
     for (q = ngx_queue_head(&ngx_http_hermes_local_handles);
          q != ngx_queue_sentinel(&ngx_http_hermes_local_handles);
          q = next)
     {
         next = ngx_queue_next(q);
         e = ngx_queue_data(q, ngx_http_hermes_local_entry_t, queue);
-
-        if (e->cached) {
-            ngx_http_hermes_local_handles_n--;
-            e->cached = 0;
-        }
-
-        if (e->users == 0) {
-            ngx_http_hermes_local_handle_free(e);
-        }
+        ngx_http_hermes_local_handle_drop(e);
     }
 }
 
@@ -418,10 +424,7 @@ bad:
 
     /* a new rpc/ is not ours to watch: the next cell opens it afresh */
 
-    if (e->cached) {
-        ngx_http_hermes_local_handles_n--;
-        e->cached = 0;
-    }
+    ngx_http_hermes_local_handle_drop(e);
 
     return NGX_INVALID_FILE;
 }
@@ -437,10 +440,6 @@ ngx_http_hermes_local_handles_ignored(int wd)
 {
     ngx_queue_t                    *q, *next;
     ngx_http_hermes_local_entry_t  *e;
-
-    if (ngx_http_hermes_local_handles.next == NULL) {
-        return;
-    }
 
     for (q = ngx_queue_head(&ngx_http_hermes_local_handles);
          q != ngx_queue_sentinel(&ngx_http_hermes_local_handles);
@@ -460,14 +459,7 @@ ngx_http_hermes_local_handles_ignored(int wd)
             e->rpc_wd = -1;
         }
 
-        if (e->cached) {
-            ngx_http_hermes_local_handles_n--;
-            e->cached = 0;
-        }
-
-        if (e->users == 0) {
-            ngx_http_hermes_local_handle_free(e);
-        }
+        ngx_http_hermes_local_handle_drop(e);
     }
 }
 

@@ -23,6 +23,7 @@ typedef struct {
 } ngx_http_hermes_local_handle_t;
 
 
+void ngx_http_hermes_local_handles_init(void);
 ngx_int_t ngx_http_hermes_local_handle_get(ngx_http_hermes_kernel_ref_t *ref,
     ngx_http_hermes_local_handle_t **handle, ngx_log_t *log);
 void ngx_http_hermes_local_handle_put(ngx_http_hermes_local_handle_t *handle,

@@ -92,6 +92,7 @@ ngx_http_hermes_transport_local_init_process(ngx_cycle_t *cycle)
     ngx_connection_t  *c;
 
     ngx_queue_init(&ngx_http_hermes_local_streams);
+    ngx_http_hermes_local_handles_init();
 
     fd = inotify_init1(IN_NONBLOCK|IN_CLOEXEC);
     if (fd == -1) {
