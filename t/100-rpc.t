@@ -20,19 +20,9 @@ $SIG{$_} = sub { exit 1 } for qw(INT TERM HUP);
 my $J = JSON::PP->new->canonical;
 my $t = Hermes::Test->new(workers => 1);
 my $p = $t->prefix;
-my $hitlog = "$p/logs/tool-hits.log";
 
 # the tool endpoint
-my $tport = $t->port(1);
-my $srv = fork // die "fork: $!";
-if ($srv == 0) {
-    open STDOUT, '>', "$p/logs/tool-server.out" or POSIX::_exit(1);
-    open STDERR, '>&', \*STDOUT;
-    exec '/usr/bin/python3', Hermes::Test::repo_root() . '/t/lib/hermes_tool_server.py',
-        $tport, $hitlog or POSIX::_exit(127);
-}
-END { local $?; if ($srv) { kill "TERM", $srv; waitpid $srv, 0; } }
-wait_until(sub { -s "$p/logs/tool-server.out" }, 10) or die "tool server did not start";
+my $hitlog = $t->tool_server;
 
 $t->write_conf(<<'CONF');
     hermes_zone kernels:1m;

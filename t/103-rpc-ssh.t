@@ -27,32 +27,13 @@ $SIG{$_} = sub { exit 1 } for qw(INT TERM HUP);
 my $J = JSON::PP->new->canonical;
 my $t = Hermes::Test->new(workers => 1);
 my $p = $t->prefix;
-my $hitlog = "$p/logs/tool-hits.log";
 my $s = Hermes::Sshd->new(dir => "$p/ssh", port => $t->port(5));
 $s->start;
 mkdir "$p/kroot/ssh", 0711;
 
-# the tool endpoint
-my $tport = $t->port(1);
-my $srv = fork // die "fork: $!";
-if ($srv == 0) {
-    open STDOUT, '>', "$p/logs/tool-server.out" or POSIX::_exit(1);
-    open STDERR, '>&', \*STDOUT;
-    exec '/usr/bin/python3', Hermes::Test::repo_root() . '/t/lib/hermes_tool_server.py',
-        $tport, $hitlog or POSIX::_exit(127);
-}
-# and a minimal MCP server
-my $mport = $t->port(3);
-my $msrv = fork // die "fork: $!";
-if ($msrv == 0) {
-    open STDOUT, '>', "$p/logs/mcp-server.out" or POSIX::_exit(1);
-    open STDERR, '>&', \*STDOUT;
-    exec '/usr/bin/python3', Hermes::Test::repo_root() . '/t/lib/hermes_mcp_server.py',
-        $mport, "$p/logs/mcp-hits.log" or POSIX::_exit(127);
-}
-END { local $?; for ($srv, $msrv) { if ($_) { kill "TERM", $_; waitpid $_, 0; } } }
-wait_until(sub { -s "$p/logs/tool-server.out" }, 10) or die "tool server did not start";
-wait_until(sub { -s "$p/logs/mcp-server.out" }, 10) or die "MCP server did not start";
+# the tool endpoint, and a minimal MCP server
+my $hitlog = $t->tool_server(1);
+$t->mcp_server(3);
 
 my $ssh = "hermes_backend ssh host=127.0.0.1:${\ $s->port } root=%%KROOT%%/ssh "
         . "user=root identity=${\ $s->identity } known_hosts=${\ $s->known_hosts } "

@@ -21,20 +21,9 @@ my $J = JSON::PP->new->canonical;
 my $t = Hermes::Test->new(workers => 1);
 my $p = $t->prefix;
 my $hitlog = $t->mcp_server;            # port 1
-my $thits = "$p/logs/tool-hits.log";
 
-# a plain tool endpoint (port 2, taken before the fork)
-my $tport = $t->port(2);
-my $srv = fork // die "fork: $!";
-if ($srv == 0) {
-    open STDOUT, '>', "$p/logs/tool-server.out" or POSIX::_exit(1);
-    open STDERR, '>&', \*STDOUT;
-    exec '/usr/bin/python3', Hermes::Test::repo_root() . '/t/lib/hermes_tool_server.py',
-        $tport, $thits or POSIX::_exit(127);
-}
-END { local $?; if ($srv) { kill "TERM", $srv; waitpid $srv, 0; } }
-Hermes::Test::wait_until(sub { -s "$p/logs/tool-server.out" }, 10)
-    or die "tool server did not start";
+# a plain tool endpoint
+my $thits = $t->tool_server(2);
 
 sub write_file {
     my ($name, $text) = @_;

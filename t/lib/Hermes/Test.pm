@@ -450,18 +450,31 @@ sub remove_cgroups {
 # takes a JSON line in the returned file; stopped with the test
 sub mcp_server {
     my ($self, $n) = @_;
+    return $self->_helper_server('mcp', $n // 1);
+}
+
+# t/lib/hermes_tool_server.py, the plain HTTP tool endpoint, on port(N)
+# (N: 1 by default); each call it takes a JSON line in the returned file
+sub tool_server {
+    my ($self, $n) = @_;
+    return $self->_helper_server('tool', $n // 1);
+}
+
+sub _helper_server {
+    my ($self, $kind, $n) = @_;
     my $p = $self->{prefix};
-    my $hitlog = "$p/logs/mcp-hits.log";
-    my $port = $self->port($n // 1);
+    my $hitlog = "$p/logs/$kind-hits.log";
+    my $out = "$p/logs/$kind-server.out";
+    my $port = $self->port($n);
     my $pid = fork // die "fork: $!";
     if ($pid == 0) {
-        open STDOUT, '>', "$p/logs/mcp-server.out" or POSIX::_exit(1);
+        open STDOUT, '>', $out or POSIX::_exit(1);
         open STDERR, '>&', \*STDOUT;
-        exec '/usr/bin/python3', "$ROOT/t/lib/hermes_mcp_server.py", $port, $hitlog
+        exec '/usr/bin/python3', "$ROOT/t/lib/hermes_${kind}_server.py", $port, $hitlog
             or POSIX::_exit(127);
     }
     push @{ $self->{helpers} }, $pid;
-    wait_until(sub { -s "$p/logs/mcp-server.out" }, 10) or die "MCP server did not start";
+    wait_until(sub { -s $out }, 10) or die "$kind server did not start";
     return $hitlog;
 }
 
