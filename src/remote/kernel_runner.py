@@ -262,7 +262,7 @@ class _State:
         self.globals = None       # the cells' namespace
         self.count = 0            # cells run: the result's execution_count
         self.site = None          # SITE's (inode, mtime) as last put on sys.path
-        self.made = None          # the last cell's files' paths (_remove_older)
+        self.made = []            # (id, its files' paths) of cells not tidied
 
 
 _state = _State()
@@ -1544,22 +1544,9 @@ def _remove(path):
             os.close(fd)
 
 
-def _remove_older(n, names=None):
-    """The module is done with every earlier cell's files: those of names
-    (what cells/ held), else those the last cell made, without a listing."""
-    if names is None:
-        made, _state.made = _state.made, None
-        if made is not None:
-            for path in made:
-                try:
-                    _remove(path)
-                except OSError:
-                    pass
-            return
-        try:
-            names = os.listdir(CELLS)
-        except OSError:
-            return
+def _remove_older(n, names):
+    """The files in cells/ (names: what it held) of every cell before n,
+    which the module is done with once it ships cell n."""
     for name in names:
         m = _CELL_FILE.fullmatch(name)
         if m and int(m.group(1)) < n:
@@ -1567,6 +1554,26 @@ def _remove_older(n, names=None):
                 _remove(os.path.join(CELLS, name))
             except OSError:
                 pass
+    _state.made = [m for m in _state.made if m[0] >= n]
+
+
+def _tidy(n):
+    """After cell n's result: the files of the cells before it, by name.
+    The module was done with them when it shipped cell n; removed now,
+    while the module reads n's result and answers, they cost the next
+    cell nothing (at the start of that cell they were a fifth of the
+    runner's time a trivial cell).  So cells/ holds two cells' files."""
+    keep = []
+    for m in _state.made:
+        if m[0] >= n:
+            keep.append(m)
+            continue
+        for path in m[1]:
+            try:
+                _remove(path)
+            except OSError:
+                pass
+    _state.made = keep
 
 
 def _sweep_rpc():
@@ -1639,13 +1646,14 @@ def _process(n, path, names=None, req=None):
     os.umask(0o077)                       # a cell may have changed it
     # ... or the SIGINT handler (_signal's: signal's wrapper costs 6 us)
     _signal.signal(_SIGINT, _on_sigint)
-    _remove_older(n, names)
+    if names is not None:                 # cells/ was listed: all before n
+        _remove_older(n, names)
     try:
         req, bad = _check_req(req) if path is None else _read_req(path), None
     except (OSError, ValueError) as e:
         req, bad = {}, "bad cell request: %s" % e
-    _state.made = [p for p in (path, _cell_path("out", n), _cell_path("res", n))
-                   if p is not None]
+    _state.made.append((n, [p for p in (path, _cell_path("out", n),
+                                        _cell_path("res", n)) if p is not None]))
     hermes_tools._begin(_tools(req), req.get("schemas", True) is not False)
     _sweep_rpc()
     max_output = _int(req.get("max_output"), DEFAULT_MAX_OUTPUT)
@@ -2161,7 +2169,8 @@ def main():
                 _process(n, name and os.path.join(CELLS, name), names, req)
             except BaseException as e:    # never let one cell end the loop
                 _fail(n, e)
-            names = None     # the next one removes what this one made
+            _tidy(n)
+            names = None     # the next one's made are known by name
             deadline = time.monotonic() + idle   # the idle clock restarts
         if not idle:
             timeout = None

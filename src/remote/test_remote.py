@@ -561,8 +561,12 @@ class RunnerTest(unittest.TestCase):
         k = self.kernel()
         for i in range(3):
             k.run("print(%d)" % i, inline=i != 1)
-        left = sorted(n for n in os.listdir(k.cells) if n.startswith("cell_"))
-        self.assertEqual(left, ["cell_out_000003", "cell_res_000003.json"])
+        # the earlier cells' files go once cell 3's result is in (the
+        # module was done with them when it shipped cell 3)
+        left = lambda: sorted(n for n in os.listdir(k.cells)  # noqa: E731
+                              if n.startswith("cell_"))
+        _wait_for(lambda: len(left()) == 2)
+        self.assertEqual(left(), ["cell_out_000003", "cell_res_000003.json"])
 
     def test_request_that_is_a_fifo_or_symlink_is_refused(self):
         # A cell shares the kernel dir: what it puts in place of a request
