@@ -12,8 +12,9 @@
  * at most NGX_HTTP_HERMES_LOCAL_HANDLES a worker (the least recently
  * used let go first).  Each cell then checks what can change: the process
  * still alive (a poll of its pidfd: a pid reused is another process, not
- * this pidfd's), the dir and cells/ still owner-only, and cells/ still the
- * one we hold (a cell may have made a new one).
+ * this pidfd's), the dir still the one at its path, it and cells/ still
+ * owner-only, and cells/ still the one we hold (a cell may have made a
+ * new one).
  *
  * The watch on cells/ is kept with them: adding and removing it each cell
  * (a path walk, a mark made and freed by a kernel worker) cost more than
@@ -550,8 +551,9 @@ ngx_http_hermes_local_handle_open(ngx_http_hermes_local_entry_t *e,
 
 
 /*
- * A kept handle, before each cell: the process alive, the dir and cells/
- * owner-only, cells/ the one we hold.  NGX_DECLINED: not so.
+ * A kept handle, before each cell: the process alive, the dir still at
+ * its path, it and cells/ owner-only, cells/ the one we hold.
+ * NGX_DECLINED: not so.
  */
 
 static ngx_int_t
@@ -569,7 +571,10 @@ ngx_http_hermes_local_handle_check(ngx_http_hermes_local_entry_t *e,
         return NGX_DECLINED;
     }
 
-    if (ngx_fd_info(e->handle.dir_fd, &fi) == NGX_FILE_ERROR
+    /* the path still names the dir held: the registry means it by path */
+
+    if (ngx_link_info(ref->dir, &fi) == NGX_FILE_ERROR
+        || (uint64_t) fi.st_ino != e->ino
         || ngx_http_hermes_local_private_dir(&fi, ref->uid) != NGX_OK
         || fstatat(e->handle.dir_fd, "cells", &fi, AT_SYMLINK_NOFOLLOW) == -1
         || (uint64_t) fi.st_ino != e->cells_ino

@@ -17,6 +17,7 @@ use Test::More;
 use JSON::PP ();
 use Time::HiRes qw(time sleep);
 
+use POSIX ();
 use Hermes::Test;
 
 $SIG{$_} = sub { exit 1 } for qw(INT TERM HUP);
@@ -123,6 +124,43 @@ PY
         code => "import hermes_tools\nprint(hermes_tools.echo(q='again'))"});
     is($r->{result}{status}, 'success', 'rpc/ swapped: a later cell calls tools again')
         or diag explain $r->{result};
+}
+
+# the kernel dir moved away while its runner runs (which writes its files
+# by path) and another made at its path, with a reader on its wake FIFO:
+# the path no longer names the kernel, so the next cell goes to a new
+# kernel and nothing of it reaches the directory made again
+{
+    my $r = $t->execute('/x', {session => 'moved', code => 'x = 1'});
+    my $kid = kid($r);
+    $r = $t->execute('/x', {session => 'moved', code => 'y = 2'});
+    is(kid($r), $kid, 'dir moved: its second cell on the kept handles');
+    my $d = dir_of($kid);
+    rename $d, "$d.old" or die "rename: $!";
+    mkdir $d, 0700 or die;
+    mkdir "$d/$_", 0700 for qw(cells rpc);
+    system('mkfifo', '-m', '600', "$d/wake") == 0 or die;
+    my $holder = fork // die;
+    if (!$holder) {
+        open my $w, '+<', "$d/wake";
+        sleep 30;
+        POSIX::_exit(0);
+    }
+    sleep 0.2;
+    $r = $t->execute('/x', {session => 'moved', code => 'print(globals().get("x"))'}, timeout => 20);
+    sysopen my $fifo, "$d/wake", POSIX::O_RDONLY() | POSIX::O_NONBLOCK();
+    sysread($fifo, my $sent, 65536) if $fifo;
+    opendir my $dh, "$d/cells";
+    my @got = grep { !/^\.\.?$/ } readdir $dh;
+    push @got, "wake: $sent" if length($sent // '');
+    is("@got", '', 'dir moved: nothing shipped into the directory made again');
+    is($r->{result}{status}, 'success', 'dir moved: the cell ran')
+        or diag explain $r->{result} // $r;
+    isnt(kid($r), $kid, '... on a new kernel');
+    is($r->{result}{output}, "None\n", '... no state carried');
+    kill 'KILL', $holder;
+    waitpid $holder, 0;
+    system('rm', '-rf', $d, "$d.old");
 }
 
 unlike($t->error_log, qr/\[(alert|crit|emerg)\]/, 'no alert in error.log');
