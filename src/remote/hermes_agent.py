@@ -130,7 +130,14 @@ IN_IGNORED = 0x8000
 IN_ONLYDIR = 0x1000000
 IN_NONBLOCK = os.O_NONBLOCK
 IN_CLOEXEC = os.O_CLOEXEC
+IN_DELETE_SELF = 0x400
 WATCH = IN_MODIFY | IN_CLOSE_WRITE | IN_MOVED_TO | IN_CREATE | IN_ONLYDIR
+# a kept kernel's watches: cells/ asks for nothing but its end while no
+# stream of the kernel is on it (its cells streamed by another agent wake
+# nobody here); rpc/ for the renames that make tool call requests
+WATCH_IDLE = IN_DELETE_SELF | IN_ONLYDIR
+WATCH_RPC = IN_MOVED_TO | IN_ONLYDIR
+KERNELS_KEPT = 64                 # kernels an agent keeps verified (LRU)
 EVENT = struct.Struct("iIII")
 
 RPC_REQ = re.compile(r"req_[0-9]{1,12}\Z")
@@ -213,12 +220,13 @@ class Inotify:
     def ok(self):
         return self.fd >= 0
 
-    def watch(self, dirfd):
+    def watch(self, dirfd, mask=WATCH):
         """A watch on the directory open as dirfd (its very inode, not a
-        path that may have been replaced since); -1 if none."""
+        path that may have been replaced since), or its mask now mask
+        where it has one; -1 if none."""
         if self.fd < 0:
             return -1
-        wd = self.add(self.fd, b"/proc/self/fd/%d" % dirfd, WATCH)
+        wd = self.add(self.fd, b"/proc/self/fd/%d" % dirfd, mask)
         if wd < 0:
             log("inotify_add_watch: %s" % os.strerror(self.ctypes.get_errno()))
         return wd
@@ -369,11 +377,24 @@ def close(fd):
 
 
 class Kernel:
-    """The kernel's process and directories, verified once."""
+    """The kernel's process and directories, verified once, and kept by
+    the agent for the kernel's next cells (Agent.kernel): proving it anew
+    each cell (the dirs opened by path, the start time read twice, a
+    pidfd, two watches added and removed) was half of the agent's system
+    calls a trivial cell.  A kept kernel's next cell checks what can
+    change (check()).  Its runner's pidfd is in the agent's loop while it
+    is kept; its streams (Cell) learn of the exit through it."""
 
     def __init__(self, path, pid, start, ino, uid):
+        self.key = (path, pid, start, ino, uid)
         self.pid, self.start = pid, start
         self.dir = self.cells = self.rpc = None
+        self.pidfd = None
+        self.gone = False           # its runner exited (or never was ours)
+        self.wd = self.rpc_wd = -1  # held by the agent (Agent.hold)
+        self.streams = {}           # Cell -> True: its cells streamed here
+        self.users = 0              # cells that hold it
+        self.kept = False
         euid = os.geteuid()
         try:
             fd = os.open(path, DIRS)
@@ -394,17 +415,30 @@ class Kernel:
         except OSError:
             os.close(fd)
             return
-        if not private(os.fstat(cells), uid):
+        cst = os.fstat(cells)
+        if not private(cst, uid):
             os.close(cells)
             os.close(fd)
             return
         self.dir, self.cells = fd, cells
+        self.ino, self.cells_ino, self.rpc_ino = ino, cst.st_ino, None
+        # the pidfd first: then the start time says whose it is
+        try:
+            self.pidfd = pidfd_open(pid)
+        except ProcessLookupError:
+            self.gone = True
+        except OSError as e:
+            log("pidfd_open: %s: the runner is looked at every %g s"
+                % (e.strerror, TICK_NO_PIDFD))
+        if not self.gone and proc_start(pid) != start:
+            self.gone = True        # gone, or the pid is another's now
         try:
             rpc = os.open("rpc", DIRS, dir_fd=fd)
         except OSError:
             return          # no tool calls; the cell itself goes on
-        if private(os.fstat(rpc), uid):
-            self.rpc = rpc
+        rst = os.fstat(rpc)
+        if private(rst, uid):
+            self.rpc, self.rpc_ino = rpc, rst.st_ino
         else:
             os.close(rpc)
 
@@ -430,7 +464,39 @@ class Kernel:
         return fd
 
     def alive(self):
-        return proc_start(self.pid) == self.start
+        if self.gone:
+            return False
+        if self.pidfd is not None:      # readable once the runner exited
+            self.gone = bool(select.select([self.pidfd], [], [], 0)[0])
+        else:
+            self.gone = proc_start(self.pid) != self.start
+        return not self.gone
+
+    def check(self):
+        """A kept kernel, before its next cell: its runner alive, its
+        path still its directory, which, cells/ and rpc/ are still
+        owner-only, and cells/ and rpc/ still the ones verified (a cell, with the kernel's uid, may have
+        opened them to others or made new ones)."""
+        if not self.alive():
+            return False
+        try:
+            # the path still the directory held: the runner writes by path
+            st = os.stat(self.key[0], follow_symlinks=False)
+            if st.st_ino != self.ino or not private(st, self.uid):
+                return False
+            for name, ino, fd in (("cells", self.cells_ino, self.cells),
+                                  ("rpc", self.rpc_ino, self.rpc)):
+                try:
+                    st = os.stat(name, dir_fd=self.dir, follow_symlinks=False)
+                except FileNotFoundError:
+                    if fd is None:
+                        continue        # no rpc/ still: no tool calls
+                    raise
+                if st.st_ino != ino or not private(st, self.uid):
+                    return False        # (an rpc/ made since: anew)
+        except OSError:
+            return False
+        return True
 
     def exists(self, name):
         try:
@@ -440,9 +506,9 @@ class Kernel:
         return True
 
     def close(self):
-        for fd in (self.rpc, self.cells, self.dir):
+        for fd in (self.rpc, self.cells, self.dir, self.pidfd):
             close(fd)
-        self.dir = self.cells = self.rpc = None
+        self.dir = self.cells = self.rpc = self.pidfd = None
 
     def write_new(self, dirfd, name, data, where):
         """name.tmp made anew (O_EXCL: a name already there, planted or a
@@ -597,6 +663,8 @@ class Answer:
 class Cell:
     """One CELL stream: a cell of a kernel, shipped or resumed, streamed."""
 
+    pidfd = None        # the kernel's is in the loop (Agent.kernel)
+
     def __init__(self, agent, sid, k, cell, offset, out_limit, res_limit,
                  window, req=None):
         self.agent, self.sid, self.k = agent, sid, k
@@ -607,7 +675,6 @@ class Cell:
         self.res_limit = min(res_limit, MAX_PAYLOAD)
         self.acked, self.window = offset, window
         self.dead = False
-        self.pidfd = None
         self.wd = self.rpc_wd = -1
         self.open = True
         self.tick = None
@@ -659,42 +726,25 @@ class Cell:
             then()
 
     def start(self):
-        a = self.agent
+        a, k = self.agent, self.k
         self.started = True
-        try:
-            self.pidfd = pidfd_open(self.k.pid)
-        except ProcessLookupError:
+        k.streams[self] = True      # its exit marks us dead (Agent.kernel)
+        if not k.alive():           # gone, or the pid is another's now
             self.dead = True
-        except OSError as e:
-            log("pidfd_open: %s: the runner is looked at every %g s"
-                % (e.strerror, TICK_NO_PIDFD))
-        if not self.k.alive():      # gone, or the pid is another's now
-            self.dead = True
-        if self.pidfd is not None:
-            if self.dead:
-                close(self.pidfd)
-                self.pidfd = None
-            else:
-                a.on(self.pidfd, select.POLLIN, self.exited)
-        self.wd = a.watch(self, self.k.cells)
-        if self.k.rpc is not None:
-            self.rpc_wd = a.watch(self, self.k.rpc)
+        self.wd = a.watch(self, k.wd, k.cells)
+        if k.rpc is not None:
+            self.rpc_wd = a.watch(self, k.rpc_wd)
         if self.wd < 0:
             self.tick = TICK_NO_INOTIFY
-        elif self.pidfd is None and not self.dead:
+        elif k.pidfd is None and not self.dead:
             self.tick = TICK_NO_PIDFD
         self.pump()
         if self.open:
             self.rpc_scan()
 
-    def exited(self, ev):
-        self.agent.pidfd_done(self)
-        self.dead = True
-        self.agent.dirty[self] = True
-
     def check(self):
         """The periodic look of a stream without pidfd or without watch."""
-        if self.pidfd is None and not self.dead and not self.k.alive():
+        if self.k.pidfd is None and not self.dead and not self.k.alive():
             self.dead = True
         self.pump()
 
@@ -719,14 +769,15 @@ class Cell:
         if self.listing is not None:
             self.listing.close()
             self.listing = None
-        for wd in (self.wd, self.rpc_wd):
-            a.unwatch(self, wd)
+        a.unwatch(self, self.wd, self.k.cells)
+        a.unwatch(self, self.rpc_wd)
         for p in self.answers.values():
             self.answer_drop(p)
         self.answers = {}
         close(self.o.fd)
         self.o.fd = None
-        self.k.close()
+        self.k.streams.pop(self, None)
+        a.kernel_put(self.k)
 
     def pump(self):
         """Send what the files hold and the window allows; end the stream
@@ -1075,7 +1126,7 @@ class Ready:
             return self.pump()
         if self.pidfd is not None:
             a.on(self.pidfd, select.POLLIN, self.exited)
-        self.wd = a.watch(self, self.dir)
+        self.wd = a.watch(self, a.hold(self.dir))
         # a clock where a mechanism is missing, and for the timeout
         self.tick = (TICK_NO_INOTIFY if self.wd < 0 or self.pidfd is None
                      else max(0.0, self.deadline - time.monotonic()))
@@ -1128,6 +1179,7 @@ class Ready:
         a = self.agent
         a.forget(self)
         a.unwatch(self, self.wd)
+        a.release(self.wd)
         close(self.dir)
         self.dir = None
 
@@ -1146,7 +1198,9 @@ class Agent:
         self.streams = {}
         self.dirty = {}             # Cell -> True, in the order marked
         self.execs = {}             # Exec -> True, until reaped
-        self.watches = {}           # wd -> {stream: True}
+        self.watches = {}           # wd -> {stream: True}: its events' takers
+        self.held = {}              # wd -> holders: kept kernels, READY streams
+        self.kernels = {}           # Kernel.key -> Kernel kept, LRU first
         self.wakeup = None
         self.rpc_later = False
         self.jobs = {}              # Cell -> True, while it lists rpc/
@@ -1350,9 +1404,10 @@ class Agent:
             self.send(sid, b"R", dumps({"relay": "failed",
                                         "error": "bad CELL: %s" % err}))
             return
-        k = Kernel(path, pid, start, ino, uid)
+        k = self.kernel(path, pid, start, ino, uid)
         if offset >= 0 and not k.ours():
             # the directory went, or is another: the kernel is gone
+            self.kernel_put(k)
             self.send(sid, b"R", dumps({"relay": "died"}))
             return
         s = Cell(self, sid, k, cell, max(offset, 0), out_limit, res_limit,
@@ -1362,8 +1417,6 @@ class Agent:
             s.begin()
         else:
             s.start()
-
-    # -- inotify, pidfds, SIGCHLD --------------------------------------------
 
     def pidfd_done(self, s):
         """s's pidfd, if any, out of the loop and closed."""
@@ -1379,20 +1432,109 @@ class Agent:
         self.dirty.pop(s, None)
         self.pidfd_done(s)
 
-    def watch(self, s, dirfd):
-        wd = self.ino.watch(dirfd)
+    # -- kept kernels --------------------------------------------------------
+
+    def kernel(self, path, pid, start, ino, uid):
+        """The kernel a CELL names, held until kernel_put(): the one kept
+        if it still checks, else verified anew (and kept if it is ours)."""
+        key = (path, pid, start, ino, uid)
+        k = self.kernels.get(key)
+        if k is not None:
+            if k.check():
+                del self.kernels[key]           # most recently used: last
+                self.kernels[key] = k
+                k.users += 1
+                return k
+            self.kernel_drop(k)
+        k = Kernel(path, pid, start, ino, uid)
+        k.users = 1
+        if not k.ours() or k.gone:
+            return k                            # for this cell alone
+        k.kept = True
+        self.kernels[key] = k
+        if k.pidfd is not None:
+            self.on(k.pidfd, select.POLLIN,
+                    lambda ev, k=k: self.kernel_exited(k))
+        k.wd = self.hold(k.cells, WATCH_IDLE)
+        if k.rpc is not None:
+            k.rpc_wd = self.hold(k.rpc, WATCH_RPC)
+        if len(self.kernels) > KERNELS_KEPT:
+            for o in list(self.kernels.values()):
+                if o.users == 0:
+                    self.kernel_drop(o)
+                    break
+        return k
+
+    def kernel_put(self, k):
+        k.users -= 1
+        if k.users == 0 and (not k.kept or k.gone):
+            self.kernel_drop(k)
+
+    def kernel_drop(self, k):
+        """k no longer kept; closed once no cell holds it."""
+        if k.kept:
+            k.kept = False
+            del self.kernels[k.key]
+        if k.users:
+            return
+        if k.pidfd is not None:
+            self.off(k.pidfd)
+        for wd in (k.wd, k.rpc_wd):
+            self.release(wd)
+        k.wd = k.rpc_wd = -1
+        k.close()
+
+    def kernel_exited(self, k):
+        """A kept kernel's runner exited: its cells streamed here look
+        once more, then say "died" (Cell.step)."""
+        self.off(k.pidfd)               # readable from now on
+        k.gone = True
+        for s in list(k.streams):
+            s.dead = True
+            self.dirty[s] = True
+        if k.users == 0:
+            self.kernel_drop(k)
+
+    # -- inotify, pidfds, SIGCHLD --------------------------------------------
+
+    def hold(self, dirfd, mask=WATCH):
+        """A watch on dirfd's directory, held until release(); -1: none."""
+        wd = self.ino.watch(dirfd, mask)
         if wd >= 0:
-            self.watches.setdefault(wd, {})[s] = True
+            self.held[wd] = self.held.get(wd, 0) + 1
         return wd
 
-    def unwatch(self, s, wd):
+    def release(self, wd):
+        n = self.held.get(wd)
+        if n is None:               # never held, or IN_IGNORED took it
+            return
+        if n > 1:
+            self.held[wd] = n - 1
+            return
+        del self.held[wd]
+        self.watches.pop(wd, None)
+        self.ino.unwatch(wd)
+
+    def watch(self, s, wd, dirfd=None):
+        """s takes wd's events; the first stream on a kept kernel's
+        cells/ (dirfd) asks for what a stream needs (WATCH)."""
+        if wd < 0:
+            return -1
+        w = self.watches.setdefault(wd, {})
+        if not w and dirfd is not None:
+            self.ino.watch(dirfd, WATCH)
+        w[s] = True
+        return wd
+
+    def unwatch(self, s, wd, dirfd=None):
         w = self.watches.get(wd)
         if w is None:
             return
         w.pop(s, None)
         if not w:
             del self.watches[wd]
-            self.ino.unwatch(wd)
+            if dirfd is not None and wd in self.held:
+                self.ino.watch(dirfd, WATCH_IDLE)
 
     def inotified(self, ev):
         for wd, mask, name in self.ino.events():
@@ -1405,15 +1547,15 @@ class Agent:
                     elif isinstance(s, Ready):
                         self.dirty[s] = True
                 continue
-            w = self.watches.get(wd)
-            if w is None:
-                continue
             if mask & IN_IGNORED:
                 # the directory is gone: its streams look on a clock
-                del self.watches[wd]
-                for s in w:
+                self.held.pop(wd, None)
+                for s in self.watches.pop(wd, ()):
                     s.tick = TICK_NO_INOTIFY
                     self.dirty[s] = True
+                continue
+            w = self.watches.get(wd)
+            if w is None:
                 continue
             for s in list(w):
                 if not s.open:

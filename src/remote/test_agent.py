@@ -548,6 +548,60 @@ class AgentTest(unittest.TestCase):
         a.cell(5, k, 1, offset=0, ino=os.stat(k.dir).st_ino + 1)
         self.assertEqual(a.end(5), [("R", b'{"relay":"died"}')])
 
+    def test_a_kept_kernel_is_checked_again_before_each_cell(self):
+        # The agent keeps a kernel it verified for its next cells.  Between
+        # two cells a cell (the kernel's uid) changes what it held: the
+        # kernel dir or cells/ opened to others, the dir moved away (the
+        # path names another): the next cell is not shipped.  cells/ or
+        # rpc/ swapped for owner-only ones of its own: the kernel is
+        # verified anew, the cell runs in what its path names now (as a
+        # kernel not kept), nothing goes to the old one.
+        def dir_mode(k):
+            os.chmod(k.dir, 0o750)
+
+        def cells_mode(k):
+            os.chmod(k.cells, 0o755)
+
+        def cells_swapped(k):
+            os.rename(k.cells, k.cells + ".old")
+            os.mkdir(k.cells, 0o700)
+
+        def rpc_swapped(k):
+            os.rename(k.rpc, k.rpc + ".old")
+            os.mkdir(k.rpc, 0o700)
+
+        def moved(k):
+            os.rename(k.dir, k.dir + ".old")
+            os.mkdir(k.dir, 0o700)
+            os.mkdir(k.cells, 0o700)
+            self.addCleanup(shutil.rmtree, k.dir + ".old", True)
+
+        a = self.agent()
+        sid = 0
+        for change, runs in ((dir_mode, False), (cells_mode, False),
+                             (cells_swapped, True), (rpc_swapped, True),
+                             (moved, False)):
+            what = change.__name__
+            k = self.kernel()
+            ino = os.stat(k.dir).st_ino
+            for n in (1, 2):            # the second on the kept kernel
+                sid += 1
+                a.cell(sid, k, n, code="%d" % n, ino=ino)
+                self.assertEqual(json.loads(result(a.end(sid)))["output"],
+                                 "%d\n" % n, what)
+            change(k)
+            sid += 1
+            a.cell(sid, k, 3, code="print('three')", ino=ino)
+            fr = a.end(sid)
+            if runs:
+                self.assertEqual(json.loads(result(fr))["output"], "three\n", what)
+                self.assertTrue(os.path.exists(k.path("cells", "cell_res_000003.json")), what)
+            else:
+                self.assertEqual(fr, [("R", b'{"relay":"dead"}')], what)
+            for d in (k.cells + ".old", k.dir + ".old/cells"):
+                self.assertFalse(os.path.isdir(d) and [
+                    x for x in os.listdir(d) if "000003" in x], what)
+
     def test_a_small_request_goes_inline(self):
         # no request file: the JSON line in the wake FIFO
         a = self.agent()
