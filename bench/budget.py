@@ -128,6 +128,8 @@ def main():
     me0 = cpu_ns(os.getpid())
     w0 = sum(cpu_ns(p) for p in workers)
     k0 = sum(cpu_ns(p) for p in kernel)
+    agent = [p for p in host if "hermes_agent" in cmdline(p)]
+    a0 = sum(cpu_ns(p) for p in agent)
     h0 = sum(cpu_ns(p) for p in host)
     t0 = time.perf_counter()
     for _ in range(a.n):
@@ -137,6 +139,7 @@ def main():
     w = sum(cpu_ns(p) for p in workers) - w0
     k = sum(cpu_ns(p) for p in kernel) - k0
     h = sum(cpu_ns(p) for p in host) - h0
+    ag = sum(cpu_ns(p) for p in agent) - a0
 
     per = lambda ns: ns / a.n / 1e6   # noqa: E731
     print(f"{a.n} trivial cells ({TRIVIAL!r}), one session, keep-alive, "
@@ -146,6 +149,8 @@ def main():
     print(f"  kernel ({len(kernel)} processes)      {per(k):.3f} ms CPU a cell")
     if a.ssh_user:
         print(f"  agent and sshd ({len(host)} processes) {per(h):.3f} ms CPU a cell")
+        print(f"    the agent ({len(agent)})             {per(ag):.3f} ms CPU a cell")
+        print(f"    sshd and the rest            {per(h - ag):.3f} ms CPU a cell")
     print(f"  sum                         {per(me + w + k + h):.3f} ms CPU a cell")
 
     if tracer:
