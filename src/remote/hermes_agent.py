@@ -700,7 +700,9 @@ class Cell:
         if w is not None:
             return self.word(w)
         self.agent.send(self.sid, b"S", b"")
-        self.start()
+        # rpc/'s watch was there before the cell was: its requests all
+        # come as events (a look at rpc/ is for a resumed stream)
+        self.start(scan=self.k.rpc_wd < 0)
 
     def list(self, each, then):
         """rpc/'s names to each() in the loop's turns, then then(); False
@@ -725,7 +727,7 @@ class Cell:
         if then is not None:
             then()
 
-    def start(self):
+    def start(self, scan=True):
         a, k = self.agent, self.k
         self.started = True
         k.streams[self] = True      # its exit marks us dead (Agent.kernel)
@@ -739,7 +741,7 @@ class Cell:
         elif k.pidfd is None and not self.dead:
             self.tick = TICK_NO_PIDFD
         self.pump()
-        if self.open:
+        if self.open and scan:
             self.rpc_scan()
 
     def check(self):
