@@ -122,16 +122,17 @@ UNREADABLE_OUT = "reading the cell's output failed"
 UNREADABLE_RES = "the kernel wrote an unreadable result"
 
 IN_MODIFY = 0x2
-IN_CLOSE_WRITE = 0x8
 IN_MOVED_TO = 0x80
-IN_CREATE = 0x100
 IN_Q_OVERFLOW = 0x4000
 IN_IGNORED = 0x8000
 IN_ONLYDIR = 0x1000000
 IN_NONBLOCK = os.O_NONBLOCK
 IN_CLOEXEC = os.O_CLOEXEC
 IN_DELETE_SELF = 0x400
-WATCH = IN_MODIFY | IN_CLOSE_WRITE | IN_MOVED_TO | IN_CREATE | IN_ONLYDIR
+# what a stream needs: cell_out's writes, the result's (and a tool call
+# request's, a ready file's) rename into place.  Not its creation or
+# close: each event wakes the agent, and a trivial cell made four more
+WATCH = IN_MODIFY | IN_MOVED_TO | IN_ONLYDIR
 # a kept kernel's watches: cells/ asks for nothing but its end while no
 # stream of the kernel is on it (its cells streamed by another agent wake
 # nobody here); rpc/ for the renames that make tool call requests

@@ -672,9 +672,9 @@ class AgentTest(unittest.TestCase):
         for kind in ("fifo", "big", "symlink", "made in place"):
             k = self.kernel()
             code = "import os, time\nprint('x', flush=True)\ntime.sleep(0.2)\n"
-            if kind == "made in place":     # no rename: only IN_CREATE says it
+            if kind == "made in place":     # no rename: seen at the next write
                 code += ("os.mkfifo('cells/cell_res_000001.json', 0o600)\n"
-                         "time.sleep(5)\n")
+                         "print('y', flush=True)\ntime.sleep(5)\n")
             elif kind == "fifo":
                 code += "os.mkfifo('cells/x', 0o600)\n"
             elif kind == "big":
@@ -779,9 +779,11 @@ class AgentTest(unittest.TestCase):
         self.assertTrue(a.ping())
         os.kill(a.pid, signal.SIGSTOP)     # its queue fills up meanwhile
         try:
-            for i in range(events + 10):
-                os.close(os.open(k.path("cells", "junk%d" % i),
-                                 os.O_WRONLY | os.O_CREAT, 0o600))
+            for i in range(events + 10):     # a write: an event each
+                fd = os.open(k.path("cells", "junk%d" % i),
+                             os.O_WRONLY | os.O_CREAT, 0o600)
+                os.write(fd, b"j")
+                os.close(fd)
             req = k.path("rpc", "req_000003")
             with open(req + ".tmp", "wb") as f:
                 f.write(b"{}")
