@@ -201,7 +201,7 @@ bench: module
 # bench/wrk.py starts a gateway of its own; Debian's wrk drives it
 bench-wrk: module
 	$(call install_pkgs,wrk)
-	/usr/bin/python3 bench/wrk.py
+	/usr/bin/python3 bench/wrk.py $(if $(filter 1,$(WRK_TMPFS)),--tmpfs)
 
 # The package: debian/rules builds with the targets above (nginx-dev, a
 # package of PKGS, brings debhelper and dpkg-dev); -nc keeps build/, so
