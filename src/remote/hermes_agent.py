@@ -475,9 +475,9 @@ class Kernel:
 
     def check(self):
         """A kept kernel, before its next cell: its runner alive, its
-        path still its directory, which, cells/ and rpc/ are still
-        owner-only, and cells/ and rpc/ still the ones verified (a cell, with the kernel's uid, may have
-        opened them to others or made new ones)."""
+        path still its directory, that, cells/ and rpc/ still owner-only,
+        cells/ and rpc/ still the ones verified (a cell, with the
+        kernel's uid, may have opened them to others or made new ones)."""
         if not self.alive():
             return False
         try:

@@ -2170,7 +2170,7 @@ def main():
             except BaseException as e:    # never let one cell end the loop
                 _fail(n, e)
             _tidy(n)
-            names = None     # the next one's made are known by name
+            names = None     # the next cell knows its files by name
             deadline = time.monotonic() + idle   # the idle clock restarts
         if not idle:
             timeout = None
