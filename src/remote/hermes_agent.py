@@ -135,9 +135,11 @@ IN_DELETE_SELF = 0x400
 WATCH = IN_MODIFY | IN_MOVED_TO | IN_ONLYDIR
 # a kept kernel's watches: cells/ asks for nothing but its end while no
 # stream of the kernel is on it (its cells streamed by another agent wake
-# nobody here); rpc/ for the renames that make tool call requests
+# nobody here); rpc/ for every name that comes (a request renamed in,
+# and what else a cell may make there: Agent.rpc_clean)
+IN_CREATE = 0x100
 WATCH_IDLE = IN_DELETE_SELF | IN_ONLYDIR
-WATCH_RPC = IN_MOVED_TO | IN_ONLYDIR
+WATCH_RPC = IN_MOVED_TO | IN_CREATE | IN_ONLYDIR
 KERNELS_KEPT = 64                 # kernels an agent keeps verified (LRU)
 EVENT = struct.Struct("iIII")
 
@@ -199,6 +201,7 @@ class Inotify:
 
     def __init__(self):
         self.fd = -1
+        self.drained = False
         try:
             import ctypes
             self.ctypes = ctypes
@@ -237,12 +240,15 @@ class Inotify:
 
     def events(self):
         """(wd, mask, name) of the events queued, INOTIFY_TURN reads at
-        most: the rest come on the loop's next turn."""
+        most: the rest come on the loop's next turn (drained is False
+        until a read finds the queue empty)."""
         out = []
+        self.drained = False
         for _ in range(INOTIFY_TURN):
             try:
                 buf = os.read(self.fd, 65536)
             except BlockingIOError:
+                self.drained = True
                 break
             pos = 0
             while pos + EVENT.size <= len(buf):
@@ -687,7 +693,16 @@ class Cell:
 
     def begin(self):
         """A new cell: an earlier cell's requests and answers in rpc/ have
-        no authority now and go first, then the cell ships."""
+        no authority now and go first, then the cell ships.  A kept
+        kernel's rpc/ that no name came to since its last sweep (its
+        watch says so, once the events queued are read) is not listed
+        again: the listing was a quarter of the agent's calls a cell."""
+        a, wd = self.agent, self.k.rpc_wd
+        if wd >= 0:
+            a.inotified(None)
+            if wd in a.rpc_clean and a.ino.drained:
+                return self.ship()
+            a.rpc_clean[wd] = True      # a name that comes now: not clean
         if not self.list(self.swept, self.ship):
             self.ship()
 
@@ -1204,6 +1219,7 @@ class Agent:
         self.watches = {}           # wd -> {stream: True}: its events' takers
         self.held = {}              # wd -> holders: kept kernels, READY streams
         self.kernels = {}           # Kernel.key -> Kernel kept, LRU first
+        self.rpc_clean = {}         # rpc/ wd -> True: swept, no name since
         self.wakeup = None
         self.rpc_later = False
         self.jobs = {}              # Cell -> True, while it lists rpc/
@@ -1516,6 +1532,7 @@ class Agent:
             return
         del self.held[wd]
         self.watches.pop(wd, None)
+        self.rpc_clean.pop(wd, None)
         self.ino.unwatch(wd)
 
     def watch(self, s, wd, dirfd=None):
@@ -1541,7 +1558,9 @@ class Agent:
 
     def inotified(self, ev):
         for wd, mask, name in self.ino.events():
+            self.rpc_clean.pop(wd, None)
             if mask & IN_Q_OVERFLOW:
+                self.rpc_clean.clear()
                 log("inotify queue overflow: every stream looks again")
                 for s in list(self.streams.values()):
                     if isinstance(s, Cell):

@@ -803,6 +803,51 @@ class AgentTest(unittest.TestCase):
 
     # -- tool calls -------------------------------------------------------
 
+    def test_leftovers_in_rpc_between_kept_cells_are_swept(self):
+        # Between two cells of a kept kernel, what an earlier cell's thread
+        # leaves in rpc/ (a request renamed in, made in place, linked, a
+        # symlink; an answer) has no authority: the next cell's stream
+        # never carries it, and it is gone once that cell ships.  (The
+        # runner sweeps rpc/ too: with its sweep off, this fails when the
+        # agent skips a listing it owed.)
+        def renamed(k, name):
+            with open(k.path("rpc", "t"), "wb") as f:
+                f.write(b'{"tool":"t"}')
+            os.rename(k.path("rpc", "t"), k.path("rpc", name))
+
+        def in_place(k, name):
+            with open(k.path("rpc", name), "wb") as f:
+                f.write(b'{"tool":"t"}')
+
+        def linked(k, name):
+            with open(k.path("x"), "wb") as f:
+                f.write(b'{"tool":"t"}')
+            os.link(k.path("x"), k.path("rpc", name))
+
+        def symlinked(k, name):
+            os.symlink(k.path("x"), k.path("rpc", name))
+
+        a = self.agent()
+        k = self.kernel()
+        n = sid = 0
+        for plant in (renamed, in_place, linked, symlinked):
+            for _ in range(2):          # the second on the kept kernel
+                n += 1
+                sid += 1
+                a.cell(sid, k, n, code="1")
+                self.assertEqual(json.loads(result(a.end(sid)))["output"],
+                                 "1\n", plant.__name__)
+            plant(k, "req_%06d" % (100 + n))
+            plant(k, "res_%06d" % (100 + n))
+            n += 1
+            sid += 1
+            a.cell(sid, k, n, code="import time\ntime.sleep(0.3)")
+            fr = a.end(sid)
+            self.assertEqual([t for t, _ in fr if t == "r"], [], plant.__name__)
+            self.assertEqual([x for x in os.listdir(k.rpc)
+                              if x.startswith(("req_", "res_"))], [],
+                             plant.__name__)
+
     def test_rpc_request_and_answer_files(self):
         a = self.agent()
         k = self.kernel()
