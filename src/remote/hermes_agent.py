@@ -1210,6 +1210,7 @@ class Agent:
 
     def __init__(self, inbuf):
         self.inbuf = bytearray(inbuf)
+        self.rbuf = bytearray(1 << 18)
         self.outq = bytearray()
         self.poller = select.poll()
         self.handlers = {}
@@ -1292,15 +1293,17 @@ class Agent:
     # -- frames --------------------------------------------------------------
 
     def readable(self, ev):
+        # into a buffer kept: os.read(0, 256 KiB) made and freed a 256 KiB
+        # object a read (an mmap, an mremap and a munmap a cell)
         try:
-            data = os.read(0, 1 << 18)
+            n = os.readv(0, [self.rbuf])
         except BlockingIOError:
             return
         except OSError:
-            data = b""
-        if not data:
+            n = 0
+        if not n:
             raise Quit("stdin closed")
-        self.inbuf += data
+        self.inbuf += memoryview(self.rbuf)[:n]
         self.frames()
 
     def frames(self):
