@@ -704,6 +704,7 @@ class Cell:
                 return self.ship()
             a.rpc_clean[wd] = True      # a name that comes now: not clean
         if not self.list(self.swept, self.ship):
+            a.rpc_clean.pop(wd, None)   # not listed: not clean either
             self.ship()
 
     def swept(self, name):
