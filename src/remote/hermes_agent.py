@@ -717,9 +717,7 @@ class Cell:
         if w is not None:
             return self.word(w)
         self.agent.send(self.sid, b"S", b"")
-        # rpc/'s watch was there before the cell was: its requests all
-        # come as events (a look at rpc/ is for a resumed stream)
-        self.start(scan=self.k.rpc_wd < 0)
+        self.start(shipped=True)
 
     def list(self, each, then):
         """rpc/'s names to each() in the loop's turns, then then(); False
@@ -744,11 +742,15 @@ class Cell:
         if then is not None:
             then()
 
-    def start(self, scan=True):
+    def start(self, shipped=False):
+        """shipped: by ship() just now, which found the runner alive (an
+        exit from now on comes through the kernel's pidfd in the loop),
+        and after rpc/'s watch was held: its requests all come as events
+        (a look through rpc/ is for a resumed stream)."""
         a, k = self.agent, self.k
         self.started = True
         k.streams[self] = True      # its exit marks us dead (Agent.kernel)
-        if not k.alive():           # gone, or the pid is another's now
+        if not shipped and not k.alive():   # gone, or the pid another's
             self.dead = True
         self.wd = a.watch(self, k.wd, k.cells)
         if k.rpc is not None:
@@ -758,7 +760,7 @@ class Cell:
         elif k.pidfd is None and not self.dead:
             self.tick = TICK_NO_PIDFD
         self.pump()
-        if self.open and scan:
+        if self.open and not (shipped and k.rpc_wd >= 0):
             self.rpc_scan()
 
     def check(self):
