@@ -408,9 +408,15 @@ PY
 
 # -- a request left from an earlier cell has no authority in the next ------
 
+# (requests and answers go; a .tmp is nobody's request yet, and other
+# names are not the channel's)
 forge(301, qq({"tool":"echo","args":{"f":301},"seq":301,"token":"$token"}));
+for my $name (qw(res_000003 req_000009.tmp keep.txt)) {
+    open my $fh, '>', "$rpc/$name" or die; print $fh '{}'; close $fh;
+}
 $r = $t->execute('/x', {session => 'forge', code => 'import os; print(sorted(os.listdir("rpc")))'});
-is($r->{result}{output}, "[]\n", 'leftovers are swept before a cell');
+is($r->{result}{output}, "['keep.txt', 'req_000009.tmp']\n", 'leftovers are swept before a cell');
+unlink "$rpc/keep.txt", "$rpc/req_000009.tmp";
 ok(!grep({ ref $_->{args} eq 'HASH' && ($_->{args}{f} // '') eq '301' } @{ hits() }),
    'and never dispatched');
 

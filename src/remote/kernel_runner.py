@@ -47,7 +47,6 @@ import traceback
 
 D = os.path.dirname(os.path.abspath(__file__))
 CELLS = os.path.join(D, "cells")
-RPC = os.path.join(D, "rpc")
 _CELL_PATH = {k: CELLS + "/cell_" + k + "_%06d" + sfx   # a cell's files
               for k, sfx in (("req", ".json"), ("out", ""), ("res", ".json"))}
 RESERVE = os.path.join(CELLS, "reserve.tmp")
@@ -103,7 +102,6 @@ DISK_FULL = "the kernel host's disk is full"
 _FULL = (errno.ENOSPC, errno.EDQUOT)
 
 _REQ = re.compile(r"cell_req_(\d{6,})\.json")
-_RPC_FILE = re.compile(r"(?:req|res)_\d{6,}")
 _CELL_FILE = re.compile(r"cell_(?:req|out|res)_(\d{6,})(?:\.json)?(?:\.tmp)?")
 _SURROGATES = re.compile("[\ud800-\udfff]")
 
@@ -1576,22 +1574,6 @@ def _tidy(n):
     _state.made = keep
 
 
-def _sweep_rpc():
-    # Requests and answers left by an earlier cell (a thread still calling
-    # after it ended): they are not this cell's to make or take.  A .tmp
-    # is nobody's request yet (and may be being written right now).
-    try:
-        names = os.listdir(RPC)
-    except OSError:
-        return
-    for name in names:
-        if _RPC_FILE.fullmatch(name):
-            try:
-                os.unlink(os.path.join(RPC, name))
-            except OSError:
-                pass
-
-
 def _tools(req):
     """The tool names the gateway enables for this cell (None: not said)."""
     tools = req.get("tools")
@@ -1655,7 +1637,6 @@ def _process(n, path, names=None, req=None):
     _state.made.append((n, [p for p in (path, _cell_path("out", n),
                                         _cell_path("res", n)) if p is not None]))
     hermes_tools._begin(_tools(req), req.get("schemas", True) is not False)
-    _sweep_rpc()
     max_output = _int(req.get("max_output"), DEFAULT_MAX_OUTPUT)
     resv = _reserve(n, min(7 * max_output + RESULT_SLACK, RESERVE_MAX))
     sink = _Sink(_open_out(n), max_output,

@@ -807,9 +807,9 @@ class AgentTest(unittest.TestCase):
         # Between two cells of a kept kernel, what an earlier cell's thread
         # leaves in rpc/ (a request renamed in, made in place, linked, a
         # symlink; an answer) has no authority: the next cell's stream
-        # never carries it, and it is gone once that cell ships.  (The
-        # runner sweeps rpc/ too: with its sweep off, this fails when the
-        # agent skips a listing it owed.)
+        # never carries it, and it is gone once that cell ships: the
+        # agent's sweep is the only one (this fails when it skips a
+        # listing it owed).
         def renamed(k, name):
             with open(k.path("rpc", "t"), "wb") as f:
                 f.write(b'{"tool":"t"}')

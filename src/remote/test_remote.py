@@ -1128,14 +1128,6 @@ class RunnerTest(unittest.TestCase):
         self.assertEqual(_answer_rpc(self, k, 2, "echo", "e"), {"x": 1})
         self.assertEqual(k.result(n)["output"], "e\n")
 
-    def test_leftover_rpc_files_are_swept_before_each_cell(self):
-        k = self.kernel()
-        for name in ("req_000007", "res_000003", "req_000009.tmp", "keep.txt"):
-            _write_atomic(os.path.join(k.rpc, name), b"{}")
-        r = k.run("print(1)", tools=[])
-        self.assertEqual(r["status"], "success")
-        self.assertEqual(sorted(os.listdir(k.rpc)), ["keep.txt", "req_000009.tmp"])
-
     def test_tools_client_outside_a_kernel(self):
         import importlib.util
         spec = importlib.util.spec_from_file_location(
