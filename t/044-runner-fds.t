@@ -3,8 +3,8 @@
 # A local kernel holds nothing of the worker's: no listening or client
 # socket, no epoll, eventfd or inotify fd, no log file.  The runner's fds
 # are only what it opened itself: 0 on /dev/null, 1 and 2 on pipes it
-# reads itself (a cell's output from anywhere), runner.log, the wake FIFO
-# and files in its own directory.  The spawn steps' shells
+# reads itself (a cell's output from anywhere) and an epoll of them,
+# runner.log, the wake FIFO and files in its own directory.  The spawn steps' shells
 # hand the runner every fd they hold (the start step's subshell becomes
 # it), so a leak into them shows here too; and so does one into the
 # processes a cell starts.
@@ -115,15 +115,34 @@ sub own_pipes {
     return map { $_ => 1 } grep { $ends{$_}{0} && $ends{$_}{1} } keys %ends;
 }
 
+# the epoll fds that watch the process's own pipes and nothing else (the
+# runner's check whether fds 1 and 2 hold bytes): fd => 1.  By inode, not
+# fd number: an epoll made elsewhere names the fds of its maker.
+sub own_epolls {
+    my ($pid) = @_;
+    my %fd = fds($pid);
+    my %pipe = map { /^pipe:\[(\d+)\]$/ ? ($1 => 1) : () } keys %{{ own_pipes($pid) }};
+    my %ok;
+    for my $n (grep { $fd{$_} eq 'anon_inode:[eventpoll]' } keys %fd) {
+        open my $fh, '<', "/proc/$pid/fdinfo/$n" or next;
+        my @ino = map { hex } join('', <$fh>) =~ /^tfd:.*\bino:([0-9a-f]+)/mg;
+        $ok{$n} = 1 if @ino && !grep { !$pipe{$_} } @ino;
+    }
+    return %ok;
+}
+
 sub check {
     my $name = pop;
     my %fd = @_;
     my %own = $name =~ /runner/ ? own_pipes($pid) : ();   # not in its children
+    my %ownfd = $name =~ /runner/ ? own_epolls($pid) : ();
     my @bad = map { "$_ -> $fd{$_}" }
               grep { $fd{$_} ne '/dev/null' && index($fd{$_}, "$dir/") != 0
-                     && !$own{$fd{$_}} }
+                     && !$own{$fd{$_}} && !$ownfd{$_} }
               sort { $a <=> $b } keys %fd;
-    is(join(', ', @bad), '', "$name: every fd is /dev/null, in its own dir or its own pipe");
-    my @leak = grep { /^(?:socket|anon_inode|pipe):/ && !$own{$_} } values %fd;
+    is(join(', ', @bad), '', "$name: every fd is /dev/null, in its own dir, its own pipe or its epoll of them");
+    my @leak = map { $fd{$_} }
+               grep { $fd{$_} =~ /^(?:socket|anon_inode|pipe):/ && !$own{$fd{$_}} && !$ownfd{$_} }
+               sort { $a <=> $b } keys %fd;
     is("@leak", '', "$name: no socket, anon_inode or pipe of the worker's");
 }
