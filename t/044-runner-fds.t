@@ -115,15 +115,15 @@ sub own_pipes {
     return map { $_ => 1 } grep { $ends{$_}{0} && $ends{$_}{1} } keys %ends;
 }
 
-# the epoll fds that watch the process's own pipes and nothing else (the
-# runner's check whether fds 1 and 2 hold bytes): fd => 1.  By inode, not
-# fd number: an epoll made elsewhere names the fds of its maker.
+# the epoll fds among %$fd that watch the process's own pipes (%$own)
+# and nothing else (the runner's check whether fds 1 and 2 hold bytes):
+# fd => 1.  By inode, not fd number: an epoll made elsewhere names the
+# fds of its maker.
 sub own_epolls {
-    my ($pid) = @_;
-    my %fd = fds($pid);
-    my %pipe = map { /^pipe:\[(\d+)\]$/ ? ($1 => 1) : () } keys %{{ own_pipes($pid) }};
+    my ($pid, $fd, $own) = @_;
+    my %pipe = map { /^pipe:\[(\d+)\]$/ ? ($1 => 1) : () } keys %$own;
     my %ok;
-    for my $n (grep { $fd{$_} eq 'anon_inode:[eventpoll]' } keys %fd) {
+    for my $n (grep { $fd->{$_} eq 'anon_inode:[eventpoll]' } keys %$fd) {
         open my $fh, '<', "/proc/$pid/fdinfo/$n" or next;
         my @ino = map { hex } join('', <$fh>) =~ /^tfd:.*\bino:([0-9a-f]+)/mg;
         $ok{$n} = 1 if @ino && !grep { !$pipe{$_} } @ino;
@@ -134,15 +134,13 @@ sub own_epolls {
 sub check {
     my $name = pop;
     my %fd = @_;
-    my %own = $name =~ /runner/ ? own_pipes($pid) : ();   # not in its children
-    my %ownfd = $name =~ /runner/ ? own_epolls($pid) : ();
+    # the runner's own pipes and its epoll of them; not in its children
+    my %own = $name =~ /runner/ ? own_pipes($pid) : ();
+    my %epoll = $name =~ /runner/ ? own_epolls($pid, \%fd, \%own) : ();
+    my @theirs = grep { !$own{$fd{$_}} && !$epoll{$_} } sort { $a <=> $b } keys %fd;
     my @bad = map { "$_ -> $fd{$_}" }
-              grep { $fd{$_} ne '/dev/null' && index($fd{$_}, "$dir/") != 0
-                     && !$own{$fd{$_}} && !$ownfd{$_} }
-              sort { $a <=> $b } keys %fd;
+              grep { $fd{$_} ne '/dev/null' && index($fd{$_}, "$dir/") != 0 } @theirs;
     is(join(', ', @bad), '', "$name: every fd is /dev/null, in its own dir, its own pipe or its epoll of them");
-    my @leak = map { $fd{$_} }
-               grep { $fd{$_} =~ /^(?:socket|anon_inode|pipe):/ && !$own{$fd{$_}} && !$ownfd{$_} }
-               sort { $a <=> $b } keys %fd;
+    my @leak = grep { /^(?:socket|anon_inode|pipe):/ } map { $fd{$_} } @theirs;
     is("@leak", '', "$name: no socket, anon_inode or pipe of the worker's");
 }

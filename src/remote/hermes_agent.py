@@ -702,9 +702,9 @@ class Cell:
             a.inotified(None)
             if wd in a.rpc_clean and a.ino.drained:
                 return self.ship()
-            a.rpc_clean[wd] = True      # a name that comes now: not clean
+            a.rpc_clean.add(wd)         # a name that comes now: not clean
         if not self.list(self.swept, self.ship):
-            a.rpc_clean.pop(wd, None)   # not listed: not clean either
+            a.rpc_clean.discard(wd)     # not listed: not clean either
             self.ship()
 
     def swept(self, name):
@@ -1223,7 +1223,7 @@ class Agent:
         self.watches = {}           # wd -> {stream: True}: its events' takers
         self.held = {}              # wd -> holders: kept kernels, READY streams
         self.kernels = {}           # Kernel.key -> Kernel kept, LRU first
-        self.rpc_clean = {}         # rpc/ wd -> True: swept, no name since
+        self.rpc_clean = set()      # rpc/ wds swept, no name come since
         self.wakeup = None
         self.rpc_later = False
         self.jobs = {}              # Cell -> True, while it lists rpc/
@@ -1538,7 +1538,7 @@ class Agent:
             return
         del self.held[wd]
         self.watches.pop(wd, None)
-        self.rpc_clean.pop(wd, None)
+        self.rpc_clean.discard(wd)
         self.ino.unwatch(wd)
 
     def watch(self, s, wd, dirfd=None):
@@ -1564,7 +1564,7 @@ class Agent:
 
     def inotified(self, ev):
         for wd, mask, name in self.ino.events():
-            self.rpc_clean.pop(wd, None)
+            self.rpc_clean.discard(wd)
             if mask & IN_Q_OVERFLOW:
                 self.rpc_clean.clear()
                 log("inotify queue overflow: every stream looks again")

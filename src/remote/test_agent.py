@@ -829,20 +829,18 @@ class AgentTest(unittest.TestCase):
 
         a = self.agent()
         k = self.kernel()
-        n = sid = 0
+        n = 0                           # the cell's id and its stream's
         for plant in (renamed, in_place, linked, symlinked):
             for _ in range(2):          # the second on the kept kernel
                 n += 1
-                sid += 1
-                a.cell(sid, k, n, code="1")
-                self.assertEqual(json.loads(result(a.end(sid)))["output"],
+                a.cell(n, k, n, code="1")
+                self.assertEqual(json.loads(result(a.end(n)))["output"],
                                  "1\n", plant.__name__)
             plant(k, "req_%06d" % (100 + n))
             plant(k, "res_%06d" % (100 + n))
             n += 1
-            sid += 1
-            a.cell(sid, k, n, code="import time\ntime.sleep(0.3)")
-            fr = a.end(sid)
+            a.cell(n, k, n, code="import time\ntime.sleep(0.3)")
+            fr = a.end(n)
             self.assertEqual([t for t, _ in fr if t == "r"], [], plant.__name__)
             self.assertEqual([x for x in os.listdir(k.rpc)
                               if x.startswith(("req_", "res_"))], [],
