@@ -246,7 +246,8 @@ PY
 # result file a cell planted for its own cell shows what gets through.
 my $plant = <<'PY';
 import glob, os, time
-n = int(sorted(glob.glob('cells/cell_out_*'))[-1].split('_')[-1].split('.')[0])
+r = sorted(glob.glob('cells/cell_res_*.json'))   # the last cell's: this id - 1
+n = int(r[-1].split('_')[-1].split('.')[0]) + 1 if r else 1
 with open('cells/.plant', 'w') as f:
     f.write('{"id":%d,"status":"success","output":"planted\\n","error":null,'
             '"execution_count":1,"displays":%s}' % (n, DISPLAYS))

@@ -47,11 +47,13 @@ $t->run;
 
 my ($worker) = $t->worker_pids;
 
-# the cell's own id, from its output file (its request may have come
-# inline, through the wake FIFO)
+# the cell's own id: one after the last cell's result, which cells/ keeps
+# while the next cell runs (its request may have come inline, through the
+# wake FIFO, and its output file is made only at its first line)
 my $ME = <<'PY';
 import glob, os, time
-n = sorted(glob.glob('cells/cell_out_*'))[-1].split('_')[-1].split('.')[0]
+r = sorted(glob.glob('cells/cell_res_*.json'))   # the last cell's: this id - 1
+n = '%06d' % (int(r[-1].split('_')[-1].split('.')[0]) + 1 if r else 1)
 def plant(name, kind):
     tmp = 'cells/.plant'
     if kind == 'fifo':

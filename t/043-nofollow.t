@@ -48,7 +48,8 @@ write_file($fake_out, join '', map { qq({"type":"stdout","text":"FAKE-OUT $_\\n"
 
 my $ME = <<'PY';
 import glob, os, time
-n = int(sorted(glob.glob('cells/cell_out_*'))[-1].split('_')[-1].split('.')[0])
+r = sorted(glob.glob('cells/cell_res_*.json'))   # the last cell's: this id - 1
+n = int(r[-1].split('_')[-1].split('.')[0]) + 1 if r else 1
 def plant(target, name):
     os.symlink(target, 'cells/.plant')
     os.rename('cells/.plant', 'cells/' + name)

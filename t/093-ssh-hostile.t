@@ -99,11 +99,13 @@ sub stdout_of {
         grep { ($_->{type} // '') eq 'stdout' } @{ $r->{events} };
 }
 
-# the cell's own id, from its output file (the runner's cwd is its dir;
-# a small request comes inline, through the wake FIFO, not as a file)
+# the cell's own id: one after the last cell's result, which cells/ keeps
+# while the next cell runs (its request may have come inline, through the
+# wake FIFO, and its output file is made only at its first line)
 my $ME = <<'PY';
 import glob, os, time
-n = sorted(glob.glob('cells/cell_out_*'))[-1].split('_')[-1].split('.')[0]
+r = sorted(glob.glob('cells/cell_res_*.json'))   # the last cell's: this id - 1
+n = '%06d' % (int(r[-1].split('_')[-1].split('.')[0]) + 1 if r else 1)
 def plant(name, kind):
     tmp = 'cells/.plant'
     if kind == 'fifo':

@@ -261,6 +261,7 @@ $before = scalar @{ hits() };
 
 my $run = $t->execute_async('/x', {session => 'forge', code => <<'PY'});
 import time
+print("cell runs", flush=True)   # makes cell_out_000002
 time.sleep(4)
 print("cell done")
 PY
@@ -312,7 +313,7 @@ is($st1->{$_} - ($st0->{$_} // 0), $want{$_}, "rpc_rejected_total{reason=\"$_\"}
 
 $r = $run->wait;
 is($r->{result}{status}, 'success', 'the cell ran on, untouched') or diag explain $r;
-is($r->{result}{output}, "cell done\n", 'its output');
+is($r->{result}{output}, "cell runs\ncell done\n", 'its output');
 
 my $prom = $t->http(GET => '/status?format=prometheus')->{content};
 like($prom, qr/hermes_rpc_rejected_total\{zone="kernels",reason="replay"\} 1/,

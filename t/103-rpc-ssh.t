@@ -211,6 +211,7 @@ $before = scalar @{ hits() };
 
 my $run = $t->execute_async('/x', {session => 'forge', code => <<'PY'});
 import time
+print("cell runs", flush=True)   # makes cell_out_000002
 time.sleep(4)
 print("cell done")
 PY
@@ -271,7 +272,7 @@ is(($st1->{$_} // 0) - ($st0->{$_} // 0), $want{$_},
 
 $r = $run->wait;
 is($r->{result}{status}, 'success', 'the cell ran on, untouched') or diag explain $r;
-is($r->{result}{output}, "cell done\n", 'its output');
+is($r->{result}{output}, "cell runs\ncell done\n", 'its output');
 
 # -- a request left from an earlier cell has no authority in the next ------
 

@@ -51,6 +51,7 @@ CELLS = os.path.join(D, "cells")
 _CELL_PATH = {k: CELLS + "/cell_" + k + "_%06d" + sfx   # a cell's files
               for k, sfx in (("req", ".json"), ("out", ""), ("res", ".json"))}
 RESERVE = os.path.join(CELLS, "reserve.tmp")
+SPARE = os.path.join(CELLS, "result.tmp")    # the next result's file
 
 # Make `import hermes_tools` work in cells, and share its module object.
 # We run as `python3 -I`, so D is not on sys.path by itself; it goes last,
@@ -242,7 +243,7 @@ class _State:
 
     __slots__ = ("lock", "cond", "current", "flusher_at", "fd_ready",
                  "interruptible", "deferred", "loop", "fflush", "globals",
-                 "count", "site", "made")
+                 "count", "site", "made", "spare")
 
     def __init__(self):
         # One lock for the running cell's sink, shared with the flusher
@@ -262,6 +263,7 @@ class _State:
         self.count = 0            # cells run: the result's execution_count
         self.site = None          # SITE's (inode, mtime) as last put on sys.path
         self.made = []            # (id, its files' paths) of cells not tidied
+        self.spare = None         # SPARE's fd, made ahead (_make_spare)
 
 
 _state = _State()
@@ -325,10 +327,13 @@ class _Sink:
     after the take sees its deadline passed and takes the lock, so no
     text is ever left in parts unscheduled or unwritten."""
 
-    n = 0                 # the cell's id, for interrupts
+    n = 0                 # the cell's id, for interrupts and cell_out_N
     children_hit = False  # an interrupt reached processes the cell started
 
     def __init__(self, fd, max_output, max_stream):
+        # fd: cell_out_N's; None: made at the first event line, so a cell
+        # that prints nothing makes none (a file made and later removed
+        # was a sixth of a trivial cell's path); -1: not streamed
         self.fd, self.max_stream = fd, max_stream
         self.caps = {"stdout": _Capture(max_output), "stderr": _Capture(max_output)}
         self.streamed, self.cut, self.closed = 0, False, False
@@ -443,7 +448,7 @@ class _Sink:
             self.held = []            # the text before it and it: one write
             try:
                 self._flush()
-                if not self.cut and self.fd >= 0:
+                if not self.cut and self.fd != -1:
                     # counted in JSON bytes: with text's UTF-8 bytes (at most
                     # 6 bytes of JSON each) the file stays in the module's bound
                     room = self.max_stream - self.streamed
@@ -557,7 +562,7 @@ class _Sink:
             return
         text, data = _utf8(text)
         self.caps[name].add(data)
-        if self.cut or self.fd < 0:
+        if self.cut or self.fd == -1:
             return
         nbytes = len(data)
         room = self.max_stream - self.streamed
@@ -568,10 +573,10 @@ class _Sink:
             self.cut = True
         self.streamed += nbytes
         for i in range(0, len(text), CHUNK):
-            if self.fd < 0:
+            if self.fd == -1:
                 return
             self._write(_text_line(name, text[i:i + CHUNK]))
-        if self.cut and self.fd >= 0:
+        if self.cut and self.fd != -1:
             self._line({"type": "stream_truncated", "max_stream": self.max_stream})
 
     def _line(self, event):
@@ -584,6 +589,10 @@ class _Sink:
         if self.held is not None:
             self.held.append(line)
             return
+        if self.fd is None:
+            self.fd = _open_out(self.n)
+            if self.fd == -1:
+                return
         data = memoryview(line)
         done = 0
         try:
@@ -614,9 +623,16 @@ class _Sink:
             self.closed = True
             if _state.current is self:
                 _state.current = None
-        if self.fd >= 0:
+        if self.fd is not None and self.fd >= 0:
             os.close(self.fd)
             self.fd = -1
+
+    def open_out(self):
+        """cell_out_N now, if it is to be made: before a fork, so that the
+        child appends to the parent's file (O_APPEND) and makes none of
+        its own (two would race to replace each other's)."""
+        if self.fd is None:
+            self.fd = _open_out(self.n)
 
 
 # -- fds 1 and 2: output from anywhere in the cell --------------------------
@@ -917,6 +933,7 @@ def _before_fork():
         with _state.lock:
             if not s.closed:
                 s._flush()
+                s.open_out()
     _quiet_fork()
 
 
@@ -1585,23 +1602,33 @@ def _tools(req):
     return tuple(t for t in tools if isinstance(t, str))
 
 
+def _create(path, flags=os.O_WRONLY):
+    """A new file of ours at path, 0600 whatever the umask (a cell may
+    have changed it).  O_EXCL, so a link put there is never followed; a
+    leftover there is removed first."""
+    flags |= os.O_CREAT | os.O_EXCL | os.O_CLOEXEC
+    try:
+        fd = os.open(path, flags, 0o600)
+    except FileExistsError:
+        os.unlink(path)
+        fd = os.open(path, flags, 0o600)
+    try:
+        os.fchmod(fd, 0o600)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
 def _open_out(n):
     path = _cell_path("out", n)
-    flags = os.O_CREAT | os.O_EXCL | os.O_WRONLY | os.O_APPEND | os.O_CLOEXEC
-    for _ in range(2):
-        try:
-            fd = os.open(path, flags, 0o600)
-            os.fchmod(fd, 0o600)
-            return fd
-        except FileExistsError:   # a leftover; O_EXCL so we never follow a link
-            try:
-                os.unlink(path)
-            except OSError:
-                pass
-        except OSError as e:
-            _log("cannot create %s: %s" % (path, e))
-            break
-    return -1
+    try:
+        fd = _create(path, os.O_WRONLY | os.O_APPEND)
+    except OSError as e:
+        _log("cannot create %s: %s" % (path, e))
+        return -1
+    _state.made.append((n, [path]))     # for _tidy
+    return fd
 
 
 def _read_req(path):
@@ -1637,12 +1664,12 @@ def _process(n, path, names=None, req=None):
         req, bad = _check_req(req) if path is None else _read_req(path), None
     except (OSError, ValueError) as e:
         req, bad = {}, "bad cell request: %s" % e
-    _state.made.append((n, [p for p in (path, _cell_path("out", n),
-                                        _cell_path("res", n)) if p is not None]))
+    _state.made.append((n, [p for p in (path, _cell_path("res", n))
+                            if p is not None]))
     hermes_tools._begin(_tools(req), req.get("schemas", True) is not False)
     max_output = _int(req.get("max_output"), DEFAULT_MAX_OUTPUT)
     resv = _reserve(n, min(7 * max_output + RESULT_SLACK, RESERVE_MAX))
-    sink = _Sink(_open_out(n), max_output,
+    sink = _Sink(None, max_output,
                  _int(req.get("max_stream"), DEFAULT_MAX_STREAM))
     sink.n = n
     _state.count += 1
@@ -1882,29 +1909,49 @@ def _pwrite_all(fd, data):
         done += os.pwrite(fd, data[done:], done)
 
 
+def _make_spare():
+    """The next result's file, made after a result, while the module reads
+    that result and no cell waits on us: creating it on the cell's path
+    cost more than writing it (ext4 looks for a free inode)."""
+    if _state.spare is None:
+        try:
+            _state.spare = _create(SPARE)
+        except OSError:
+            pass                         # the result makes its own file
+
+
+def _spare_is(fd):
+    """Whether SPARE still names fd's file: the cell can replace or remove
+    it, or close fd and open a file of its own in its place."""
+    a, b = os.fstat(fd), os.stat(SPARE, follow_symlinks=False)
+    return (a.st_dev, a.st_ino) == (b.st_dev, b.st_ino)
+
+
 def _write_new(path, data):
-    """data as path: path.tmp (0600 whatever the umask), then renamed, so
-    readers never see half a file; on a failure no .tmp is left."""
-    tmp = path + ".tmp"
-    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC
-    try:
-        fd = os.open(tmp, flags, 0o600)
-    except FileExistsError:              # a leftover (never followed: O_EXCL)
-        os.unlink(tmp)
-        fd = os.open(tmp, flags, 0o600)
+    """data as path: a file of ours (SPARE, else path.tmp: 0600 whatever
+    the umask), then renamed, so readers never see half a file; on a
+    failure no .tmp is left."""
+    fd, _state.spare = _state.spare, None
+    tmp = SPARE
+    if fd is None:
+        tmp = path + ".tmp"
+        fd = _create(tmp)
     try:
         try:
-            os.fchmod(fd, 0o600)
             _pwrite_all(fd, data)
+            mine = tmp != SPARE or _spare_is(fd)
         finally:
             os.close(fd)                 # may report a write's failure too
-        os.rename(tmp, path)
+        if mine:
+            os.rename(tmp, path)
     except BaseException:
         try:
             os.unlink(tmp)               # what it took of a full disk
         except OSError:
             pass
         raise
+    if not mine:
+        _write_new(path, data)           # a new file then
 
 
 def _write_result(n, res, resv=None):
@@ -2141,6 +2188,7 @@ def main():
     _keep_reserve()
     _find_fflush()
     _write_atomic(os.path.join(D, "ready"), ('{"pid":%d}' % os.getpid()).encode())
+    _make_spare()
 
     inbox = _Inbox(fifo)
     last = 0
@@ -2154,6 +2202,7 @@ def main():
             except BaseException as e:    # never let one cell end the loop
                 _fail(n, e)
             _tidy(n)
+            _make_spare()
             names = None     # the next cell knows its files by name
             deadline = time.monotonic() + idle   # the idle clock restarts
         if not idle:

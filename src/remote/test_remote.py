@@ -165,8 +165,11 @@ class Kernel:
         return self.result(self.send(code, **opts))
 
     def events(self, n):
-        with open(os.path.join(self.cells, "cell_out_%06d" % n), "rb") as f:
-            data = f.read()
+        try:
+            with open(os.path.join(self.cells, "cell_out_%06d" % n), "rb") as f:
+                data = f.read()
+        except FileNotFoundError:       # made at the first event: none came
+            return []
         # strict UTF-8 and one JSON object a line
         return [json.loads(line) for line in data.decode("utf-8").splitlines()]
 
@@ -465,6 +468,17 @@ class RunnerTest(unittest.TestCase):
         want = "".join("%d\n" % i for i in range(2000))
         # the parent's buffer is flushed before the fork, not copied
         self.assertEqual(out, want + "child\nparent\n")
+
+    def test_a_child_forked_before_any_print_shares_the_cells_file(self):
+        # cell_out_N is made at the first line: a fork before it must not
+        # leave parent and child each making (and replacing) their own
+        k = self.kernel()
+        r = k.run("import os, time\npid = os.fork()\nif pid == 0:\n"
+                  "    print('child')\n    os._exit(0)\n"
+                  "time.sleep(0.05)\nprint('parent')\n_ = os.waitpid(pid, 0)")
+        self.assertEqual(r["status"], "success", r)
+        out = "".join(e["text"] for e in k.events(k.n))
+        self.assertEqual(sorted(out.splitlines()), ["child", "parent"])
 
     def test_fork_warns_of_a_cells_threads_not_the_runners(self):
         # Python >= 3.12 warns at a fork with threads: never for the
@@ -911,7 +925,8 @@ class RunnerTest(unittest.TestCase):
         k.run("open('made_in_cell_2', 'w').write('x')")   # umask is reset
         names = sorted(os.listdir(k.cells))
         self.assertEqual(names, ["cell_out_000002", "cell_req_000002.json",
-                                 "cell_res_000002.json", "reserve.tmp"])
+                                 "cell_res_000002.json", "reserve.tmp",
+                                 "result.tmp"])
         seen = 0
         for root, dirs, files in os.walk(k.dir):
             for d in dirs:
@@ -925,13 +940,45 @@ class RunnerTest(unittest.TestCase):
 
     def test_cell_that_removes_its_files_or_chdirs(self):
         k = self.kernel()
-        r = k.run("import os\nos.remove('cells/cell_out_000001')\n"
+        r = k.run("import os\nprint('first')\nos.remove('cells/cell_out_000001')\n"
                   "os.remove('cells/cell_req_000001.json')\nos.chdir('/')\nprint('still')")
-        self.assertEqual(r["output"], "still\n")
+        self.assertEqual(r["output"], "first\nstill\n")
         r = k.run("import shutil\nshutil.rmtree(os.path.join(hermes_tools._DIR, 'cells'))")
         self.assertEqual(r["status"], "success")
         self.assertEqual(stat.S_IMODE(os.stat(k.cells).st_mode), 0o700)
         self.assertEqual(k.run("os.getcwd()")["output"], "'/'\n")
+
+    def test_a_cell_that_prints_nothing_makes_no_output_file(self):
+        k = self.kernel()
+        self.assertEqual(k.run("x = 1")["status"], "success")
+        self.assertNotIn("cell_out_%06d" % k.n, os.listdir(k.cells))
+        self.assertEqual(k.run("x + 1")["output"], "2\n")
+        self.assertIn("cell_out_%06d" % k.n, os.listdir(k.cells))
+
+    def test_the_next_results_file_replaced_by_the_cell(self):
+        # cells/result.tmp is made ahead for the next result; the cell can
+        # put its own file there, remove it, or close the fd we hold
+        k = self.kernel()
+        k.run("x = 0")
+        forged = json.dumps({"id": k.n + 1, "status": "success",
+                             "output": "forged\n"})
+        for code in ("import os\nopen('cells/mine', 'w').write(%r)\n"
+                     "os.replace('cells/mine', 'cells/result.tmp')" % forged,
+                     "import os\nos.remove('cells/result.tmp')",
+                     "import os\nos.remove('cells/result.tmp')\n"
+                     "os.mkdir('cells/result.tmp')",
+                     "import os\nos.rmdir('cells/result.tmp')\nx = 1",
+                     "import os\nfd = os.open('cells/result.tmp', os.O_RDONLY)\n"
+                     "os.close(sorted(int(f) for f in os.listdir('/proc/self/fd')"
+                     " if os.path.realpath('/proc/self/fd/' + f) =="
+                     " os.path.realpath('cells/result.tmp'))[0])\n"
+                     "f = open('cells/other', 'w')"):
+            r = k.run(code + "\nprint('real')")
+            self.assertEqual((r["status"], r["output"]), ("success", "real\n"),
+                             code)
+            self.assertEqual(stat.S_IMODE(os.stat(k.path("cells", "cell_res_%06d.json"
+                                                         % k.n)).st_mode), 0o600)
+        self.assertEqual(k.run("x")["output"], "1\n")
 
     def test_streams_outlive_cells(self):
         k = self.kernel()
