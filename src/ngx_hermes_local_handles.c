@@ -18,11 +18,15 @@
  *
  * The watch on cells/ is kept with them: adding and removing it each cell
  * (a path walk, a mark made and freed by a kernel worker) cost more than
- * the events of the kernel's cells that other workers run.  It asks for
- * the result's rename (and the directory's end); the writes to cell_out
- * only while a cell of ours streams.  inotify gives one watch a directory
- * and inotify fd, so handles of one kernel (a kept one and one of a cell
- * alone, when every kept handle was in use) share it.
+ * changing its mask.  It asks for the result's rename (and the
+ * directory's end); the writes to cell_out only while a cell of ours
+ * streams.  When an event comes that no cell of ours waits on, another
+ * worker runs the kernel's cells now: the watches on cells/ and rpc/ then
+ * ask only for the directory's end, until a cell of ours runs there again
+ * (each of those events woke this worker, on another CPU, to be dropped).
+ * inotify gives one watch a directory and inotify fd, so handles of one
+ * kernel (a kept one and one of a cell alone, when every kept handle was
+ * in use) share it.
  */
 
 
@@ -38,6 +42,12 @@
 
 #define NGX_HTTP_HERMES_LOCAL_WATCH                                           \
     (IN_MOVED_TO|IN_DELETE_SELF|IN_ONLYDIR)
+
+#define NGX_HTTP_HERMES_LOCAL_RPC_WATCH                                       \
+    (IN_MOVED_TO|IN_CLOSE_WRITE|IN_ONLYDIR)
+
+/* while no cell of ours runs there: the end of the directory only */
+#define NGX_HTTP_HERMES_LOCAL_QUIET  (IN_DELETE_SELF|IN_ONLYDIR)
 
 
 typedef struct {
@@ -57,6 +67,8 @@ typedef struct {
     ngx_uint_t                      users;
     unsigned                        cached:1;
     unsigned                        modify:1;   /* the watch asks for writes */
+    unsigned                        quiet:1;    /* cells/'s asks for no event */
+    unsigned                        rpc_quiet:1;
 } ngx_http_hermes_local_entry_t;
 
 
@@ -72,6 +84,9 @@ static void ngx_http_hermes_local_handle_drop(
     ngx_http_hermes_local_entry_t *e);
 static void ngx_http_hermes_local_handle_free(
     ngx_http_hermes_local_entry_t *e);
+static int ngx_http_hermes_local_handle_mask(int ifd, ngx_fd_t fd,
+    uint32_t mask);
+static void ngx_http_hermes_local_handles_rpc_loud(int wd);
 
 
 /* every handle: those kept (cached, LRU order), and those of a cell alone */
@@ -254,23 +269,20 @@ ngx_http_hermes_local_handle_watch(ngx_http_hermes_local_handle_t *handle,
     int ifd, ngx_uint_t output)
 {
     int                             wd;
-    u_char                          name[64];
     uint32_t                        mask;
     ngx_queue_t                    *q;
     ngx_http_hermes_local_entry_t  *e, *o;
 
     e = (ngx_http_hermes_local_entry_t *) handle;
 
-    if (e->wd != -1 && (!output || e->modify)) {
+    if (e->wd != -1 && !e->quiet && (!output || e->modify)) {
         e->streaming += output;
         return e->wd;
     }
 
     mask = NGX_HTTP_HERMES_LOCAL_WATCH|IN_MASK_ADD | (output ? IN_MODIFY : 0);
 
-    ngx_sprintf(name, "/proc/self/fd/%d%Z", handle->cells_fd);
-
-    wd = inotify_add_watch(ifd, (char *) name, mask);
+    wd = ngx_http_hermes_local_handle_mask(ifd, handle->cells_fd, mask);
     if (wd == -1) {
         return -1;
     }
@@ -290,6 +302,7 @@ ngx_http_hermes_local_handle_watch(ngx_http_hermes_local_handle_t *handle,
 
         if (o->wd == wd) {
             o->modify |= output;
+            o->quiet = 0;
         }
     }
 
@@ -303,7 +316,6 @@ void
 ngx_http_hermes_local_handle_unwatch(ngx_http_hermes_local_handle_t *handle,
     ngx_uint_t output)
 {
-    u_char                          name[64];
     ngx_uint_t                      streaming;
     ngx_queue_t                    *q;
     ngx_http_hermes_local_entry_t  *e, *o;
@@ -335,11 +347,10 @@ ngx_http_hermes_local_handle_unwatch(ngx_http_hermes_local_handle_t *handle,
         return;
     }
 
-    ngx_sprintf(name, "/proc/self/fd/%d%Z", handle->cells_fd);
-
     /* without IN_MASK_ADD: the mask is replaced */
 
-    if (inotify_add_watch(e->ifd, (char *) name, NGX_HTTP_HERMES_LOCAL_WATCH)
+    if (ngx_http_hermes_local_handle_mask(e->ifd, handle->cells_fd,
+                                          NGX_HTTP_HERMES_LOCAL_WATCH)
         != e->wd)
     {
         return;
@@ -359,6 +370,107 @@ ngx_http_hermes_local_handle_unwatch(ngx_http_hermes_local_handle_t *handle,
 
 
 /*
+ * An event of watch wd that no cell of ours waits on: the kernel's cells
+ * run in another worker now.  Its watch (cells/ or rpc/) asks for the
+ * directory's end only, until a cell of ours is there again.
+ */
+
+void
+ngx_http_hermes_local_handles_quiet(int wd)
+{
+    ngx_fd_t                        fd;
+    ngx_uint_t                      rpc;
+    ngx_queue_t                    *q;
+    ngx_http_hermes_local_entry_t  *e, *first;
+
+    first = NULL;
+    rpc = 0;
+
+    for (q = ngx_queue_head(&ngx_http_hermes_local_handles);
+         q != ngx_queue_sentinel(&ngx_http_hermes_local_handles);
+         q = ngx_queue_next(q))
+    {
+        e = ngx_queue_data(q, ngx_http_hermes_local_entry_t, queue);
+
+        if (e->wd != wd && e->rpc_wd != wd) {
+            continue;
+        }
+
+        if (e->users) {
+            return;
+        }
+
+        if (first == NULL) {
+            first = e;
+            rpc = (e->rpc_wd == wd);
+        }
+    }
+
+    if (first == NULL || (rpc ? first->rpc_quiet : first->quiet)) {
+        return;
+    }
+
+    fd = rpc ? first->rpc_fd : first->handle.cells_fd;
+
+    if (ngx_http_hermes_local_handle_mask(first->ifd, fd,
+                                          NGX_HTTP_HERMES_LOCAL_QUIET)
+        != wd)
+    {
+        return;
+    }
+
+    for (q = ngx_queue_head(&ngx_http_hermes_local_handles);
+         q != ngx_queue_sentinel(&ngx_http_hermes_local_handles);
+         q = ngx_queue_next(q))
+    {
+        e = ngx_queue_data(q, ngx_http_hermes_local_entry_t, queue);
+
+        if (rpc && e->rpc_wd == wd) {
+            e->rpc_quiet = 1;
+
+        } else if (!rpc && e->wd == wd) {
+            e->quiet = 1;
+            e->modify = 0;
+        }
+    }
+}
+
+
+/* rpc/'s watch wd asks for the tool calls again */
+
+static void
+ngx_http_hermes_local_handles_rpc_loud(int wd)
+{
+    ngx_queue_t                    *q;
+    ngx_http_hermes_local_entry_t  *e;
+
+    for (q = ngx_queue_head(&ngx_http_hermes_local_handles);
+         q != ngx_queue_sentinel(&ngx_http_hermes_local_handles);
+         q = ngx_queue_next(q))
+    {
+        e = ngx_queue_data(q, ngx_http_hermes_local_entry_t, queue);
+
+        if (e->rpc_wd == wd) {
+            e->rpc_quiet = 0;
+        }
+    }
+}
+
+
+/* a watch on a directory we hold, by its fd: -> its wd, or -1 */
+
+static int
+ngx_http_hermes_local_handle_mask(int ifd, ngx_fd_t fd, uint32_t mask)
+{
+    u_char  name[64];
+
+    ngx_sprintf(name, "/proc/self/fd/%d%Z", fd);
+
+    return inotify_add_watch(ifd, (char *) name, mask);
+}
+
+
+/*
  * The kernel's rpc/, for a cell with tools: opened and watched (a request's
  * rename or close) the first time, checked each time after (still the
  * one we hold, owner-only).  -> its fd and *wd, NGX_INVALID_FILE if not.
@@ -368,7 +480,6 @@ ngx_fd_t
 ngx_http_hermes_local_handle_rpc(ngx_http_hermes_local_handle_t *handle,
     ngx_http_hermes_kernel_ref_t *ref, int ifd, int *wd, ngx_log_t *log)
 {
-    u_char                          name[64];
     ngx_file_info_t                 fi;
     ngx_http_hermes_local_entry_t  *e;
 
@@ -380,6 +491,20 @@ ngx_http_hermes_local_handle_rpc(ngx_http_hermes_local_handle_t *handle,
             || ngx_http_hermes_local_private_dir(&fi, ref->uid) != NGX_OK)
         {
             goto bad;
+        }
+
+        if (e->rpc_quiet) {
+            if (ngx_http_hermes_local_handle_mask(e->ifd, e->rpc_fd,
+                                                  NGX_HTTP_HERMES_LOCAL_RPC_WATCH)
+                != e->rpc_wd)
+            {
+                ngx_log_error(NGX_LOG_ERR, log, ngx_errno,
+                              "hermes: inotify_add_watch(\"%s/rpc\") failed",
+                              ref->dir);
+                return NGX_INVALID_FILE;
+            }
+
+            ngx_http_hermes_local_handles_rpc_loud(e->rpc_wd);
         }
 
         *wd = e->rpc_wd;
@@ -401,16 +526,18 @@ ngx_http_hermes_local_handle_rpc(ngx_http_hermes_local_handle_t *handle,
         e->rpc_ino = fi.st_ino;
     }
 
-    ngx_sprintf(name, "/proc/self/fd/%d%Z", e->rpc_fd);
-
-    e->rpc_wd = inotify_add_watch(ifd, (char *) name,
-                                  IN_MOVED_TO|IN_CLOSE_WRITE|IN_ONLYDIR);
+    e->rpc_wd = ngx_http_hermes_local_handle_mask(ifd, e->rpc_fd,
+                                              NGX_HTTP_HERMES_LOCAL_RPC_WATCH);
     if (e->rpc_wd == -1) {
         ngx_log_error(NGX_LOG_ERR, log, ngx_errno,
                       "hermes: inotify_add_watch(\"%s/rpc\") failed",
                       ref->dir);
         return NGX_INVALID_FILE;
     }
+
+    /* the same watch as another handle's of the kernel: its mask is ours */
+
+    ngx_http_hermes_local_handles_rpc_loud(e->rpc_wd);
 
     e->ifd = ifd;
     *wd = e->rpc_wd;

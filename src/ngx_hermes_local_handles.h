@@ -37,6 +37,7 @@ ngx_fd_t ngx_http_hermes_local_handle_rpc(
     ngx_http_hermes_local_handle_t *handle, ngx_http_hermes_kernel_ref_t *ref,
     int ifd, int *wd, ngx_log_t *log);
 void ngx_http_hermes_local_handles_ignored(int wd);
+void ngx_http_hermes_local_handles_quiet(int wd);
 
 
 #endif /* _NGX_HERMES_LOCAL_HANDLES_H_INCLUDED_ */

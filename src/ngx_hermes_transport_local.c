@@ -429,6 +429,7 @@ ngx_http_hermes_local_stream_inotify_handler(ngx_event_t *ev)
 {
     ssize_t                          n;
     u_char                          *p, res[32];
+    ngx_uint_t                       ours;
     ngx_queue_t                     *q, *next;
     ngx_connection_t                *c, *client;
     struct inotify_event            *e;
@@ -471,6 +472,8 @@ ngx_http_hermes_local_stream_inotify_handler(ngx_event_t *ev)
 
             /* every stream of that directory: a cell, and its readers */
 
+            ours = 0;
+
             for (q = ngx_queue_head(&ngx_http_hermes_local_streams);
                  q != ngx_queue_sentinel(&ngx_http_hermes_local_streams);
                  q = next)
@@ -481,6 +484,7 @@ ngx_http_hermes_local_stream_inotify_handler(ngx_event_t *ev)
 
                 if (ls->st->rpc && ngx_http_hermes_rpc_wd(ls->st->rpc) == e->wd)
                 {
+                    ours = 1;
                     client = ls->st->client;
 
                     ngx_http_hermes_rpc_notify(ls->st->rpc, (u_char *) e->name,
@@ -493,7 +497,13 @@ ngx_http_hermes_local_stream_inotify_handler(ngx_event_t *ev)
                     break;
                 }
 
-                if (ls->wd != e->wd || !ls->st->is_shipped) {
+                if (ls->wd != e->wd) {
+                    continue;
+                }
+
+                ours = 1;
+
+                if (!ls->st->is_shipped) {
                     continue;
                 }
 
@@ -513,6 +523,11 @@ ngx_http_hermes_local_stream_inotify_handler(ngx_event_t *ev)
                 if (client) {
                     ngx_http_run_posted_requests(client);
                 }
+            }
+
+            if (!ours && !(e->mask & IN_IGNORED)) {
+                /* another worker runs the kernel's cells now */
+                ngx_http_hermes_local_handles_quiet(e->wd);
             }
         }
     }
