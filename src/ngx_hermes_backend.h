@@ -40,8 +40,8 @@ ngx_int_t ngx_http_hermes_local_write_at(ngx_fd_t dir, const char *name,
     u_char *data, size_t len, ngx_uid_t uid, ngx_log_t *log);
 ngx_fd_t ngx_http_hermes_local_open_at(ngx_fd_t dir, const char *name,
     off_t *size);
-ngx_int_t ngx_http_hermes_local_wake(ngx_fd_t dir, ngx_log_t *log);
-ngx_int_t ngx_http_hermes_local_ship_inline(ngx_fd_t dir, u_char *data,
+ngx_int_t ngx_http_hermes_local_wake(ngx_fd_t wake, ngx_log_t *log);
+ngx_int_t ngx_http_hermes_local_ship_inline(ngx_fd_t wake, u_char *data,
     size_t len, ngx_log_t *log);
 ngx_int_t ngx_http_hermes_local_interrupt(ngx_fd_t dir, uint32_t cell,
     ngx_log_t *log);

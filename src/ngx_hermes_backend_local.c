@@ -820,31 +820,42 @@ ngx_http_hermes_local_fifo(ngx_fd_t dir, const char *name, u_char *data,
 
 
 /*
- * One byte into "wake" says "look at cells/".  NGX_DECLINED: the kernel is
- * gone.
+ * One byte into the kernel's "wake" (wake: its fd) says "look at cells/".
+ * A full FIFO already says it.  NGX_DECLINED: the kernel is gone (no
+ * reader: EPIPE).
  */
 
 ngx_int_t
-ngx_http_hermes_local_wake(ngx_fd_t dir, ngx_log_t *log)
+ngx_http_hermes_local_wake(ngx_fd_t wake, ngx_log_t *log)
 {
-    return ngx_http_hermes_local_fifo(dir, "wake", (u_char *) "", 1, log);
+    if (write(wake, "", 1) == -1 && ngx_errno != NGX_EAGAIN) {
+
+        if (ngx_errno == NGX_EPIPE) {
+            return NGX_DECLINED;
+        }
+
+        ngx_log_error(NGX_LOG_ERR, log, ngx_errno,
+                      "hermes: write(\"wake\") failed");
+        return NGX_ERROR;
+    }
+
+    return NGX_OK;
 }
 
 
 /*
- * A small request goes inline: its JSON and a newline in "wake", one
- * write of at most PIPE_BUF bytes, which a FIFO takes whole or not at all
- * (EAGAIN).  The runner reads it there: no request file is made, renamed,
+ * A small request goes inline: its JSON and a newline in "wake" (its fd),
+ * one write of at most PIPE_BUF bytes, which a FIFO takes whole or not at
+ * all (EAGAIN).  The runner reads it there: no request file is made, renamed,
  * listed, read and removed.  NGX_DECLINED: the kernel is gone; NGX_AGAIN:
  * too large, or a line break in it, or the FIFO full: ship it as a file.
  */
 
 ngx_int_t
-ngx_http_hermes_local_ship_inline(ngx_fd_t dir, u_char *data, size_t len,
+ngx_http_hermes_local_ship_inline(ngx_fd_t wake, u_char *data, size_t len,
     ngx_log_t *log)
 {
     ssize_t       n;
-    ngx_fd_t      fd;
     ngx_err_t     err;
     struct iovec  iov[2];
 
@@ -855,27 +866,13 @@ ngx_http_hermes_local_ship_inline(ngx_fd_t dir, u_char *data, size_t len,
         return NGX_AGAIN;
     }
 
-    fd = openat(dir, "wake", O_WRONLY|O_NONBLOCK|O_NOFOLLOW|O_CLOEXEC);
-    if (fd == -1) {
-        err = ngx_errno;
-
-        if (err == ENXIO || err == NGX_ENOENT) {
-            return NGX_DECLINED;
-        }
-
-        ngx_log_error(NGX_LOG_ERR, log, err, "hermes: openat(\"wake\") failed");
-        return NGX_ERROR;
-    }
-
     iov[0].iov_base = data;
     iov[0].iov_len = len;
     iov[1].iov_base = (void *) "\n";
     iov[1].iov_len = 1;
 
-    n = writev(fd, iov, 2);
+    n = writev(wake, iov, 2);
     err = ngx_errno;
-
-    close(fd);
 
     if (n == (ssize_t) len + 1) {
         return NGX_OK;
@@ -883,6 +880,10 @@ ngx_http_hermes_local_ship_inline(ngx_fd_t dir, u_char *data, size_t len,
 
     if (n == -1 && err == NGX_EAGAIN) {
         return NGX_AGAIN;
+    }
+
+    if (n == -1 && err == NGX_EPIPE) {
+        return NGX_DECLINED;
     }
 
     ngx_log_error(NGX_LOG_ERR, log, err, "hermes: writev(\"wake\") failed");

@@ -158,6 +158,7 @@ ngx_http_hermes_local_handle_get(ngx_http_hermes_kernel_ref_t *ref,
     e->handle.pidfd = NGX_INVALID_FILE;
     e->handle.dir_fd = NGX_INVALID_FILE;
     e->handle.cells_fd = NGX_INVALID_FILE;
+    e->handle.wake_fd = NGX_INVALID_FILE;
     e->rpc_fd = NGX_INVALID_FILE;
     e->wd = -1;
     e->rpc_wd = -1;
@@ -673,6 +674,26 @@ ngx_http_hermes_local_handle_open(ngx_http_hermes_local_entry_t *e,
 
     e->cells_ino = fi.st_ino;
 
+    /*
+     * The wake FIFO, kept open for the kernel's cells: opening it each
+     * cell was two system calls, and a FIFO or file a cell puts at its
+     * name later gets none of them.  The runner holds it open (ENXIO:
+     * no runner does).
+     */
+
+    e->handle.wake_fd = openat(e->handle.dir_fd, "wake",
+                               O_WRONLY|O_NONBLOCK|O_NOFOLLOW|O_CLOEXEC);
+
+    if (e->handle.wake_fd == NGX_INVALID_FILE
+        || ngx_fd_info(e->handle.wake_fd, &fi) == NGX_FILE_ERROR
+        || !S_ISFIFO(fi.st_mode) || fi.st_uid != ref->uid)
+    {
+        ngx_log_error(NGX_LOG_WARN, log, ngx_errno,
+                      "hermes: \"%s/wake\" is not the kernel's FIFO",
+                      ref->dir);
+        return NGX_DECLINED;
+    }
+
     return NGX_OK;
 }
 
@@ -828,6 +849,10 @@ ngx_http_hermes_local_handle_free(ngx_http_hermes_local_entry_t *e)
 
     if (e->handle.pidfd != NGX_INVALID_FILE) {
         close(e->handle.pidfd);
+    }
+
+    if (e->handle.wake_fd != NGX_INVALID_FILE) {
+        close(e->handle.wake_fd);
     }
 
     ngx_free(e);

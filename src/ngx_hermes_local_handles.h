@@ -20,6 +20,7 @@ typedef struct {
     ngx_fd_t                      pidfd;      /* the runner's */
     ngx_fd_t                      dir_fd;     /* the kernel dir, its inode */
     ngx_fd_t                      cells_fd;
+    ngx_fd_t                      wake_fd;    /* its wake FIFO, to write */
 } ngx_http_hermes_local_handle_t;
 
 

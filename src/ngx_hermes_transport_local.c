@@ -283,8 +283,8 @@ ngx_http_hermes_local_stream_ship(ngx_http_hermes_local_stream_t *ls,
     len = st->request->last - st->request->pos;
 
     if (wake && !ls->req_file) {
-        rc = ngx_http_hermes_local_ship_inline(ls->dir_fd, st->request->pos,
-                                               len, st->log);
+        rc = ngx_http_hermes_local_ship_inline(ls->handle->wake_fd,
+                                               st->request->pos, len, st->log);
         if (rc != NGX_AGAIN) {
             return rc;
         }
@@ -292,7 +292,7 @@ ngx_http_hermes_local_stream_ship(ngx_http_hermes_local_stream_t *ls,
         /* the FIFO full: the file after all */
 
     } else if (wake) {
-        return ngx_http_hermes_local_wake(ls->dir_fd, st->log);
+        return ngx_http_hermes_local_wake(ls->handle->wake_fd, st->log);
 
     } else if (len + 1 <= PIPE_BUF) {
         return NGX_OK;
@@ -314,7 +314,7 @@ ngx_http_hermes_local_stream_ship(ngx_http_hermes_local_stream_t *ls,
         return rc;
     }
 
-    return ngx_http_hermes_local_wake(ls->dir_fd, st->log);
+    return ngx_http_hermes_local_wake(ls->handle->wake_fd, st->log);
 }
 
 

@@ -97,6 +97,22 @@ for my $c (['.', 0750, 'the kernel dir at 0750'], ['cells', 0755, 'cells/ at 075
         '... its request in neither directory');
 }
 
+# the wake FIFO replaced by a FIFO of the cell's own, which no one reads:
+# the next cells still reach the runner (the worker holds the FIFO it
+# verified), the kernel and its state kept
+{
+    my $r = $t->execute('/x', {session => 'wake', code => 'x = 1'});
+    my $kid = kid($r);
+    $r = $t->execute('/x', {session => 'wake',
+        code => "import os\nos.mkfifo('wake.new', 0o600)\nos.rename('wake.new', 'wake')"});
+    is($r->{result}{status}, 'success', 'wake replaced: the cell did it');
+    for my $c (['print(x)', 'small'], ["print(x)$pad", 'large (a file)']) {
+        $r = $t->execute('/x', {session => 'wake', code => $c->[0]}, timeout => 20);
+        is($r->{result}{output}, "1\n", "wake replaced: a $c->[1] request reaches the runner");
+        is(kid($r), $kid, '... the same kernel, its state kept');
+    }
+}
+
 # rpc/ swapped for a directory of the cell's own, a request planted in it
 # with the kernel's own token: it is never served, the next cell gets a
 # clear answer, and the cell after it calls tools again
