@@ -7,10 +7,10 @@
  * the process started when the kernel was, the directory the one made at
  * spawn, ours and owner-only.  Proving it anew each cell (pidfd_open, the
  * start time from /proc, opening the dir and cells/ by path) was a third
- * of a worker's system calls a trivial cell; so the pidfd and the two
- * directory fds, once verified, are kept for the next cell of the kernel,
- * at most NGX_HTTP_HERMES_LOCAL_HANDLES a worker (the least recently
- * used let go first).  Each cell then checks what can change: the process
+ * of a worker's system calls a trivial cell; so the pidfd, the two
+ * directory fds and the wake FIFO, once verified, are kept for the next
+ * cell of the kernel, at most NGX_HTTP_HERMES_LOCAL_HANDLES a worker (the
+ * least recently used let go first).  Each cell then checks what can change: the process
  * still alive (a poll of its pidfd: a pid reused is another process, not
  * this pidfd's), the dir still the one at its path, it and cells/ still
  * owner-only, and cells/ still the one we hold (a cell may have made a
