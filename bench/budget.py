@@ -13,7 +13,7 @@ CPU time is each task's own (/proc/PID/task/TID/schedstat: ns on a CPU),
 read before and after the cells: it needs no performance counters (a VM
 often has none: perf stat says "not supported") and counts every thread.
 
-    /usr/bin/python3 bench/budget.py [--url URL] [--n N] [--strace]
+    /usr/bin/python3 bench/budget.py [--url URL] [--n N] [--strace] [--code CODE]
         [--pid-file run/nginx.pid] [--ssh-user USER]
 """
 
@@ -77,6 +77,8 @@ def main():
     ap.add_argument("--url", default="http://127.0.0.1:8088/v1/execute")
     ap.add_argument("--n", type=int, default=3000)
     ap.add_argument("--strace", action="store_true")
+    ap.add_argument("--code", default=TRIVIAL,
+                    help="the cell (make bench's trivial cell is 'x = 1')")
     ap.add_argument("--pid-file", default=os.path.join(
         os.path.dirname(os.path.abspath(__file__)), "..", "run", "nginx.pid"),
                     help="the gateway's nginx.pid (make run's by default)")
@@ -89,7 +91,7 @@ def main():
     session = f"budget-{os.getpid()}"
 
     def cell():
-        conn.request("POST", u.path, body=json.dumps({"session": session, "code": TRIVIAL}),
+        conn.request("POST", u.path, body=json.dumps({"session": session, "code": a.code}),
                      headers={"Content-Type": "application/json",
                               "Accept": "application/json"})
         r = conn.getresponse()
@@ -142,7 +144,7 @@ def main():
     ag = sum(cpu_ns(p) for p in agent) - a0
 
     per = lambda ns: ns / a.n / 1e6   # noqa: E731
-    print(f"{a.n} trivial cells ({TRIVIAL!r}), one session, keep-alive, "
+    print(f"{a.n} trivial cells ({a.code!r}), one session, keep-alive, "
           f"Accept: application/json; {1000 * wall / a.n:.3f} ms a cell wall")
     print(f"  client (this process)       {per(me):.3f} ms CPU a cell")
     print(f"  nginx workers ({len(workers)})           {per(w):.3f} ms CPU a cell")
