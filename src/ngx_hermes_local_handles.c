@@ -10,11 +10,11 @@
  * of a worker's system calls a trivial cell; so the pidfd, the two
  * directory fds and the wake FIFO, once verified, are kept for the next
  * cell of the kernel, at most NGX_HTTP_HERMES_LOCAL_HANDLES a worker (the
- * least recently used let go first).  Each cell then checks what can change: the process
- * still alive (a poll of its pidfd: a pid reused is another process, not
- * this pidfd's), the dir still the one at its path, it and cells/ still
- * owner-only, and cells/ still the one we hold (a cell may have made a
- * new one).
+ * least recently used let go first).  Each cell then checks what can
+ * change: the process still alive (a poll of its pidfd: a pid reused is
+ * another process, not this pidfd's), the dir still the one at its path,
+ * it and cells/ still owner-only, and cells/ still the one we hold (a
+ * cell may have made a new one).
  *
  * The watch on cells/ is kept with them: adding and removing it each cell
  * (a path walk, a mark made and freed by a kernel worker) cost more than
@@ -481,6 +481,7 @@ ngx_fd_t
 ngx_http_hermes_local_handle_rpc(ngx_http_hermes_local_handle_t *handle,
     ngx_http_hermes_kernel_ref_t *ref, int ifd, int *wd, ngx_log_t *log)
 {
+    int                             wd_now;
     ngx_file_info_t                 fi;
     ngx_http_hermes_local_entry_t  *e;
 
@@ -495,10 +496,9 @@ ngx_http_hermes_local_handle_rpc(ngx_http_hermes_local_handle_t *handle,
         }
 
         if (e->rpc_quiet) {
-            if (ngx_http_hermes_local_handle_mask(e->ifd, e->rpc_fd,
-                                                  NGX_HTTP_HERMES_LOCAL_RPC_WATCH)
-                != e->rpc_wd)
-            {
+            wd_now = ngx_http_hermes_local_handle_mask(e->ifd, e->rpc_fd,
+                                             NGX_HTTP_HERMES_LOCAL_RPC_WATCH);
+            if (wd_now != e->rpc_wd) {
                 ngx_log_error(NGX_LOG_ERR, log, ngx_errno,
                               "hermes: inotify_add_watch(\"%s/rpc\") failed",
                               ref->dir);
