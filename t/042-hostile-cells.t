@@ -165,7 +165,8 @@ for my $kind (qw(fifo dir symlink)) {
 # a slow client that then leaves, while its cell's output waits: the cell
 # is let go of all the same (no fd of its files stays open in the worker;
 # the worker keeps its verified handles on each kernel for the next cell:
-# a pidfd, the kernel dir, cells/ and rpc/, four fds a kernel)
+# a pidfd, the wake FIFO, the kernel dir, cells/ and rpc/, five fds a
+# kernel)
 sub cell_fds {
     return scalar grep { (readlink($_) // '') =~ m{/cells/cell_} }
         glob("/proc/$worker/fd/*");
@@ -185,7 +186,7 @@ sub cell_fds {
     }
     my ($fds, $cells);
     ok(wait_until(sub { $fds = () = glob("/proc/$worker/fd/*"); $cells = cell_fds();
-                        $cells == 0 && $fds <= $fds0 + 1 + 4 * 4 }, 5),
+                        $cells == 0 && $fds <= $fds0 + 1 + 4 * 5 }, 5),
         "slow clients that leave: the worker holds no fd of their cells ($fds0 before, "
         . ($fds // '?') . " after, " . ($cells // '?') . " of cell files)");
     my $r = $t->execute('/big', {session => 'leave-1', code => 'print("again")'});
