@@ -589,10 +589,9 @@ class _Sink:
         if self.held is not None:
             self.held.append(line)
             return
-        if self.fd is None:
-            self.fd = _open_out(self.n)
-            if self.fd == -1:
-                return
+        self.open_out()
+        if self.fd == -1:
+            return
         data = memoryview(line)
         done = 0
         try:
@@ -628,9 +627,10 @@ class _Sink:
             self.fd = -1
 
     def open_out(self):
-        """cell_out_N now, if it is to be made: before a fork, so that the
-        child appends to the parent's file (O_APPEND) and makes none of
-        its own (two would race to replace each other's)."""
+        """cell_out_N now, if it is to be made: at the first line, and
+        before a fork, so that the child appends to the parent's file
+        (O_APPEND) and makes none of its own (two would race to replace
+        each other's)."""
         if self.fd is None:
             self.fd = _open_out(self.n)
 
