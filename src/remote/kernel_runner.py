@@ -2221,15 +2221,16 @@ def main():
         if select.select([fifo], [], [], timeout)[0]:
             inbox.drain()
 
-def _self_time(n):
-    """The runner's own cost of a trivial cell, and nothing else (`make
-    bench`'s second floor): a request parsed, `1 + 1` compiled and run,
-    its display made and its event line written (to /dev/null), the result
-    made.  No files, no wake-up, no other process.  Prints the median and
-    the 90th percentile in ms as JSON."""
+def _self_time(n, code):
+    """The runner's own cost of a cell, and nothing else (`make bench`'s
+    second floor, with the benchmark's trivial cell): its request parsed,
+    the code compiled and run, its event lines written (to /dev/null), the
+    result made.  No files, no wake-up, no other process.  Prints the
+    median and the 90th percentile in ms as JSON."""
     _state.globals = _fresh_globals()
     builtins.display, builtins.print = _display, _print
-    req = b'{"id":1,"code":"1 + 1","max_output":50000,"max_stream":5242880}'
+    req = json.dumps({"id": 1, "code": code, "max_output": DEFAULT_MAX_OUTPUT,
+                      "max_stream": DEFAULT_MAX_STREAM}).encode()
     null = os.open(os.devnull, os.O_WRONLY | os.O_CLOEXEC)
     took = []
     for i in range(n):
@@ -2260,7 +2261,8 @@ def _self_time(n):
 
 if __name__ == "__main__":
     if sys.argv[1:2] == ["--self-time"]:
-        _self_time(int(sys.argv[2]) if len(sys.argv) > 2 else 3000)
+        _self_time(int(sys.argv[2]) if len(sys.argv) > 2 else 3000,
+                   sys.argv[3] if len(sys.argv) > 3 else "1 + 1")
         sys.exit(0)
     try:
         main()

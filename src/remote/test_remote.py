@@ -554,7 +554,7 @@ class RunnerTest(unittest.TestCase):
         d = tempfile.mkdtemp()
         self.addCleanup(shutil.rmtree, d, True)
         out = subprocess.run([PYTHON, "-I", os.path.join(HERE, "kernel_runner.py"),
-                              "--self-time", "200"], cwd=d, capture_output=True,
+                              "--self-time", "200", "x = 1"], cwd=d, capture_output=True,
                              check=True, timeout=60)
         r = json.loads(out.stdout)
         self.assertEqual(r["n"], 200)
