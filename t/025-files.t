@@ -170,7 +170,7 @@ for my $b (@backends) {
 
     # confinement: refused before anything runs
     for my $bad ('../x', 'a/../../x', "a'b", "a\\b", 'cells/x',
-                 'kernel_runner.py', 'rpc', '..')
+                 'kernel_runner.py', 'rpc', '.hermes_result.tmp', '..')
     {
         (my $u = $bad) =~ s/([^A-Za-z0-9._\/-])/sprintf('%%%02X', ord $1)/ge;
         $r = put($kern, $sess, $u, 'x');

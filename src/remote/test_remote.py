@@ -11,6 +11,7 @@ e.g. an older one: the runner must work on any CPython >= 3.8.
 """
 
 import errno
+import itertools
 import json
 import os
 import re
@@ -925,8 +926,8 @@ class RunnerTest(unittest.TestCase):
         k.run("open('made_in_cell_2', 'w').write('x')")   # umask is reset
         names = sorted(os.listdir(k.cells))
         self.assertEqual(names, ["cell_out_000002", "cell_req_000002.json",
-                                 "cell_res_000002.json", "reserve.tmp",
-                                 "result.tmp"])
+                                 "cell_res_000002.json", "reserve.tmp"])
+        self.assertTrue(os.path.isfile(k.path(".hermes_result.tmp")))
         seen = 0
         for root, dirs, files in os.walk(k.dir):
             for d in dirs:
@@ -956,22 +957,23 @@ class RunnerTest(unittest.TestCase):
         self.assertIn("cell_out_%06d" % k.n, os.listdir(k.cells))
 
     def test_the_next_results_file_replaced_by_the_cell(self):
-        # cells/result.tmp is made ahead for the next result; the cell can
-        # put its own file there, remove it, or close the fd we hold
+        # .hermes_result.tmp is the next result's file, made ahead or an old
+        # result reused; the cell can put its own file there, remove it,
+        # or close the fd we hold
         k = self.kernel()
         k.run("x = 0")
         forged = json.dumps({"id": k.n + 1, "status": "success",
                              "output": "forged\n"})
         for code in ("import os\nopen('cells/mine', 'w').write(%r)\n"
-                     "os.replace('cells/mine', 'cells/result.tmp')" % forged,
-                     "import os\nos.remove('cells/result.tmp')",
-                     "import os\nos.remove('cells/result.tmp')\n"
-                     "os.mkdir('cells/result.tmp')",
-                     "import os\nos.rmdir('cells/result.tmp')\nx = 1",
-                     "import os\nfd = os.open('cells/result.tmp', os.O_RDONLY)\n"
+                     "os.replace('cells/mine', '.hermes_result.tmp')" % forged,
+                     "import os\nos.remove('.hermes_result.tmp')",
+                     "import os\nos.remove('.hermes_result.tmp')\n"
+                     "os.mkdir('.hermes_result.tmp')",
+                     "import os\nos.rmdir('.hermes_result.tmp')\nx = 1",
+                     "import os\nfd = os.open('.hermes_result.tmp', os.O_RDONLY)\n"
                      "os.close(sorted(int(f) for f in os.listdir('/proc/self/fd')"
                      " if os.path.realpath('/proc/self/fd/' + f) =="
-                     " os.path.realpath('cells/result.tmp'))[0])\n"
+                     " os.path.realpath('.hermes_result.tmp'))[0])\n"
                      "f = open('cells/other', 'w')"):
             r = k.run(code + "\nprint('real')")
             self.assertEqual((r["status"], r["output"]), ("success", "real\n"),
@@ -979,6 +981,43 @@ class RunnerTest(unittest.TestCase):
             self.assertEqual(stat.S_IMODE(os.stat(k.path("cells", "cell_res_%06d.json"
                                                          % k.n)).st_mode), 0o600)
         self.assertEqual(k.run("x")["output"], "1\n")
+
+    def test_an_old_result_the_cell_replaced_is_not_reused(self):
+        # the result before the last becomes the next result's file: where
+        # the cell put a link to another file, a FIFO or a directory, no
+        # file but our own is written and every result still comes
+        k = self.kernel()
+        canary = k.path("canary")
+        for code, inline in itertools.product(
+                ("os.remove(old)\nos.symlink(canary, old)",
+                 "os.remove(old)\nos.link(canary, old)",
+                 "os.remove(old)\nos.mkfifo(old)",
+                 "os.remove(old)\nos.mkdir(old)"), (True, False)):
+            with open(canary, "w") as f:
+                f.write("canary")
+            k.run("x = 0", inline=inline)
+            old = k.res_path(k.n)
+            r = k.run("import os\nold, canary = %r, %r\n" % (old, canary) + code,
+                      inline=inline)
+            self.assertEqual(r["status"], "success", (code, r))
+            for i in range(3):
+                r = k.run("print(%d)" % i, inline=inline)
+                self.assertEqual(r["output"], "%d\n" % i, code)
+                self.assertEqual(stat.S_IMODE(os.stat(k.res_path(k.n)).st_mode),
+                                 0o600)
+            with open(canary) as f:
+                self.assertEqual(f.read(), "canary", code)
+            if os.path.isdir(old):
+                os.rmdir(old)
+
+    def test_a_reused_result_longer_than_the_next_is_cut(self):
+        k = self.kernel()
+        self.assertEqual(len(k.run("print('x' * 5000)")["output"]), 5001)
+        for i in range(4):    # each reuses a result before it: none whole
+            r = k.run("y = %d" % i, inline=i % 2 == 0)   # k.result: one JSON
+            self.assertEqual((r["status"], r["output"]), ("success", ""))
+            self.assertEqual(os.path.getsize(k.res_path(k.n)),
+                             len(json.dumps(r, separators=(",", ":"))))
 
     def test_streams_outlive_cells(self):
         k = self.kernel()
