@@ -27,6 +27,11 @@
  * inotify gives one watch a directory and inotify fd, so handles of one
  * kernel (a kept one and one of a cell alone, when every kept handle was
  * in use) share it.
+ *
+ * The pidfd goes into the event loop once, at its handle's first cell, and
+ * stays there with the handle (a connection of the worker's each): the
+ * cells waiting on their kernel are told from it when it exits.  A dup of
+ * it a cell, added and removed, was four system calls of each cell.
  */
 
 
@@ -65,6 +70,9 @@ typedef struct {
     uint64_t                        ino;
     uint64_t                        cells_ino;
     ngx_uint_t                      users;
+    ngx_connection_t               *exit_c;     /* the pidfd, in epoll */
+    ngx_queue_t                     waiters;
+    unsigned                        exited:1;   /* the pidfd said so */
     unsigned                        cached:1;
     unsigned                        modify:1;   /* the watch asks for writes */
     unsigned                        quiet:1;    /* cells/'s asks for no event */
@@ -87,6 +95,7 @@ static void ngx_http_hermes_local_handle_free(
 static int ngx_http_hermes_local_handle_mask(int ifd, ngx_fd_t fd,
     uint32_t mask);
 static void ngx_http_hermes_local_handles_rpc_loud(int wd);
+static void ngx_http_hermes_local_handle_exit_handler(ngx_event_t *ev);
 
 
 /* every handle: those kept (cached, LRU order), and those of a cell alone */
@@ -163,6 +172,7 @@ ngx_http_hermes_local_handle_get(ngx_http_hermes_kernel_ref_t *ref,
     e->wd = -1;
     e->rpc_wd = -1;
     e->users = 1;
+    ngx_queue_init(&e->waiters);
 
     rc = ngx_http_hermes_local_handle_open(e, ref, log);
 
@@ -257,6 +267,97 @@ ngx_http_hermes_local_handles_exit(void)
         e = ngx_queue_data(q, ngx_http_hermes_local_entry_t, queue);
         ngx_http_hermes_local_handle_drop(e);
     }
+}
+
+
+/*
+ * The cell's "w" told when the kernel exits, once.  The pidfd is added to
+ * the event loop at the first wait and left there.  It is edge-triggered:
+ * a waiter that comes after the exit was told is told by a posted event
+ * (though the check before its cell finds the exit first).
+ */
+
+ngx_int_t
+ngx_http_hermes_local_handle_wait(ngx_http_hermes_local_handle_t *handle,
+    ngx_http_hermes_local_waiter_t *w, ngx_log_t *log)
+{
+    ngx_connection_t               *c;
+    ngx_http_hermes_local_entry_t  *e;
+
+    e = (ngx_http_hermes_local_entry_t *) handle;
+    c = e->exit_c;
+
+    if (c == NULL) {
+        c = ngx_get_connection(handle->pidfd, ngx_cycle->log);
+        if (c == NULL) {
+            return NGX_ERROR;
+        }
+
+        c->data = e;
+        c->read->handler = ngx_http_hermes_local_handle_exit_handler;
+        c->read->log = ngx_cycle->log;
+
+        if (ngx_handle_read_event(c->read, 0) != NGX_OK) {
+            ngx_log_error(NGX_LOG_ERR, log, 0,
+                          "hermes: a kernel's pidfd could not be watched");
+            ngx_free_connection(c);
+            c->fd = (ngx_socket_t) -1;
+            return NGX_ERROR;
+        }
+
+        e->exit_c = c;
+    }
+
+    ngx_queue_insert_tail(&e->waiters, &w->queue);
+
+    if (e->exited) {
+        ngx_post_event(c->read, &ngx_posted_events);
+    }
+
+    return NGX_OK;
+}
+
+
+void
+ngx_http_hermes_local_handle_unwait(ngx_http_hermes_local_waiter_t *w)
+{
+    if (w->queue.prev) {
+        ngx_queue_remove(&w->queue);
+        w->queue.prev = NULL;
+    }
+}
+
+
+static void
+ngx_http_hermes_local_handle_exit_handler(ngx_event_t *ev)
+{
+    ngx_queue_t                     *q;
+    ngx_connection_t                *c;
+    ngx_http_hermes_local_entry_t   *e;
+    ngx_http_hermes_local_waiter_t  *w;
+
+    c = ev->data;
+    e = c->data;
+
+    e->exited = 1;
+
+    if (ngx_queue_empty(&e->waiters)) {
+        return;
+    }
+
+    /* a waiter's end may put the handle: ours keeps it till the last */
+
+    e->users++;
+
+    while (!ngx_queue_empty(&e->waiters)) {
+        q = ngx_queue_head(&e->waiters);
+        w = ngx_queue_data(q, ngx_http_hermes_local_waiter_t, queue);
+
+        ngx_http_hermes_local_handle_unwait(w);
+        w->handler(w->data);
+    }
+
+    ngx_http_hermes_local_handle_put(&e->handle, 0);
 }
 
 
@@ -847,7 +948,10 @@ ngx_http_hermes_local_handle_free(ngx_http_hermes_local_entry_t *e)
         close(e->handle.dir_fd);
     }
 
-    if (e->handle.pidfd != NGX_INVALID_FILE) {
+    if (e->exit_c) {
+        ngx_close_connection(e->exit_c);     /* the pidfd */
+
+    } else if (e->handle.pidfd != NGX_INVALID_FILE) {
         close(e->handle.pidfd);
     }
 

@@ -24,12 +24,27 @@ typedef struct {
 } ngx_http_hermes_local_handle_t;
 
 
+/* a cell told when its kernel exits */
+
+typedef void (*ngx_http_hermes_local_exit_pt)(void *data);
+
+typedef struct {
+    ngx_queue_t                    queue;     /* prev NULL: not waiting */
+    ngx_http_hermes_local_exit_pt  handler;
+    void                          *data;
+} ngx_http_hermes_local_waiter_t;
+
+
 void ngx_http_hermes_local_handles_init(void);
 ngx_int_t ngx_http_hermes_local_handle_get(ngx_http_hermes_kernel_ref_t *ref,
     ngx_http_hermes_local_handle_t **handle, ngx_log_t *log);
 void ngx_http_hermes_local_handle_put(ngx_http_hermes_local_handle_t *handle,
     ngx_uint_t drop);
 void ngx_http_hermes_local_handles_exit(void);
+ngx_int_t ngx_http_hermes_local_handle_wait(
+    ngx_http_hermes_local_handle_t *handle,
+    ngx_http_hermes_local_waiter_t *w, ngx_log_t *log);
+void ngx_http_hermes_local_handle_unwait(ngx_http_hermes_local_waiter_t *w);
 int ngx_http_hermes_local_handle_watch(ngx_http_hermes_local_handle_t *handle,
     int ifd, ngx_uint_t output);
 void ngx_http_hermes_local_handle_unwatch(

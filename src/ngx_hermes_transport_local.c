@@ -31,7 +31,7 @@ typedef struct {
     ngx_fd_t                        out_fd;
     off_t                           out_off;
     u_char                         *buf;        /* a chunk of cell_out */
-    ngx_connection_t               *pidfd;
+    ngx_http_hermes_local_waiter_t  exit;       /* on the handle's pidfd */
     ngx_queue_t                     queue;      /* the worker's streams */
     unsigned                        queued:1;
     unsigned                        req_file:1; /* not inline: too large */
@@ -64,7 +64,7 @@ static void ngx_http_hermes_local_stream_finish(
     ngx_http_hermes_local_stream_t *ls);
 static void ngx_http_hermes_local_stream_drain(
     ngx_http_hermes_local_stream_t *ls);
-static void ngx_http_hermes_local_stream_died_handler(ngx_event_t *ev);
+static void ngx_http_hermes_local_stream_died(void *data);
 static void ngx_http_hermes_local_stream_name(
     ngx_http_hermes_local_stream_t *ls, u_char *buf, const char *what);
 
@@ -136,7 +136,7 @@ ngx_http_hermes_transport_local_exit_process(ngx_cycle_t *cycle)
 /*
  * 1. the kernel: still its process and its directory; 2. watch cells/
  * before anything appears there; 3. ship the cell and wake the runner;
- * 4. a pidfd that reads ready when the kernel exits.
+ * 4. told by the handle's pidfd when the kernel exits.
  */
 
 static ngx_int_t
@@ -145,7 +145,6 @@ ngx_http_hermes_local_stream_run(ngx_http_hermes_stream_t *st)
     int                             wd;
     ngx_fd_t                        fd;
     ngx_int_t                       rc;
-    ngx_connection_t               *c;
     ngx_http_hermes_local_stream_t *ls;
 
     ls = ngx_pcalloc(st->pool, sizeof(ngx_http_hermes_local_stream_t));
@@ -225,12 +224,12 @@ shipped:
 
     st->is_shipped = 1;
 
-    c = ls->pidfd;
-    c->data = ls;
-    c->read->handler = ngx_http_hermes_local_stream_died_handler;
-    c->read->log = st->log;
+    ls->exit.handler = ngx_http_hermes_local_stream_died;
+    ls->exit.data = ls;
 
-    if (ngx_handle_read_event(c->read, 0) != NGX_OK) {
+    if (ngx_http_hermes_local_handle_wait(ls->handle, &ls->exit, st->log)
+        != NGX_OK)
+    {
         goto ship_failed;
     }
 
@@ -319,18 +318,14 @@ ngx_http_hermes_local_stream_ship(ngx_http_hermes_local_stream_t *ls,
 
 
 /*
- * The kernel's verified handles (ngx_hermes_local_handles.c), and a pidfd
- * of the cell's own for the event loop: two streams of one kernel may be
- * in this worker at once.  NGX_DECLINED: it is not that kernel any more;
- * NGX_ERROR: we cannot tell.
+ * The kernel's verified handles (ngx_hermes_local_handles.c).
+ * NGX_DECLINED: it is not that kernel any more; NGX_ERROR: we cannot tell.
  */
 
 static ngx_int_t
 ngx_http_hermes_local_stream_open_kernel(ngx_http_hermes_local_stream_t *ls)
 {
-    ngx_fd_t           fd;
-    ngx_int_t          rc;
-    ngx_connection_t  *c;
+    ngx_int_t  rc;
 
     rc = ngx_http_hermes_local_handle_get(ls->st->ref, &ls->handle,
                                           ls->st->log);
@@ -340,21 +335,6 @@ ngx_http_hermes_local_stream_open_kernel(ngx_http_hermes_local_stream_t *ls)
 
     ls->dir_fd = ls->handle->dir_fd;
     ls->cells_fd = ls->handle->cells_fd;
-
-    fd = fcntl(ls->handle->pidfd, F_DUPFD_CLOEXEC, 0);
-    if (fd == -1) {
-        ngx_log_error(NGX_LOG_ERR, ls->st->log, ngx_errno,
-                      "hermes: fcntl(F_DUPFD_CLOEXEC) failed");
-        return NGX_ERROR;
-    }
-
-    c = ngx_get_connection(fd, ls->st->log);
-    if (c == NULL) {
-        close(fd);
-        return NGX_ERROR;
-    }
-
-    ls->pidfd = c;
 
     return NGX_OK;
 }
@@ -371,26 +351,11 @@ ngx_http_hermes_local_stream_unwatch(ngx_http_hermes_local_stream_t *ls)
         ls->wd = -1;
     }
 
-    if (ls->pidfd) {
-        /*
-         * out of epoll first: the pidfd is a dup of the handle's, which
-         * stays open, so closing ours would leave its registration there
-         */
-
-        if (ls->pidfd->read->active
-            && ngx_del_event(ls->pidfd->read, NGX_READ_EVENT, 0) != NGX_OK)
-        {
-            ngx_log_error(NGX_LOG_ALERT, ls->st->log, 0,
-                          "hermes: a pidfd's event could not be removed");
-        }
-
-        ngx_close_connection(ls->pidfd);
-        ls->pidfd = NULL;
-    }
+    ngx_http_hermes_local_handle_unwait(&ls->exit);
 }
 
 
-/* what a cell held of its kernel's host: fds, watch, pidfd */
+/* what a cell held of its kernel's host: fds, watch, its wait on the pidfd */
 
 static void
 ngx_http_hermes_local_stream_close(ngx_http_hermes_stream_t *st)
@@ -820,10 +785,9 @@ ngx_http_hermes_local_stream_resume(ngx_http_hermes_stream_t *st)
 
 
 static void
-ngx_http_hermes_local_stream_died_handler(ngx_event_t *ev)
+ngx_http_hermes_local_stream_died(void *data)
 {
-    ngx_connection_t                *pc = ev->data;
-    ngx_http_hermes_local_stream_t  *ls = pc->data;
+    ngx_http_hermes_local_stream_t  *ls = data;
 
     u_char                     name[64];
     ngx_file_info_t            fi;
