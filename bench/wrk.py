@@ -14,6 +14,8 @@ but 200 is an error):
 
     floor         wrk -t1 -c1  -d10s  /floor
     1 session     wrk -t1 -c1  -d10s  (SESSIONS=1)
+    64 sessions   wrk -t1 -c1  -d10s  (SESSIONS=64: one cell at a time,
+                                       64 kernels taking turns)
     64 sessions   wrk -t2 -c8  -d10s  (SESSIONS=64)
     64 sessions   wrk -t2 -c64 -d10s  (SESSIONS=64)
     256 sessions  wrk -t2 -c64 -d10s --timeout 30s  (SESSIONS=256)
@@ -157,6 +159,7 @@ def main():
         for what, path, sessions, threads, conns, timeout in (
                 ("floor: nginx return 200", "/floor", 1, 1, 1, None),
                 ("1 session", "/v1/execute", 1, 1, 1, None),
+                ("64 sessions, 1 connection", "/v1/execute", 64, 1, 1, None),
                 ("64 sessions, 8 connections", "/v1/execute", 64, 2, 8, None),
                 ("64 sessions, 64 connections", "/v1/execute", 64, 2, 64, None),
                 ("256 sessions, 64 connections", "/v1/execute", 256, 2, 64, "30s")):
