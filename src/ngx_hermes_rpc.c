@@ -35,6 +35,7 @@
 
 #define NGX_HTTP_HERMES_RPC_TOOL_MAX   128
 #define NGX_HTTP_HERMES_RPC_SCAN_MAX   1024   /* names a scan looks at */
+#define NGX_HTTP_HERMES_RPC_SWEEPS     16     /* scans a sweep takes at most */
 #define NGX_HTTP_HERMES_RPC_SEEN_MORE  64     /* seqs kept past the budget */
 
 /*
@@ -567,7 +568,8 @@ ngx_int_t
 ngx_http_hermes_rpc_open(ngx_http_hermes_rpc_t *rpc, ngx_fd_t dir_fd,
     ngx_fd_t rpc_fd, int wd)
 {
-    u_char  name[2 * NGX_HTTP_HERMES_TOKEN_LEN + 1];
+    u_char      name[2 * NGX_HTTP_HERMES_TOKEN_LEN + 1];
+    ngx_uint_t  i;
 
     ngx_http_hermes_rpc_close(rpc);
 
@@ -582,9 +584,32 @@ ngx_http_hermes_rpc_open(ngx_http_hermes_rpc_t *rpc, ngx_fd_t dir_fd,
     rpc->rpc_fd = rpc_fd;
     rpc->wd = wd;
 
-    /* the watch was there first: a request written after the sweep is seen */
+    /*
+     * the watch was there first: a request written after the sweep is
+     * seen.  Every leftover goes, however many an earlier cell left; past
+     * NGX_HTTP_HERMES_RPC_SWEEPS scans the kernel gets no cell (it is
+     * ended as one that could not be shipped to), lest the event loop
+     * stall on it.
+     */
 
-    ngx_http_hermes_rpc_scan(rpc, 1);
+    for (i = 0;
+         ngx_http_hermes_rpc_scan(rpc, 1) == NGX_HTTP_HERMES_RPC_SCAN_MAX;
+         i++)
+    {
+        if (i + 1 == NGX_HTTP_HERMES_RPC_SWEEPS) {
+            ngx_log_error(NGX_LOG_WARN, rpc->log, 0,
+                          "hermes: kernel %*s: more than %d requests left "
+                          "in rpc/ by earlier cells; removed %d, the cell "
+                          "is not run",
+                          (size_t) NGX_HTTP_HERMES_ID_LEN,
+                          rpc->ref->kernel_id,
+                          NGX_HTTP_HERMES_RPC_SWEEPS
+                          * NGX_HTTP_HERMES_RPC_SCAN_MAX,
+                          NGX_HTTP_HERMES_RPC_SWEEPS
+                          * NGX_HTTP_HERMES_RPC_SCAN_MAX);
+            return NGX_ERROR;
+        }
+    }
 
     return NGX_OK;
 }
@@ -665,22 +690,26 @@ ngx_http_hermes_rpc_notify(ngx_http_hermes_rpc_t *rpc, u_char *name,
 }
 
 
-/* every request there now: at the start (sweep), or events were lost */
+/*
+ * every request there now: at the start (sweep), or events were lost.
+ * -> the names it took, at most NGX_HTTP_HERMES_RPC_SCAN_MAX (more may
+ * be there then)
+ */
 
-void
+ngx_uint_t
 ngx_http_hermes_rpc_scan(ngx_http_hermes_rpc_t *rpc, ngx_uint_t sweep)
 {
     u_char            *p;
     size_t             len;
     ssize_t            got;
-    ngx_uint_t         n;
+    ngx_uint_t         n, taken;
     struct dirent64   *de;
     u_char             names[NGX_HTTP_HERMES_RPC_SCAN_MAX][32];
     u_char             buf[4096]
                        __attribute__ ((aligned(__alignof__(struct dirent64))));
 
     if (rpc->rpc_fd == NGX_INVALID_FILE) {
-        return;
+        return 0;
     }
 
     /*
@@ -689,7 +718,7 @@ ngx_http_hermes_rpc_scan(ngx_http_hermes_rpc_t *rpc, ngx_uint_t sweep)
      */
 
     if (lseek(rpc->rpc_fd, 0, SEEK_SET) == -1) {
-        return;
+        return 0;
     }
 
     n = 0;
@@ -724,6 +753,8 @@ ngx_http_hermes_rpc_scan(ngx_http_hermes_rpc_t *rpc, ngx_uint_t sweep)
         }
     }
 
+    taken = n;
+
     while (n--) {
         if (sweep) {
             /* an earlier cell's: no authority in this one */
@@ -732,9 +763,11 @@ ngx_http_hermes_rpc_scan(ngx_http_hermes_rpc_t *rpc, ngx_uint_t sweep)
         }
 
         if (ngx_http_hermes_rpc_file(rpc, names[n]) == NGX_DONE) {
-            return;
+            break;
         }
     }
+
+    return taken;
 }
 
 

@@ -63,7 +63,8 @@ ngx_int_t ngx_http_hermes_rpc_open(ngx_http_hermes_rpc_t *rpc,
 int ngx_http_hermes_rpc_wd(ngx_http_hermes_rpc_t *rpc);
 void ngx_http_hermes_rpc_notify(ngx_http_hermes_rpc_t *rpc, u_char *name,
     size_t len);
-void ngx_http_hermes_rpc_scan(ngx_http_hermes_rpc_t *rpc, ngx_uint_t sweep);
+ngx_uint_t ngx_http_hermes_rpc_scan(ngx_http_hermes_rpc_t *rpc,
+    ngx_uint_t sweep);
 ngx_uint_t ngx_http_hermes_rpc_calls(ngx_http_hermes_rpc_t *rpc);
 void ngx_http_hermes_rpc_carry(ngx_http_hermes_rpc_t *rpc,
     ngx_http_hermes_rpc_write_pt write, void *data);

@@ -324,18 +324,19 @@ like($prom, qr/hermes_rpc_rejected_total\{zone="kernels",reason="replay"\} 1/,
 {
     my $off = length $t->error_log;
     my $tok0 = status()->{rpc_rejected_total}{token} // 0;
-    my $fr = $t->execute('/x', {session => 'forge', code => <<'PY'});
+    my $fr = $t->execute('/x', {session => 'forge', code => <<'PY'}, timeout => 60);
 import os, time
 n = 0
 end = time.time() + 2
-while time.time() < end:
+# (bounded: a worker under AddressSanitizer takes each several times slower)
+while time.time() < end and n < 4000:
     n += 1
     p = "rpc/req_%06d" % (1000 + n)
     with open(p + ".x", "w") as f:
         f.write('{"tool":"echo","args":{},"seq":%d,"token":"%s"}'
                 % (1000 + n, "0" * 64))
     os.rename(p + ".x", p)
-while os.listdir("rpc") and time.time() < end + 5:
+while os.listdir("rpc") and time.time() < end + 30:
     time.sleep(0.05)
 print(n)
 PY
@@ -412,6 +413,9 @@ PY
 # (requests and answers go; a .tmp is nobody's request yet, and other
 # names are not the channel's)
 forge(301, qq({"tool":"echo","args":{"f":301},"seq":301,"token":"$token"}));
+# more than one listing of the directory takes (1024 names)
+forge($_, qq({"tool":"echo","args":{"f":301},"seq":$_,"token":"$token"}))
+    for 50001 .. 53000;
 for my $name (qw(res_000003 req_000009.tmp keep.txt)) {
     open my $fh, '>', "$rpc/$name" or die; print $fh '{}'; close $fh;
 }
@@ -420,6 +424,21 @@ is($r->{result}{output}, "['keep.txt', 'req_000009.tmp']\n", 'leftovers are swep
 unlink "$rpc/keep.txt", "$rpc/req_000009.tmp";
 ok(!grep({ ref $_->{args} eq 'HASH' && ($_->{args}{f} // '') eq '301' } @{ hits() }),
    'and never dispatched');
+
+# more than a sweep takes (16 listings): the kernel is not trusted with a
+# cell; the session's next cell has a new one
+forge($_, qq({"tool":"echo","args":{"f":302},"seq":$_,"token":"$token"}))
+    for 60001 .. 77000;
+$r = $t->execute('/x', {session => 'forge', code => 'x = 1'});
+is($r->{status}, 502, 'a flood of leftovers over the sweep: 502');
+is($r->{json}{error}{code}, 'ship_failed', 'ship_failed') or diag explain $r->{json};
+like(substr($t->error_log, -4096), qr/more than 16384 requests left in rpc\/ by earlier cells/,
+     'the warning says why');
+$r = $t->execute('/x', {session => 'forge', code => 'import os; print(os.listdir("rpc"))'});
+is($r->{result}{output}, "[]\n", 'the next cell: a new kernel, its rpc/ empty') or diag explain $r;
+ok($r->{result}{kernel}{state_lost}, 'state_lost says so');
+ok(!grep({ ref $_->{args} eq 'HASH' && ($_->{args}{f} // '') eq '302' } @{ hits() }),
+   'and none dispatched');
 
 # -- the execute_code schema ----------------------------------------------
 
