@@ -599,12 +599,10 @@ ngx_http_hermes_rpc_open(ngx_http_hermes_rpc_t *rpc, ngx_fd_t dir_fd,
         if (i + 1 == NGX_HTTP_HERMES_RPC_SWEEPS) {
             ngx_log_error(NGX_LOG_WARN, rpc->log, 0,
                           "hermes: kernel %*s: more than %d requests left "
-                          "in rpc/ by earlier cells; removed %d, the cell "
-                          "is not run",
+                          "in rpc/ by earlier cells (those removed), the "
+                          "cell is not run",
                           (size_t) NGX_HTTP_HERMES_ID_LEN,
                           rpc->ref->kernel_id,
-                          NGX_HTTP_HERMES_RPC_SWEEPS
-                          * NGX_HTTP_HERMES_RPC_SCAN_MAX,
                           NGX_HTTP_HERMES_RPC_SWEEPS
                           * NGX_HTTP_HERMES_RPC_SCAN_MAX);
             return NGX_ERROR;
