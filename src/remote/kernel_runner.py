@@ -246,7 +246,8 @@ class _State:
 
     __slots__ = ("lock", "cond", "current", "flusher_at", "fd_ready",
                  "interruptible", "deferred", "loop", "fflush", "globals",
-                 "count", "site", "made", "spare", "spare_size")
+                 "count", "site", "made", "spare", "spare_size",
+                 "reserve_st")
 
     def __init__(self):
         # One lock for the running cell's sink, shared with the flusher
@@ -268,6 +269,7 @@ class _State:
         self.made = []            # (id, its files' paths) of cells not tidied
         self.spare = None         # SPARE's fd, made ahead (_make_spare)
         self.spare_size = 0       # its size: a longer old result is cut
+        self.reserve_st = None    # RESERVE's lstat, taken between cells
 
 
 _state = _State()
@@ -1693,10 +1695,6 @@ def _process(n, path, names=None, req=None):
     """Cell n, from its request: req (inline), else the file at path;
     names: what cells/ held just before, if it is known."""
     t0 = time.monotonic()
-    _restore_fds()                        # before we open anything
-    os.umask(0o077)                       # a cell may have changed it
-    # ... or the SIGINT handler (_signal's: signal's wrapper costs 6 us)
-    _signal.signal(_SIGINT, _on_sigint)
     if names is not None:                 # cells/ was listed: all before n
         _remove_older(n, names)
     try:
@@ -1715,7 +1713,6 @@ def _process(n, path, names=None, req=None):
     reset = req.get("reset") is True
     if reset:
         _state.globals = _fresh_globals()
-    _site_packages()
     with _state.cond:
         _drain_fds(final=True)            # bytes from between cells: the log
         _state.current = sink
@@ -1814,8 +1811,11 @@ def _reserve(n, size):
     path = _reserve_path()
     try:
         # the common case: ours, as we left it (no open: the checks are
-        # the same, and _write_reserved checks the file it opens again)
-        st = os.stat(path, follow_symlinks=False)
+        # the same, and _write_reserved checks the file it opens again).
+        # Its lstat from between cells (_reserve_kept), if there is one.
+        st, _state.reserve_st = _state.reserve_st, None
+        if st is None:
+            st = os.stat(path, follow_symlinks=False)
         if (stat.S_ISREG(st.st_mode) and st.st_nlink == 1
                 and stat.S_IMODE(st.st_mode) == 0o600
                 and st.st_size >= size and st.st_blocks * 512 >= size):
@@ -1869,7 +1869,9 @@ def _reserve_kept():
     try:
         st = os.stat(_reserve_path(), follow_symlinks=False)
     except OSError:
+        _state.reserve_st = None
         return False
+    _state.reserve_st = st          # for the next cell's _reserve
     return stat.S_ISREG(st.st_mode) and st.st_blocks * 512 >= RESERVE_KEEP
 
 
@@ -2184,6 +2186,19 @@ def _take_token():
     return token
 
 
+def _between_cells():
+    """What a cell may have changed in the process, put back for the next
+    one after its result, while the module answers: 14 us a cell, off its
+    path.  fds 1 and 2 (no file we open takes their numbers), the umask,
+    the SIGINT handler (_signal's: signal's wrapper costs 6 us), SITE on
+    sys.path.  A cell's thread that outlives it can undo them again, as
+    it can anything of the runner's while the next cell runs."""
+    _restore_fds()
+    os.umask(0o077)
+    _signal.signal(_SIGINT, _on_sigint)
+    _site_packages()
+
+
 def _idle_exit():
     import shutil
     _log("idle timeout: removing the kernel directory")
@@ -2245,6 +2260,7 @@ def main():
                 _fail(n, e)
             _tidy(n)
             _make_spare()
+            _between_cells()
             names = None     # the next cell knows its files by name
             deadline = time.monotonic() + idle   # the idle clock restarts
         if not idle:
