@@ -15,9 +15,7 @@
 #include "ngx_hermes.h"
 #include "ngx_hermes_local_handles.h"
 
-#include <poll.h>
 #include <sys/inotify.h>
-#include <sys/syscall.h>
 
 
 #define NGX_HTTP_HERMES_LOCAL_CHUNK    (128 * 1024)
