@@ -1714,7 +1714,8 @@ def _process(n, path, names=None, req=None):
     if reset:
         _state.globals = _fresh_globals()
     with _state.cond:
-        _drain_fds(final=True)            # bytes from between cells: the log
+        # bytes from between cells went to runner.log: the fd reader took
+        # them as they came (the last cell's sink drained the rest)
         _state.current = sink
     if bad:
         status, error, ended = "error", bad, False
