@@ -139,6 +139,52 @@ PY
 is($r->{result}{output}, "tool 'echo' is not enabled here; enabled tools: none\n",
    'hermes_tools off: no tools');
 
+# -- the wait's inotify fd: a thread's own, kept from call to call ----------
+# (closing one with a watch waits for the kernel to free the mark: tens of
+# us a call, at times ms).  A cell that closes it, or puts a file of its
+# own at its number, gets a new one and keeps its file; a thread's closes
+# with the thread; a forked child makes its own.
+
+$r = $t->execute('/many', {session => 'watch', code => <<'PY'}, timeout => 60);
+import os, threading, time
+def inotify_fds():
+    n = 0
+    for fd in os.listdir('/proc/self/fd'):
+        try:
+            n += os.readlink('/proc/self/fd/' + fd) == 'anon_inode:inotify'
+        except OSError:
+            pass
+    return n
+base = inotify_fds()
+for i in range(3):
+    hermes_tools.echo(i=i)
+print('kept', inotify_fds() - base)
+os.close(hermes_tools._watches.w.fd)
+print('closed', hermes_tools.echo(i=3)['args'], inotify_fds() - base)
+os.close(hermes_tools._watches.w.fd)
+f = os.open('/dev/null', os.O_RDONLY)
+print('taken', hermes_tools.echo(i=4)['args'], os.readlink('/proc/self/fd/%d' % f))
+t = threading.Thread(target=lambda: hermes_tools.echo(i=5))
+t.start()
+t.join()
+for _ in range(100):
+    if inotify_fds() - base == 1:
+        break
+    time.sleep(0.02)
+print('thread', inotify_fds() - base)
+mine = hermes_tools._watches.w.fd
+pid = os.fork()
+if pid == 0:
+    ok = hermes_tools.echo(i=6)['args'] == {'i': 6}
+    w = hermes_tools._watches.w
+    os._exit(0 if ok and w.pid == os.getpid() and w.fd != mine else 1)
+print('child', os.waitpid(pid, 0)[1])
+PY
+is($r->{result}{output},
+   "kept 1\nclosed {'i': 3} 1\ntaken {'i': 4} /dev/null\nthread 1\nchild 0\n",
+   "tool calls keep their thread's inotify fd; a cell that closes it or takes its number, a thread, a fork")
+    or diag explain $r->{result};
+
 # -- the budget ------------------------------------------------------------
 
 $before = scalar @{ hits() };

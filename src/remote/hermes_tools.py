@@ -21,8 +21,9 @@ and waits for the module's D/rpc/res_NNNNNN
     {"seq": N, "ok": bool, "result": ..., "error": str|null}
 which it reads and deletes.  D is the directory holding this file.  The
 token is set by kernel_runner.py (it is not in the environment).  The wait
-sleeps on an inotify watch of D/rpc (no polling); only where inotify is
-not available does it fall back to polling.
+sleeps on an inotify watch of D/rpc (no polling), each thread's kept from
+call to call; only where inotify is not available does it fall back to
+polling.
 
 An answer too large for the gateway's hermes_max_output comes as
     {"seq": N, "ok": true, "result": null, "error": null,
@@ -91,14 +92,65 @@ def _not_enabled(name):
                           % (name, names))
 
 
+class _Watch:
+    """A thread's inotify fd, kept from call to call: closing one that
+    holds a watch waits for the kernel to free the mark (34 us a call
+    here, at times milliseconds).  Its thread's alone (a read takes every
+    event: another thread's wait would miss its answer), and its
+    process's: a forked child makes its own (_forget_watches)."""
+
+    def __init__(self, fd):
+        self.fd, self.pid = fd, os.getpid()
+
+    def __del__(self):                # the thread ended
+        if self.pid == os.getpid():
+            try:
+                os.close(self.fd)
+            except OSError:
+                pass
+
+
+_watches = threading.local()
+
+
+def _forget_watches():
+    # The parent's inotify fds stay the parent's: the forking thread's
+    # copy is closed (the parent still holds the watch: no wait), other
+    # threads' copies close on exec.
+    global _watches
+    w = getattr(_watches, "w", None)
+    _watches = threading.local()
+    if w is not None:
+        w.pid = -1
+        try:
+            os.close(w.fd)
+        except OSError:
+            pass
+
+
+os.register_at_fork(after_in_child=_forget_watches)
+
+
 def _watch():
     """An inotify fd watching D/rpc for files renamed or written into it,
-    or -1 (no ctypes, no inotify: the caller polls instead)."""
+    its queue emptied, or -1 (no ctypes, no inotify: the caller polls
+    instead).  The watch is added each call, to the rpc/ at the path now
+    (a cell may have made a new one); the same directory's is the same
+    watch.  An fd that is not an inotify fd any more (a cell closed it)
+    is replaced."""
     global _libc
     try:
         import ctypes
         if _libc is None:
             _libc = ctypes.CDLL(None, use_errno=True)
+        w = getattr(_watches, "w", None)
+        if w is not None:
+            if _libc.inotify_add_watch(w.fd, os.fsencode(_RPC),
+                                       _IN_CLOSE_WRITE | _IN_MOVED_TO) >= 0:
+                _drain(w.fd)
+                return w.fd
+            w.pid = -1                # not ours to close any more
+            _watches.w = None
         fd = _libc.inotify_init1(os.O_NONBLOCK | os.O_CLOEXEC)
         if fd < 0:
             return -1
@@ -106,9 +158,18 @@ def _watch():
                                    _IN_CLOSE_WRITE | _IN_MOVED_TO) < 0:
             os.close(fd)
             return -1
+        _watches.w = _Watch(fd)
         return fd
     except Exception:
         return -1
+
+
+def _drain(fd):
+    try:
+        while os.read(fd, 65536):
+            pass
+    except BlockingIOError:
+        pass
 
 
 def _write_atomic(path, data):
@@ -194,12 +255,8 @@ def _rpc(tool, args, timeout):
 
     # The watch before the request: the answer cannot slip in between.
     fd = _watch()
-    try:
-        _write_atomic(req, data)
-        data = _wait(req, res, fd, time.monotonic() + timeout)
-    finally:
-        if fd >= 0:
-            os.close(fd)
+    _write_atomic(req, data)
+    data = _wait(req, res, fd, time.monotonic() + timeout)
     try:
         if data is None:
             raise ValueError("not a regular file")
@@ -240,11 +297,7 @@ def _wait(req, res, fd, deadline):
             delay = min(delay * 2, POLL_MAX)
             continue
         if select.select([fd], [], [], left)[0]:
-            try:
-                while os.read(fd, 65536):
-                    pass
-            except BlockingIOError:
-                pass
+            _drain(fd)
 
 
 def _identifier(name):
