@@ -103,11 +103,11 @@ class _Watch:
         self.fd, self.pid = fd, os.getpid()
 
     def __del__(self):                # the thread ended
-        if self.pid == os.getpid():
-            try:
+        try:
+            if self.pid == os.getpid():
                 os.close(self.fd)
-            except OSError:
-                pass
+        except Exception:             # closed already; interpreter exit
+            pass
 
 
 _watches = threading.local()
