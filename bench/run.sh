@@ -473,11 +473,19 @@ $shm_location$ssh_locations$1
             hermes_status;
         }
 
-        # tool calls: a subrequest through a real proxy hop
+        # tool calls: a subrequest through a real proxy hop, its
+        # connections kept (docs/directives.md, hermes_tools_pass)
         location /tools {
             internal;
-            proxy_pass http://127.0.0.1:$tport/;
+            proxy_pass http://bench_tools/;
+            proxy_http_version 1.1;
+            proxy_set_header Connection "";
         }
+    }
+
+    upstream bench_tools {
+        server 127.0.0.1:$tport;
+        keepalive 16;
     }
 
     # the tool endpoint: a JSON answer, nothing else
