@@ -60,6 +60,8 @@ static ngx_int_t ngx_http_hermes_local_stream_read_out(
     ngx_http_hermes_local_stream_t *ls, ngx_uint_t all);
 static void ngx_http_hermes_local_stream_finish(
     ngx_http_hermes_local_stream_t *ls);
+static ngx_int_t ngx_http_hermes_local_stream_events(
+    ngx_http_hermes_local_stream_t *ls, u_char *p, size_t n);
 static void ngx_http_hermes_local_stream_drain(
     ngx_http_hermes_local_stream_t *ls);
 static void ngx_http_hermes_local_stream_died(void *data);
@@ -661,14 +663,18 @@ ngx_http_hermes_local_stream_read_out(ngx_http_hermes_local_stream_t *ls,
 }
 
 
-/* the result is there: read it (bounded), hand it over, then the rest */
+/*
+ * The result is there: read it (bounded), hand it over, then the rest.
+ * The result is the file's last line; event lines may come before it.
+ */
 
 static void
 ngx_http_hermes_local_stream_finish(ngx_http_hermes_local_stream_t *ls)
 {
-    u_char                    name[64], *data;
+    u_char                    name[64], *data, *res;
     off_t                     size;
     ssize_t                   n;
+    ngx_int_t                 rc;
     ngx_fd_t                  fd;
     ngx_http_hermes_stream_t *st;
 
@@ -710,13 +716,26 @@ ngx_http_hermes_local_stream_finish(ngx_http_hermes_local_stream_t *ls)
         goto unreadable;
     }
 
+    for (res = data + n; res > data && res[-1] != '\n'; res--) { /* void */ }
+
     /* the kernel is free for the next cell: its events are not ours */
 
     ngx_http_hermes_local_stream_unwatch(ls);
     ls->draining = 1;
 
-    if (st->result(st, data, n) != NGX_OK) {
+    if (st->result(st, res, data + n - res) != NGX_OK) {
         return;
+    }
+
+    rc = ngx_http_hermes_local_stream_events(ls, data, res - data);
+
+    if (rc == NGX_AGAIN) {
+        ls->paused = 1;
+        return;
+    }
+
+    if (rc == NGX_ERROR) {
+        st->truncated = 1;
     }
 
     ngx_http_hermes_local_stream_drain(ls);
@@ -731,6 +750,42 @@ unreadable:
 
     st->failed(st, NGX_HTTP_HERMES_STREAM_LOST,
                "the kernel wrote an unreadable result");
+}
+
+
+/*
+ * The event lines before a result: a cell's whole stream when its code
+ * was over before it made cell_out_N (the runner's _Sink.ending), from
+ * out_off on (a resumed stream's offset), as cell_out_N's would be.  The
+ * runner makes no cell_out_N then; one the cell made is read instead.
+ */
+
+static ngx_int_t
+ngx_http_hermes_local_stream_events(ngx_http_hermes_local_stream_t *ls,
+    u_char *p, size_t n)
+{
+    ngx_http_hermes_stream_t  *st;
+
+    st = ls->st;
+
+    if (st->quiet || ls->out_fd != NGX_INVALID_FILE) {
+        return NGX_OK;
+    }
+
+    if ((off_t) n > st->out_limit) {
+        n = (size_t) st->out_limit;
+        st->truncated = 1;
+    }
+
+    if (ls->out_off >= (off_t) n) {
+        return NGX_OK;
+    }
+
+    p += ls->out_off;
+    n -= (size_t) ls->out_off;
+    ls->out_off += n;
+
+    return st->output(st, p, n);
 }
 
 

@@ -155,6 +155,28 @@ for my $b (@backends) {
     is($r->{status}, 400, "$name: a bad offset: 400");
     $r = resume($sess, 'abc', 0);
     is($r->{status}, 404, "$name: a bad id: 404");
+
+    # events made once the code was over (its last value) come with the
+    # result file, not cell_out: the same stream, live and resumed
+    my $v = "'" . ('v' x 30) . "'";
+    $r = $t->execute($exec, { session => $sess, code => "'v' * 30" }, %ALICE);
+    $id = $r->{events}[0]{cell};
+    is(join('|', map { $_->{type} } @{ $r->{events} }), 'kernel|stdout|display|result',
+        "$name: last value: its events, then the result");
+    is(stdout_of($r->{events}), "$v\n", "$name: last value: its text");
+    is(($r->{result} // {})->{output}, "$v\n", "$name: last value: the result's output");
+    $all = event_bytes($r->{raw});
+    my $live = join '', grep { !/"type":"(?:kernel|result)"/ } $r->{raw} =~ /([^\n]*\n)/g;
+    $r = resume($sess, $id, 0);
+    is(join('', grep { !/"type":"result"/ } $r->{raw} =~ /([^\n]*\n)/g), $live,
+        "$name: last value, resumed from 0: the same lines");
+    is(($r->{result} // {})->{output}, "$v\n", "$name: last value, resumed: the result");
+    $r = resume($sess, $id, 5);
+    is(substr($r->{raw}, 0, length($live) - 5), substr($live, 5),
+        "$name: last value, resumed inside a line: the rest of the lines");
+    $r = resume($sess, $id, $all);
+    is(scalar @{ $r->{events} }, 1, "$name: last value, resumed from the end: the result alone");
+    is(($r->{result} // {})->{status}, 'success', "$name: ... the result");
 }
 
 $t->stop;

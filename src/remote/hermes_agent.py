@@ -656,6 +656,18 @@ class Output:
             agent.send(sid, b"O", U64.pack(self.offset) + data)
             self.offset += len(data)
 
+    def send_lines(self, agent, sid, lines, cap):
+        """OUT frames for the event lines a result file holds before the
+        result (the runner's _Sink.ending), as cell_out's from offset;
+        False while the window holds them back."""
+        end = min(len(lines), self.limit)
+        stop = min(end, cap)
+        while self.offset < stop:
+            data = lines[self.offset:min(stop, self.offset + FRAME_DATA)]
+            agent.send(sid, b"O", U64.pack(self.offset) + data)
+            self.offset += len(data)
+        return self.offset >= end
+
 
 class Answer:
     """A tool call's answer on its way into BASE.tmp of dirfd (rpc/, or
@@ -852,7 +864,13 @@ class Cell:
                                   "error": UNREADABLE_RES})
             finally:
                 os.close(res)
-            return self.finish(data)
+            # the result is the file's last line, event lines may come
+            # before it: the whole stream of a cell that made no cell_out
+            i = data.rfind(b"\n") + 1
+            if (i and o.fd is None
+                    and not o.send_lines(self.agent, self.sid, data[:i], cap)):
+                return              # the window is full: wait for an ACK
+            return self.finish(data[i:])
         if self.dead:
             if o.fd is not None and cap <= o.offset < o.nl:
                 return              # whole lines still to send: wait for ACK

@@ -512,6 +512,41 @@ class AgentTest(unittest.TestCase):
             self.assertEqual(out_bytes(fr[:-1], off), whole[off:])
             self.assertEqual(result(fr), self.file(k, "cell_res_000001.json"))
 
+    def test_events_with_the_result_come_as_cell_out_would(self):
+        # a cell whose events came after its code (its last value) makes no
+        # cell_out: the lines are in its result file before the result;
+        # they go as OUT frames, within the window, from any offset, and
+        # the RESULT frame is the result alone
+        a = self.agent(autoack=False)
+        k = self.kernel()
+        a.cell(1, k, 1, window=40, code="'v' * 50")
+        self.assertTrue(_wait_for(lambda: os.path.exists(k.res_path(1))))
+        self.assertNotIn("cell_out_000001", os.listdir(k.cells))
+        whole = self.file(k, "cell_res_000001.json")
+        i = whole.rfind(b"\n") + 1
+        lines, res = whole[:i], whole[i:]
+        self.assertEqual(lines.count(b"\n"), 2)         # stdout, display
+        time.sleep(0.2)
+        self.assertEqual(out_bytes(a.of(1)), lines[:40], "within the window")
+        self.assertNotIn("R", [t for t, _ in a.of(1)])
+        for _ in range(20):
+            fr = a.of(1)
+            if fr[-1][0] == "R":
+                break
+            got = out_bytes(fr)
+            a.send(1, "A", struct.pack(">Q", len(got)))
+            a.wait(lambda: len(a.of(1)) > len(fr))
+            self.assertLessEqual(len(out_bytes(a.of(1))), len(got) + 40)
+        fr = a.end(1)
+        self.assertEqual(out_bytes(fr), lines)
+        self.assertEqual(result(fr), res)
+        self.assertEqual(json.loads(res)["output"], "'%s'\n" % ("v" * 50))
+        for off in (0, 17, len(lines), len(lines) + 5):
+            a.cell(10 + off, k, 1, offset=off, window=1 << 20)
+            fr = a.end(10 + off)
+            self.assertEqual(out_bytes(fr, off), lines[off:])
+            self.assertEqual(result(fr), res)
+
     def test_runner_killed_mid_cell_is_died(self):
         a = self.agent()
         k = self.kernel()

@@ -27,6 +27,9 @@ import unittest
 HERE = os.path.dirname(os.path.abspath(__file__))
 PYTHON = os.environ.get("HERMES_TEST_PYTHON", "/usr/bin/python3")
 TOKEN = "5e" * 32
+with open(os.path.join(HERE, "kernel_runner.py")) as _f:
+    WITH_RESULT_MAX = eval(re.search(r"^WITH_RESULT_MAX = (.*?)  #", _f.read(),
+                                     re.M).group(1))
 
 
 def _write_atomic(path, data):
@@ -160,17 +163,33 @@ class Kernel:
             raise AssertionError("no result for cell %d; runner.log: %s"
                                  % (n, self.log()))
         with open(self.res_path(n), "rb") as f:
-            return json.loads(f.read().decode("utf-8"))
+            data = f.read()
+        # the last line; event lines may come before it (with_result)
+        return json.loads(data[data.rfind(b"\n") + 1:].decode("utf-8"))
 
     def run(self, code, **opts):
         return self.result(self.send(code, **opts))
 
+    def with_result(self, n):
+        """The event lines cell n's result file holds before the result."""
+        with open(self.res_path(n), "rb") as f:
+            data = f.read()
+        return data[:data.rfind(b"\n") + 1]
+
     def events(self, n):
+        """cell_out_n's events, or those the result file holds: a cell
+        makes one or the other."""
         try:
             with open(os.path.join(self.cells, "cell_out_%06d" % n), "rb") as f:
                 data = f.read()
-        except FileNotFoundError:       # made at the first event: none came
-            return []
+        except FileNotFoundError:       # made at the first event, if any
+            data = b""
+        if os.path.exists(self.res_path(n)):
+            more = self.with_result(n)
+            if data and more:
+                raise AssertionError("cell %d: events in cell_out and with "
+                                     "the result" % n)
+            data += more
         # strict UTF-8 and one JSON object a line
         return [json.loads(line) for line in data.decode("utf-8").splitlines()]
 
@@ -923,7 +942,7 @@ class RunnerTest(unittest.TestCase):
         k = self.kernel()
         self.assertEqual(k.run("open('made_by_cell', 'w').write('x')\nimport os\n"
                                "os.umask(0)\n1/0")["status"], "error")
-        k.run("open('made_in_cell_2', 'w').write('x')")   # umask is reset
+        k.run("print(open('made_in_cell_2', 'w').write('x'))")   # umask is reset
         names = sorted(os.listdir(k.cells))
         self.assertEqual(names, ["cell_out_000002", "cell_req_000002.json",
                                  "cell_res_000002.json", "reserve.tmp"])
@@ -953,8 +972,77 @@ class RunnerTest(unittest.TestCase):
         k = self.kernel()
         self.assertEqual(k.run("x = 1")["status"], "success")
         self.assertNotIn("cell_out_%06d" % k.n, os.listdir(k.cells))
-        self.assertEqual(k.run("x + 1")["output"], "2\n")
+        self.assertEqual(k.with_result(k.n), b"")
+        self.assertEqual(k.run("print('now', flush=True)\nx + 1")["output"],
+                         "now\n2\n")
         self.assertIn("cell_out_%06d" % k.n, os.listdir(k.cells))
+        self.assertEqual(k.with_result(k.n), b"", "one or the other")
+        self.assertEqual([e["type"] for e in k.events(k.n)],
+                         ["stdout", "stdout", "display"])
+
+    def test_events_after_the_code_go_with_the_result(self):
+        # A cell that made no cell_out before its code was over (its last
+        # value, a traceback) makes none: the lines go into the result
+        # file, before the result, its last line
+        k = self.kernel()
+        for code, types in (("1 + 1", ["stdout", "display"]),
+                            ("1 / 0", ["stderr"]),
+                            ("def f(:", ["stderr"]),
+                            ("import sys\nsys.exit('bye')", ["stderr"])):
+            n = k.send(code)
+            r = k.result(n)
+            self.assertNotIn("cell_out_%06d" % n, os.listdir(k.cells), code)
+            self.assertEqual([e["type"] for e in k.events(n)], types, code)
+            self.assertEqual(k.with_result(n).count(b"\n"), len(types), code)
+            self.assertEqual(stat.S_IMODE(os.stat(k.res_path(n)).st_mode), 0o600)
+            if code == "1 + 1":
+                self.assertEqual(k.events(n)[0]["text"], "2\n")
+            self.assertEqual(r["ended"], code.startswith("import sys"))
+
+    def test_events_too_many_for_the_result_make_cell_out(self):
+        # past WITH_RESULT_MAX the lines go to cell_out after all, in order
+        k = self.kernel()
+        n = k.send("'x' * %d" % (WITH_RESULT_MAX // 2))
+        r = k.result(n)
+        self.assertEqual(len(r["output"]), WITH_RESULT_MAX // 2 + 3)
+        self.assertIn("cell_out_%06d" % n, os.listdir(k.cells))
+        self.assertEqual(k.with_result(n), b"")
+        self.assertEqual([e["type"] for e in k.events(n)], ["stdout", "display"])
+        # a fork once the code is over (a thread of the cell's may) makes
+        # cell_out after all, with the lines held so far first
+        n = k.send("import os, sys\n"
+                   "s = sys.modules['__main__']._state.current\n"
+                   "def ending(orig=s.ending):\n"
+                   "    s.ending = orig\n"
+                   "    orig()\n"
+                   "    print('held')\n"
+                   "    if os.fork() == 0:\n"
+                   "        os._exit(0)\n"
+                   "    os.wait()\n"
+                   "s.ending = ending\n7")
+        self.assertEqual(k.result(n)["output"], "held\n7\n")
+        self.assertIn("cell_out_%06d" % n, os.listdir(k.cells))
+        self.assertEqual(k.with_result(n), b"")
+        self.assertEqual([(e["type"], e.get("text")) for e in k.events(n)],
+                         [("stdout", "held\n"), ("stdout", "7\n"), ("display", None)])
+
+    def test_print_writes_its_line_at_once_whatever_it_prints(self):
+        # print(42) wrote "42" and "\n" apart: the first woke the flusher
+        # for a partial line.  One write now, and what the built-in wrote
+        # before an argument's __str__ raised is still there
+        k = self.kernel()
+        r = k.run("print(42, None, 1.5, sep='|')\n"
+                  "import sys\nprint(7, file=sys.stderr)")
+        self.assertEqual(r["output"], "42|None|1.5\n\n--- stderr ---\n7\n")
+        self.assertEqual(len(k.events(k.n)), 2)
+        r = k.run("import sys\nw, calls = sys.stdout.write, []\n"
+                  "sys.stdout.write = lambda s: (calls.append(s), w(s))[1]\n"
+                  "print(42, None)\nsys.stdout.write = w\nprint(calls)")
+        self.assertEqual(r["output"], "42 None\n['42 None\\n']\n")
+        r = k.run("class B:\n    def __str__(self): raise ValueError('no')\n"
+                  "print(1, B())")
+        self.assertTrue(r["output"].startswith("1 \n--- stderr ---\n"), r)
+        self.assertIn("ValueError: no", r["output"])
 
     def test_the_next_results_file_replaced_by_the_cell(self):
         # .hermes_result.tmp is the next result's file, made ahead or an old
