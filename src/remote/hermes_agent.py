@@ -702,6 +702,7 @@ class Cell:
         self.listing = None     # rpc/ looked through, in the loop's turns
         self.listed = None      # what follows the listing
         self.rescan = False
+        self.ended = None       # (event lines, result), the result file read
 
     def begin(self):
         """A new cell: an earlier cell's requests and answers in rpc/ have
@@ -828,6 +829,8 @@ class Cell:
     def step(self):
         o, k = self.o, self.k
         cap = self.acked + self.window
+        if self.ended is not None:
+            return self.send_ended(cap)
         if o.fd is None:
             try:
                 o.fd = open_regular(self.out_name, k.cells)
@@ -865,18 +868,23 @@ class Cell:
             finally:
                 os.close(res)
             # the result is the file's last line, event lines may come
-            # before it: the whole stream of a cell that made no cell_out
+            # before it: the whole stream of a cell that made no cell_out.
+            # Kept: the file may be gone by the time the window opens.
             i = data.rfind(b"\n") + 1
-            if (i and o.fd is None
-                    and not o.send_lines(self.agent, self.sid, data[:i], cap)):
-                return              # the window is full: wait for an ACK
-            return self.finish(data[i:])
+            self.ended = (data[:i] if o.fd is None else b"", data[i:])
+            return self.send_ended(cap)
         if self.dead:
             if o.fd is not None and cap <= o.offset < o.nl:
                 return              # whole lines still to send: wait for ACK
             if k.exists(self.res_name):
                 return self.step()  # the result came as the runner went
             self.word({"relay": "died"})
+
+    def send_ended(self, cap):
+        lines, res = self.ended
+        if lines and not self.o.send_lines(self.agent, self.sid, lines, cap):
+            return              # the window is full: wait for an ACK
+        self.finish(res)
 
     def rpc_scan(self):
         """Requests that came without an event: at the start, after an

@@ -1151,27 +1151,23 @@ STDOUT, STDERR = _CellStream("stdout"), _CellStream("stderr")
 _builtin_print = builtins.print
 
 
-class _Line(list):
-    """The built-in print's writes, gathered: its write is append."""
-
-    __slots__ = ()
-    write = list.append
+# str() of these runs nothing of the cell's (an int past
+# sys.get_int_max_str_digits() raises ValueError: the built-in's then)
+_PLAIN = frozenset((int, float, bool, type(None)))
 
 
 def _print(*args, sep=" ", end="\n", file=None, flush=False):
-    # builtins.print while the runner lives.  Into a cell's stream the
-    # line goes in one write(), not one for each argument, separator and
-    # end: each write looks at the fd pipes (see _writer), and a print
-    # loop spent a fifth of its time there; and a write without "\n"
-    # wakes the flusher thread for it (print(42): a GIL hand-over in a
-    # trivial cell).  str arguments are joined here; others go through
-    # the built-in into a _Line (their __str__ runs as it would), whose
-    # text is written even where one of them raises.  Anything else is
-    # the built-in's, as given.
+    # builtins.print while the runner lives.  Into a cell's stream, with
+    # str, int, float, bool or None arguments only (nothing of the cell's
+    # runs), the line goes in one write(), not one a piece: each write
+    # looks at the fd pipes (see _writer), and a print loop spent a fifth
+    # of its time there; and a piece without "\n" (print(42)'s "42")
+    # woke the flusher thread for a partial line, a GIL hand-over in a
+    # trivial cell.  Anything else is the built-in's, as given: its
+    # pieces go out in the order an argument's __str__ may print in.
     f = sys.stdout if file is None else file
-    if not (f is STDOUT or f is STDERR):
-        return _builtin_print(*args, sep=sep, end=end, file=file, flush=flush)
-    if sep.__class__ is str and end.__class__ is str:
+    if ((f is STDOUT or f is STDERR) and sep.__class__ is str
+            and end.__class__ is str):
         for a in args:
             if a.__class__ is not str:
                 break
@@ -1180,15 +1176,17 @@ def _print(*args, sep=" ", end="\n", file=None, flush=False):
             if flush:
                 f.flush()
             return None
-    line = _Line()
-    try:
-        _builtin_print(*args, sep=sep, end=end, file=line)
-    finally:
-        if line:
-            f.write("".join(line))
-    if flush:
-        f.flush()
-    return None
+        try:
+            texts = [a if a.__class__ is str else str(a) for a in args
+                     if a.__class__ is str or a.__class__ in _PLAIN]
+        except ValueError:
+            texts = None
+        if texts is not None and len(texts) == len(args):
+            f.write(sep.join(texts) + end)
+            if flush:
+                f.flush()
+            return None
+    return _builtin_print(*args, sep=sep, end=end, file=file, flush=flush)
 
 
 _print.__name__ = _print.__qualname__ = "print"
@@ -1772,7 +1770,8 @@ def _process(n, path, names=None, req=None):
                             if p is not None]))
     hermes_tools._begin(_tools(req), req.get("schemas", True) is not False)
     max_output = _int(req.get("max_output"), DEFAULT_MAX_OUTPUT)
-    resv = _reserve(n, min(7 * max_output + RESULT_SLACK, RESERVE_MAX))
+    resv = _reserve(n, min(7 * max_output + RESULT_SLACK + WITH_RESULT_MAX,
+                           RESERVE_MAX))
     sink = _Sink(None, max_output,
                  _int(req.get("max_stream"), DEFAULT_MAX_STREAM))
     sink.n = n

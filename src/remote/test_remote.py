@@ -1039,10 +1039,19 @@ class RunnerTest(unittest.TestCase):
                   "sys.stdout.write = lambda s: (calls.append(s), w(s))[1]\n"
                   "print(42, None)\nsys.stdout.write = w\nprint(calls)")
         self.assertEqual(r["output"], "42 None\n['42 None\\n']\n")
+        # anything else is the built-in's: what it wrote before a __str__
+        # raised stays, and a __str__ that prints does so where it would
         r = k.run("class B:\n    def __str__(self): raise ValueError('no')\n"
                   "print(1, B())")
         self.assertTrue(r["output"].startswith("1 \n--- stderr ---\n"), r)
         self.assertIn("ValueError: no", r["output"])
+        r = k.run("class C:\n    def __str__(self): return print('inner') or 'C'\n"
+                  "print('a', C())")
+        self.assertEqual(r["output"], "a inner\nC\n")
+        if k.run("import sys\nhasattr(sys, 'set_int_max_str_digits')")["output"] == "True\n":
+            r = k.run("sys.set_int_max_str_digits(640)\nprint(2, 10 ** 700)")
+            self.assertTrue(r["output"].startswith("2 \n--- stderr ---"), r)
+            self.assertIn("ValueError: Exceeds the limit (640 digits)", r["output"])
 
     def test_the_next_results_file_replaced_by_the_cell(self):
         # .hermes_result.tmp is the next result's file, made ahead or an old
