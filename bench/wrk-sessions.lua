@@ -1,8 +1,10 @@
 -- SPDX-License-Identifier: BSD-2-Clause
 -- wrk: trivial cells spread over SESSIONS sessions (env, default 64),
 -- each request the next session of its thread, JSON answers; errors are
--- any status but 200 (a 429 counts as one).
+-- any status but 200 (a 429 counts as one).  CODE (env) is another
+-- cell, put into the JSON string as it is (no quotes, no backslashes).
 local sessions = tonumber(os.getenv("SESSIONS") or "64")
+local code = os.getenv("CODE") or "1 + 1"
 local n = 0
 local thread_id = 0
 
@@ -17,7 +19,7 @@ end
 
 function request()
     n = n + 1
-    local body = '{"session":"wrk-' .. (n % sessions) .. '","code":"1 + 1"}'
+    local body = '{"session":"wrk-' .. (n % sessions) .. '","code":"' .. code .. '"}'
     return wrk.format("POST", nil, {["Content-Type"] = "application/json",
                                     ["Accept"] = "application/json"}, body)
 end

@@ -24,7 +24,11 @@ prints a table (cells/s, ratio to one session, non-200 and socket
 errors, p50, p99), writes bench/wrk.json, and ends every kernel (DELETE)
 and the nginx.  Exit 1 when a run had errors.
 
-    bench/wrk.py [--duration SECONDS] [--module PATH] [--tmpfs]
+    bench/wrk.py [--duration SECONDS] [--module PATH] [--tmpfs] [--hold]
+
+--hold starts the gateway and its kernels, prints its URL, runs nothing
+and ends it all on SIGTERM or ^C: two of them (two modules) are for
+runs side by side, alternating, of any wrk command (docs/benchmarks.md).
 
 --tmpfs puts the kernels' root on tmpfs (a directory under /dev/shm), as
 docs/operations.md advises: a disk filesystem under this churn (every
@@ -117,6 +121,8 @@ def main():
     ap.add_argument("--out", default=os.path.join(TOP, "bench", "wrk.json"))
     ap.add_argument("--tmpfs", action="store_true",
                     help="the kernels' root under /dev/shm")
+    ap.add_argument("--hold", action="store_true",
+                    help="print the URL and wait for SIGTERM or ^C")
     a = ap.parse_args()
     if shutil.which("wrk") is None:
         sys.exit("bench/wrk.py: no wrk (apt-get install wrk)")
@@ -155,6 +161,14 @@ def main():
         print("bench/wrk.py: %d kernels started in %.1f s%s" % (
             SESSIONS, time.time() - t0, ", %d failed" % bad if bad else ""),
             file=sys.stderr)
+        if a.hold:
+            print("http://127.0.0.1:%d/v1/execute" % port, flush=True)
+            signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+            try:
+                signal.pause()
+            except KeyboardInterrupt:
+                pass
+            return
 
         for what, path, sessions, threads, conns, timeout in (
                 ("floor: nginx return 200", "/floor", 1, 1, 1, None),
