@@ -648,25 +648,25 @@ class Output:
 
     def send(self, agent, sid, stop):
         """OUT frames for [offset, stop)."""
-        while self.offset < stop:
-            data = os.pread(self.fd, min(FRAME_DATA, stop - self.offset),
-                            self.offset)
-            if not data:
-                break
-            agent.send(sid, b"O", U64.pack(self.offset) + data)
-            self.offset += len(data)
+        self.frames(agent, sid, stop,
+                    lambda off, n: os.pread(self.fd, n, off))
 
     def send_lines(self, agent, sid, lines, cap):
         """OUT frames for the event lines a result file holds before the
         result (the runner's _Sink.ending), as cell_out's from offset;
         False while the window holds them back."""
         end = min(len(lines), self.limit)
-        stop = min(end, cap)
+        self.frames(agent, sid, min(end, cap),
+                    lambda off, n: lines[off:off + n])
+        return self.offset >= end
+
+    def frames(self, agent, sid, stop, read):
         while self.offset < stop:
-            data = lines[self.offset:min(stop, self.offset + FRAME_DATA)]
+            data = read(self.offset, min(FRAME_DATA, stop - self.offset))
+            if not data:
+                break
             agent.send(sid, b"O", U64.pack(self.offset) + data)
             self.offset += len(data)
-        return self.offset >= end
 
 
 class Answer:

@@ -1168,25 +1168,28 @@ def _print(*args, sep=" ", end="\n", file=None, flush=False):
     f = sys.stdout if file is None else file
     if ((f is STDOUT or f is STDERR) and sep.__class__ is str
             and end.__class__ is str):
-        for a in args:
-            if a.__class__ is not str:
-                break
-        else:
-            f.write(args[0] + end if len(args) == 1 else sep.join(args) + end)
-            if flush:
-                f.flush()
-            return None
-        try:
-            texts = [a if a.__class__ is str else str(a) for a in args
-                     if a.__class__ is str or a.__class__ in _PLAIN]
-        except ValueError:
-            texts = None
-        if texts is not None and len(texts) == len(args):
-            f.write(sep.join(texts) + end)
+        line = _plain_line(args, sep, end)
+        if line is not None:
+            f.write(line)
             if flush:
                 f.flush()
             return None
     return _builtin_print(*args, sep=sep, end=end, file=file, flush=flush)
+
+
+def _plain_line(args, sep, end):
+    """print's line of args, or None where one may run code of the cell's."""
+    for a in args:
+        if a.__class__ is not str:
+            break
+    else:                               # a print loop's case: no list made
+        return args[0] + end if len(args) == 1 else sep.join(args) + end
+    try:
+        texts = [a if a.__class__ is str else str(a) for a in args
+                 if a.__class__ is str or a.__class__ in _PLAIN]
+    except ValueError:
+        return None
+    return sep.join(texts) + end if len(texts) == len(args) else None
 
 
 _print.__name__ = _print.__qualname__ = "print"
@@ -1300,11 +1303,8 @@ def _display(*objs):
         _show(_bundle(obj))
 
 
-def _show(data, last=False):
-    """A bundle as display() shows it; last: the cell's last value, after
-    which no code of the cell runs (see _Sink.ending)."""
-    if last:
-        _ending()
+def _show(data):
+    """A bundle as display() shows it."""
     text = data["text/plain"] + "\n"
     sink = _state.current             # None between cells: text to the log
     if sink is None or not sink.display(data, text):
@@ -1516,7 +1516,9 @@ def _exec(body, last):
             _state.interruptible = True
             value = _run_code(body, last)
             if value is not None:            # like IPython's Out[]
-                _show(_bundle(value), last=True)
+                data = _bundle(value)        # its reprs: the cell's last code
+                _ending()
+                _show(data)
         finally:
             _state.interruptible = False
     except BaseException as e:   # noqa: B036 -- everything ends up in the result
