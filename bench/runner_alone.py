@@ -5,7 +5,7 @@ its request inline in the wake FIFO (kept open), its result waited for
 by polling the name (this process on the other CPU), with an inotify
 watch on cells/ as the module's (so renames into it cost what they cost
 under the gateway).  Prints the p50 and p90 of a cell's round trip and
-the runner's CPU a cell (user and system, from /proc), after 200 cells
+the runner's CPU and minor page faults a cell (from /proc), after 200 cells
 to warm up.  To compare two runners, give each its directory.
 
     /usr/bin/python3 bench/runner_alone.py [--dir DIR] [--n N] [--code CODE]
@@ -32,10 +32,10 @@ WARM = 200
 
 
 def cpu(pid):
-    """(user, system) clock ticks of pid."""
+    """(user, system) clock ticks and minor page faults of pid."""
     with open("/proc/%d/stat" % pid) as f:
         fields = f.read().rsplit(")", 1)[1].split()
-    return int(fields[11]), int(fields[12])
+    return int(fields[11]), int(fields[12]), int(fields[7])
 
 
 def main():
@@ -77,9 +77,10 @@ def main():
     tick = os.sysconf("SC_CLK_TCK")
     lat = sorted(lat[WARM:])
     print("%d cells %r: p50 %.1f us, p90 %.1f us; runner CPU a cell: user %.1f us,"
-          " system %.1f us" % (a.n, a.code, lat[a.n // 2] * 1e6, lat[a.n * 9 // 10] * 1e6,
-                               (c1[0] - c0[0]) / tick / a.n * 1e6,
-                               (c1[1] - c0[1]) / tick / a.n * 1e6))
+          " system %.1f us, %.1f page faults"
+          % (a.n, a.code, lat[a.n // 2] * 1e6, lat[a.n * 9 // 10] * 1e6,
+             (c1[0] - c0[0]) / tick / a.n * 1e6,
+             (c1[1] - c0[1]) / tick / a.n * 1e6, (c1[2] - c0[2]) / a.n))
 
 
 if __name__ == "__main__":

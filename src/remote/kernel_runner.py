@@ -99,6 +99,9 @@ RESERVE_KEEP = 64 * 1024     # kept between cells, for a disk already full
 RESERVE_RETRY = 0.5          # seconds between tries to keep it, while idle
 RESULT_SLACK = 32 * 1024     # the result's fields and error, escaped
 ERROR_MAX = 2000             # chars of the error line kept in the result
+M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3  # mallopt's (glibc's malloc.h)
+MALLOC_MMAP = 8 << 20        # bytes: a larger block is mmap'd (see _use_libc)
+MALLOC_KEEP = 32 << 20       # bytes of free heap kept between cells
 
 
 def ESCAPED_MAX(limit):
@@ -266,7 +269,7 @@ class _State:
         self.interruptible = False  # SIGINT raises KeyboardInterrupt only in a cell
         self.deferred = False     # an interrupt came in a _CRITICAL section
         self.loop = None          # the runner's event loop, for top-level await
-        self.fflush = None        # C stdio's fflush, False: none (_find_fflush)
+        self.fflush = None        # C stdio's fflush, False: none (_use_libc)
         self.globals = None       # the cells' namespace
         self.count = 0            # cells run: the result's execution_count
         self.site = None          # SITE's (inode, mtime) as last put on sys.path
@@ -1167,29 +1170,34 @@ def _print(*args, sep=" ", end="\n", file=None, flush=False):
     # pieces go out in the order an argument's __str__ may print in.
     f = sys.stdout if file is None else file
     if ((f is STDOUT or f is STDERR) and sep.__class__ is str
-            and end.__class__ is str):
-        line = _plain_line(args, sep, end)
-        if line is not None:
-            f.write(line)
-            if flush:
-                f.flush()
-            return None
+            and end.__class__ is str and _write_plain(f, args, sep, end)):
+        if flush:
+            f.flush()
+        return None
     return _builtin_print(*args, sep=sep, end=end, file=file, flush=flush)
 
 
-def _plain_line(args, sep, end):
-    """print's line of args, or None where one may run code of the cell's."""
+def _write_plain(f, args, sep, end):
+    """print's line of args written to f, or False where making it may run
+    code of the cell's.  The line is a temporary, freed as the write
+    returns, before args: held in a name to the end of print, a 1 MB
+    line left one more megabyte for malloc to give back to the system
+    and fault in again, 240 page faults a cell (bench/runner_alone.py)."""
     for a in args:
         if a.__class__ is not str:
             break
     else:                               # a print loop's case: no list made
-        return args[0] + end if len(args) == 1 else sep.join(args) + end
+        f.write(args[0] + end if len(args) == 1 else sep.join(args) + end)
+        return True
     try:
         texts = [a if a.__class__ is str else str(a) for a in args
                  if a.__class__ is str or a.__class__ in _PLAIN]
     except ValueError:
-        return None
-    return sep.join(texts) + end if len(texts) == len(args) else None
+        return False
+    if len(texts) != len(args):
+        return False
+    f.write(sep.join(texts) + end)
+    return True
 
 
 _print.__name__ = _print.__qualname__ = "print"
@@ -1583,14 +1591,32 @@ def _run(code):
     return "error", _error_line(e), False
 
 
-def _find_fflush():
-    # Before `ready`: importing ctypes takes about 2 ms, which a new
-    # session's first cell would pay (a warm pool's too).
+def _use_libc():
+    """C stdio's fflush for _flush_std, and malloc's thresholds fixed.
+
+    glibc sets them from the largest block freed so far: mmap for blocks
+    over it, and the heap's free top given back to the system past twice
+    that.  A cell's output passes through a few copies of itself at once
+    (the string, print's line, its UTF-8, the event lines), so after each
+    cell the heap's top went back to the system and the next cell took
+    it again, page by page: 456 page faults and 8 ms of a 1 MB print's
+    9, 5088 and 90 of a 5 MB one's 100 (bench/runner_alone.py).  Fixed,
+    a kernel keeps up to MALLOC_KEEP of free heap between cells; blocks
+    over MALLOC_MMAP (a cell's large arrays) are the system's at once.
+    Before `ready`: importing ctypes takes about 2 ms, which a new
+    session's first cell would pay (a warm pool's too)."""
     try:
         import ctypes
-        _state.fflush = ctypes.CDLL(None).fflush
+        libc = ctypes.CDLL(None)
+        _state.fflush = libc.fflush
     except Exception:
         _state.fflush = False
+        return
+    try:
+        libc.mallopt(M_MMAP_THRESHOLD, MALLOC_MMAP)
+        libc.mallopt(M_TRIM_THRESHOLD, MALLOC_KEEP)
+    except AttributeError:                 # not glibc: its own ways
+        pass
 
 
 def _flush_std():
@@ -2317,7 +2343,7 @@ def main():
     fifo = _open_fifo("wake")
     _start_interrupter()
     _keep_reserve()
-    _find_fflush()
+    _use_libc()
     _write_atomic(os.path.join(D, "ready"), ('{"pid":%d}' % os.getpid()).encode())
     _make_spare()
 

@@ -1053,6 +1053,24 @@ class RunnerTest(unittest.TestCase):
             self.assertTrue(r["output"].startswith("2 \n--- stderr ---"), r)
             self.assertIn("ValueError: Exceeds the limit (640 digits)", r["output"])
 
+    def test_a_large_output_reuses_the_heap(self):
+        # glibc gave a 1 MB print's copies back to the system after each
+        # cell and the next took them again, page by page (456 faults a
+        # cell); with malloc's thresholds fixed (_use_libc) the heap stays
+        k = self.kernel()
+
+        def faults():
+            with open("/proc/%d/stat" % k.pid) as f:
+                return int(f.read().rsplit(")", 1)[1].split()[7])
+
+        for size in (1000000, 5 * 1024 * 1024):
+            code = "print('x' * %d)" % size
+            k.run(code)
+            before = faults()
+            for _ in range(3):
+                self.assertEqual(k.run(code)["status"], "success")
+            self.assertLess(faults() - before, 3 * 50, size)
+
     def test_the_next_results_file_replaced_by_the_cell(self):
         # .hermes_result.tmp is the next result's file, made ahead or an old
         # result reused; the cell can put its own file there, remove it,
