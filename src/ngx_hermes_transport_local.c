@@ -611,11 +611,12 @@ ngx_http_hermes_local_stream_read_out(ngx_http_hermes_local_stream_t *ls,
             return NGX_ERROR;
         }
 
-        nl = (n > 0) ? ngx_strlchr(ls->buf, ls->buf + n, '\n') : NULL;
+        /* up to the last newline: glibc's memrchr, not a byte loop (a
+         * 1 MB output's event lines, 64 KiB each, cost 1 ms a cell) */
+
+        nl = (n > 0) ? memrchr(ls->buf, '\n', n) : NULL;
 
         if (nl) {
-            /* up to the last newline */
-            for (nl = ls->buf + n - 1; *nl != '\n'; nl--) { /* void */ }
             nl++;
 
         } else if (n == (ssize_t) size || (all && n > 0)) {
@@ -716,7 +717,8 @@ ngx_http_hermes_local_stream_finish(ngx_http_hermes_local_stream_t *ls)
         goto unreadable;
     }
 
-    for (res = data + n; res > data && res[-1] != '\n'; res--) { /* void */ }
+    res = (n > 0) ? memrchr(data, '\n', n) : NULL;
+    res = (res == NULL) ? data : res + 1;
 
     /* the kernel is free for the next cell: its events are not ours */
 
