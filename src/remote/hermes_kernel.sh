@@ -68,20 +68,38 @@ remove_dir() {
 # exit 4: the module picks another id).  The root must keep others from
 # renaming our directory away (not writable by them, or sticky).  Prints
 # "made", then "type:uid:mode:inode" of the dir, cells/ and rpc/, then
-# this user's uid.
+# this user's uid.  A process each is most of a new session's time: the
+# root and the journal take one stat together once the journal is there.
 kernel_dir() {
     root=$1 kid=$2 gw=$3 inst=$4
     is_id "$kid" || { echo "bad kernel id"; exit 2; }
     case $gw$inst in *[!0-9a-f]*|'') echo "bad gateway id"; exit 2 ;; esac
 
-    if [ -n "$(find "$root/" -maxdepth 0 -perm /022 ! -perm -1000)" ]; then
+    j=$root/hermes_journal_$uid
+    nl='
+'
+    # the root's mode (%f: hex), and the journal's "type:uid:mode" when
+    # it is there (-d: a link to one too, which stat then shows)
+    if [ -d "$j" ]; then
+        s=$(stat -c '%f %F:%u:%a' -- "$root/" "$j") || exit 1
+        js=${s#*"$nl"}
+        js=${js#* }
+    else
+        s=$(stat -c '%f' -- "$root/") || exit 1
+        js=
+    fi
+    m=${s%%[ "$nl"]*}
+    # writable by group or others (022), and not sticky (01000)
+    if [ $((0x$m & 022)) -ne 0 ] && [ $((0x$m & 01000)) -eq 0 ]; then
         echo "the kernels root $root is writable by others without the sticky bit"
         exit 3
     fi
 
-    j=$root/hermes_journal_$uid
-    mkdir -m 700 -- "$j" 2>/dev/null
-    journal_ok "$j" || {
+    if [ -z "$js" ]; then
+        mkdir -m 700 -- "$j" 2>/dev/null
+        js=$(stat -c %F:%u:%a -- "$j" 2>/dev/null)
+    fi
+    [ "$js" = "directory:$uid:700" ] || {
         echo "the journal $j is not a directory of uid $uid with mode 0700"
         exit 6
     }
@@ -101,7 +119,9 @@ kernel_dir() {
 
     mkdir -m 700 -- "$d/cells" "$d/rpc" || exit 1
     st=$(stat -c '%F:%u:%a:%i' -- "$d" "$d/cells" "$d/rpc") || exit 1
-    ino=$(stat -c %i -- "$d") || exit 1
+    # the dir's inode: the end of its line
+    ino=${st%%"$nl"*}
+    ino=${ino##*:}
     printf '%s %s %s\n' "$gw" "$inst" "$ino" >"$j/$kid" || exit 1
     printf '%s\n%s\n' "$st" "$uid"
 }
@@ -193,10 +213,20 @@ kernel_start() {
         exit 1
     fi
 
+    # the kernel's uid and gid, looked up once (the user, else OR_USER):
+    # the start fails where neither exists
     if [ -n "$user" ]; then
-        u=$user
-        if [ -n "$or_user" ] && ! id -u -- "$u" >/dev/null 2>&1; then
-            u=$or_user
+        pw=$(getent passwd -- "$user") \
+            || { [ -n "$or_user" ] && pw=$(getent passwd -- "$or_user"); } \
+            || { echo "no user $user${or_user:+ nor $or_user}"; exit 1; }
+        # NAME:PASSWORD:UID:GID:...
+        kuid=${pw#*:*:}
+        kgid=${kuid#*:}
+        kuid=${kuid%%:*}
+        kgid=${kgid%%:*}
+        if ! is_number "$kuid" || ! is_number "$kgid"; then
+            echo "bad user entry"
+            exit 1
         fi
     fi
 
@@ -204,8 +234,12 @@ kernel_start() {
     runner "$@" >runner.log 2>&1 </dev/null &
     echo $!
 
-    # its status is the command's: the kernel user's uid, else ours
-    exec id -u -- ${user:+"$u"}
+    # the kernel user's uid, else ours
+    if [ -n "$user" ]; then
+        echo "$kuid"
+    else
+        exec id -u
+    fi
 }
 
 # the subshell that becomes the kernel (exec all the way: $! is its pid)
@@ -215,7 +249,7 @@ runner() {
 
     if [ -n "$user" ]; then
         # never root: the directory and the kernel go to the user
-        chown -R -- "$u:$(id -g -- "$u")" . || exit 1
+        chown -R -- "$kuid:$kgid" . || exit 1
     fi
 
     if [ "$sandbox" != off ] && [ "$memory" != 0 ]; then
@@ -246,7 +280,7 @@ runner() {
 # the runner's start, this shell's pid kept (exec); as root, as the user
 run() {
     if [ -n "$user" ]; then
-        exec setsid setpriv --reuid="$u" --regid="$(id -g -- "$u")" \
+        exec setsid setpriv --reuid="$kuid" --regid="$kgid" \
             --clear-groups --no-new-privs -- "$@"
     fi
 
@@ -268,7 +302,7 @@ limits() {
     c=/sys/fs/cgroup
 
     if [ -f $c/cgroup.controllers ]; then
-        mkdir -p $c/hermes \
+        { [ -d $c/hermes ] || mkdir -p $c/hermes; } \
             && echo '+memory +pids +cpu' >$c/hermes/cgroup.subtree_control 2>/dev/null
         { mkdir "$c/$k" \
             && echo "$memory" >"$c/$k/memory.max" \

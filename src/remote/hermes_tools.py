@@ -37,7 +37,6 @@ count, so make tool calls from one process of a fork family at a time.
 """
 
 import errno
-import inspect
 import json
 import keyword
 import os
@@ -338,7 +337,6 @@ _stubs = {}
 
 _TYPES = {"string": str, "integer": int, "number": float, "boolean": bool,
           "array": list, "object": dict}
-_EMPTY = inspect.Parameter.empty
 
 
 def _begin(allowed, schemas=True):
@@ -392,7 +390,11 @@ def _param_name(name, taken):
 def _signature(schema):
     """(inspect.Signature, {parameter: its name in the schema}): the
     required parameters positional-or-keyword in the schema's order, the
-    others keyword-only with the schema's default (None without one)."""
+    others keyword-only with the schema's default (None without one).
+    inspect is imported here, at a cell's first stub, not at a new
+    kernel's start, where it is 4 of this module's 10 ms."""
+    import inspect
+    empty = inspect.Parameter.empty
     params = schema.get("parameters")
     if not isinstance(params, dict):
         params = {}
@@ -417,8 +419,8 @@ def _signature(schema):
         names[ident] = name
         prop = props.get(name)
         prop = prop if isinstance(prop, dict) else {}
-        ann = _TYPES.get(prop.get("type"), _EMPTY) \
-            if isinstance(prop.get("type"), str) else _EMPTY
+        ann = _TYPES.get(prop.get("type"), empty) \
+            if isinstance(prop.get("type"), str) else empty
         if name in required:
             positional.append(inspect.Parameter(
                 ident, inspect.Parameter.POSITIONAL_OR_KEYWORD,
