@@ -32,9 +32,13 @@ LINT_PKGS  := shellcheck cppcheck pyflakes3
 
 SRCS       := config ngx_hermes_module.c $(wildcard src/*.c src/*.h)
 # shipped into each kernel's directory, and carried only (see embed.sh)
-REMOTE_SHIP  := src/remote/kernel_runner.py src/remote/hermes_tools.py
+REMOTE_SHIP  := src/remote/kernel_runner.py src/remote/hermes_tools.py \
+                src/remote/kernel_start.py
 REMOTE_CARRY := src/remote/hermes_agent.py src/remote/hermes_files.py
 REMOTE_PY    := $(REMOTE_SHIP) $(REMOTE_CARRY)
+# the runner's bytecode, shipped too: kernel_start.py runs it where the
+# kernel's Python has this one's version (Debian's python3), else the source
+RUNNER_PYC   := build/gen/kernel_runner.pyc
 # run on kernel hosts as `sh -c SCRIPT hermes ARG...`
 REMOTE_SH    := src/remote/hermes_kernel.sh
 GEN        := build/gen/ngx_hermes_remote.c
@@ -110,9 +114,18 @@ $(NPM_DIR)/.npm-ok: t/npm/package.json t/npm/package-lock.json
 	else echo "npm ci failed (see $(NPM_DIR)/npm.log): the tests" \
 	          "that need node skip" | tee $(NPM_DIR)/.npm-failed; fi
 
-$(GEN): $(REMOTE_PY) $(REMOTE_SH) src/remote/embed.sh
+$(GEN): $(REMOTE_PY) $(RUNNER_PYC) $(REMOTE_SH) src/remote/embed.sh
 	@mkdir -p $(@D)
-	src/remote/embed.sh $@ $(REMOTE_SHIP) -- $(REMOTE_CARRY) $(REMOTE_SH)
+	src/remote/embed.sh $@ $(REMOTE_SHIP) $(RUNNER_PYC) -- $(REMOTE_CARRY) \
+	    $(REMOTE_SH)
+
+# unchecked-hash: valid whatever the shipped source's mtime; named as the
+# source the kernel runs from its own directory
+$(RUNNER_PYC): src/remote/kernel_runner.py
+	@mkdir -p $(@D)
+	python3 -c 'import py_compile as c, sys; c.compile(sys.argv[1], \
+	    cfile=sys.argv[2], dfile="kernel_runner.py", doraise=True, \
+	    invalidation_mode=c.PycInvalidationMode.UNCHECKED_HASH)' $< $@
 
 $(GEN_STATUS): $(STATUS_PAGE) src/status/embed.pl
 	@mkdir -p $(@D)

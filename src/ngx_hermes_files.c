@@ -60,6 +60,8 @@ static ngx_str_t  ngx_http_hermes_files_reserved[] = {
     ngx_string("kernel.env"),
     ngx_string("runner.log"),
     ngx_string("kernel_runner.py"),
+    ngx_string("kernel_runner.pyc"),
+    ngx_string("kernel_start.py"),
     ngx_string("hermes_tools.py"),
     ngx_string(".hermes_result.tmp"),
     ngx_null_string

@@ -170,7 +170,8 @@ for my $b (@backends) {
 
     # confinement: refused before anything runs
     for my $bad ('../x', 'a/../../x', "a'b", "a\\b", 'cells/x',
-                 'kernel_runner.py', 'rpc', '.hermes_result.tmp', '..')
+                 'kernel_runner.py', 'kernel_runner.pyc', 'kernel_start.py', 'rpc',
+                 '.hermes_result.tmp', '..')
     {
         (my $u = $bad) =~ s/([^A-Za-z0-9._\/-])/sprintf('%%%02X', ord $1)/ge;
         $r = put($kern, $sess, $u, 'x');

@@ -252,6 +252,12 @@ SKIP: {
     chmod 0711, "$tmp";
 
     # the stand-in says what it was given and exits
+    # behind the real kernel_start.py, which runs it from source (no .pyc)
+    my $start = do {
+        open my $f, '<', Hermes::Test::repo_root() . '/src/remote/kernel_start.py' or die $!;
+        local $/;
+        <$f>;
+    };
     my $runner = <<'PY';
 import json, os, sys
 fd = os.environ.get("HERMES_ENV_FD")
@@ -280,8 +286,9 @@ PY
         my ($rc, $text) = run_script('dir', $r, $k, $gw, $inst);
         die "dir: $text" unless $rc == 0;
         my $env = "HERMES_KERNEL_ID='$k'\n";
-        ($rc, $text) = run_script({ stdin => $runner . $env }, 'ship', $r, $k,
-            'kernel_runner.py', length $runner, 'kernel.env', length $env);
+        ($rc, $text) = run_script({ stdin => $runner . $start . $env }, 'ship', $r, $k,
+            'kernel_runner.py', length $runner, 'kernel_start.py', length $start,
+            'kernel.env', length $env);
         die "ship: $text" unless $rc == 0;
         return ("$r/hermes_rkernel_$k", $k);
     };
@@ -308,7 +315,7 @@ PY
     is($info->{fd}, '3', 'HERMES_ENV_FD=3');
     is($info->{env}, "HERMES_KERNEL_ID='$k'\n", 'kernel.env is its fd 3');
     ok(!$info->{env_file}, 'and unlinked before it ran');
-    is_deeply($info->{argv}, ['kernel_runner.py'], 'python3 -I kernel_runner.py');
+    is_deeply($info->{argv}, ['kernel_start.py'], 'python3 -I kernel_start.py');
     is($info->{as}, 'unlimited', 'without a sandbox, no limit');
     like(slurp("$d/runner.log") // '', qr/^$/, 'runner.log: nothing said');
     is((lstat "$d/runner.log")[2] & 07777, 0600, 'runner.log 0600');

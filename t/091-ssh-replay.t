@@ -56,7 +56,7 @@ diag 'bwrap not installed (Debian package bubblewrap): sandbox off only'
 
 my %DOC = (
     dirs  => 'sh -c SCRIPT hermes dir ROOT ID GATEWAY INSTANCE',
-    ship  => 'sh -c SCRIPT hermes ship ROOT ID kernel_runner.py LEN hermes_tools.py LEN kernel.env LEN',
+    ship  => 'sh -c SCRIPT hermes ship ROOT ID kernel_runner.py LEN hermes_tools.py LEN kernel_start.py LEN kernel_runner.pyc LEN kernel.env LEN',
     start => 'sh -c SCRIPT hermes start ROOT ID USER OR_USER MEMORY PIDS CPU SANDBOX PYTHON ROOTFS BWRAP_OPTION...',
     kill  => 'sh -c SCRIPT hermes kill ROOT ID PID START INODE',
 );
@@ -237,8 +237,8 @@ CONF
         like(($by{'directory setup'} || [])->[0] // '',
             qr/^sh -c SCRIPT hermes dir \Q$groot\E \Q$kid\E [0-9a-f]{16} [0-9a-f]{16}$/,
             "$mode: the directory step: the script, its values as arguments");
-        # one ship step: the runner's files as they are in src/remote/,
-        # kernel.env last (the start step reads it)
+        # one ship step: the runner's files as they are in src/remote/ and
+        # its bytecode as built, kernel.env last (the start step reads it)
         my @ship = @{ $by{ship} || [] };
         is(scalar @ship, 1, "$mode: one ship step");
         my ($verb, $sroot, $skid, @files) = logged_args($ship[0] // '');
@@ -247,12 +247,14 @@ CONF
         my %len;
         my @names;
         while (@files) { my ($n, $l) = splice @files, 0, 2; $len{$n} = $l; push @names, $n }
-        is("@names", 'kernel_runner.py hermes_tools.py kernel.env',
-            "$mode: the runner, the tools client, kernel.env last")
+        is("@names", 'kernel_runner.py hermes_tools.py kernel_start.py kernel_runner.pyc kernel.env',
+            "$mode: the runner, the tools client, the runner's start and bytecode, kernel.env last")
             or diag $ship[0];
-        for my $py (qw(kernel_runner.py hermes_tools.py)) {
+        for my $py (qw(kernel_runner.py hermes_tools.py kernel_start.py)) {
             is($len{$py}, -s "$ROOT/src/remote/$py", "$mode: $py shipped, its length as in src/remote/");
         }
+        is($len{'kernel_runner.pyc'}, -s "$ROOT/build/gen/kernel_runner.pyc",
+            "$mode: kernel_runner.pyc shipped, its length as built");
         (my $sd = $ship[0] // '') =~ s/^(sh -c SCRIPT hermes ship) \Q$groot $kid\E/$1 ROOT ID/;
         $sd =~ s/ \d+\b/ LEN/g;
         is($sd, $DOC{ship}, "$mode: the ship step sent = docs");
@@ -543,7 +545,7 @@ sub host_runner {
     my ($pid) = @_;
     for my $p (proc_tree($pid)) {
         my $c = slurp("/proc/$p/cmdline") // next;
-        return $p if $c =~ /^python3\0-I\0kernel_runner\.py\0/;
+        return $p if $c =~ /^python3\0-I\0kernel_start\.py\0/;
     }
     return undef;
 }
@@ -583,12 +585,14 @@ sub environs_with {
     return grep { index($all->{$_}, $needle) >= 0 } keys %$all;
 }
 
-# directories, the runner (or a stand-in) and kernel.env, each step checked
+# directories, the runner (or a stand-in) behind the real kernel_start.py
+# and kernel.env, each step checked
 sub prepare {
     my ($sh, $shell, $dir, %o) = @_;
     my $r = run_dirs($shell, $dir);
     is($r->{out}, dirs_out($dir), "$sh: $o{what}: directories made") or diag $r->{err};
-    my ($args, $in) = ship_args($dir, (map { [$_, $o{files}{$_}] } sort keys %{ $o{files} }),
+    my %files = ('kernel_start.py' => slurp("$ROOT/src/remote/kernel_start.py"), %{ $o{files} });
+    my ($args, $in) = ship_args($dir, (map { [$_, $files{$_}] } sort keys %files),
         ['kernel.env', env_payload($o{token}, $o{kid}, $o{idle} // 0)]);
     $r = run_script($shell, @$args, { stdin => $in });
     is($r->{rc}, 0, "$sh: $o{what}: shipped its files and kernel.env") or diag $r->{err};
@@ -884,8 +888,9 @@ for my $mode (@MODES) {
     my $dir = "$root/hermes_rkernel_$kid";
     my $m = "real runner, sandbox $mode";
     prepare($m, $shell, $dir, what => 'setup', kid => $kid, token => $token, idle => 60,
-        files => { map { $_ => slurp("$ROOT/src/remote/$_") // die "read $_" }
-                   qw(kernel_runner.py hermes_tools.py) });
+        files => { (map { $_ => slurp("$ROOT/src/remote/$_") // die "read $_" }
+                    qw(kernel_runner.py hermes_tools.py)),
+                   'kernel_runner.pyc' => slurp("$ROOT/build/gen/kernel_runner.pyc") // die 'no .pyc' });
     my ($pid, $uid) = start($m, $shell, $mode, $dir, $kid, 'start');
     ok(wait_until(sub { defined ready_pid($dir) }, 10), "$m: ready")
         or diag slurp("$dir/runner.log");

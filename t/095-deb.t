@@ -82,13 +82,13 @@ is($debv, $version, "the package's version: $version");
 ok(-f "$doc/examples/hermes.conf", 'example configuration');
 
 # the runtime Python as data, the same bytes as the tree's; no tests
-for my $f (qw(kernel_runner.py hermes_tools.py hermes_agent.py)) {
+for my $f (qw(kernel_runner.py kernel_start.py hermes_tools.py hermes_agent.py)) {
     ok(-f "$data/$f" && compare("$data/$f", "$root/src/remote/$f") == 0,
        "$f in /usr/share/libnginx-mod-http-hermes, as in src/remote");
 }
 opendir my $dh, $data or die "$data: $!";
 is_deeply([ sort grep { !/^\./ } readdir $dh ],
-          [ qw(hermes_agent.py hermes_tools.py kernel_runner.py) ],
+          [ qw(hermes_agent.py hermes_tools.py kernel_runner.py kernel_start.py) ],
           'nothing else there');
 closedir $dh;
 

@@ -1,7 +1,8 @@
 #!/bin/sh
 # SPDX-License-Identifier: BSD-2-Clause
 # Turns the kernel host's Python files into one C file, so the .so carries
-# them and they stay real, testable .py files in the tree.
+# them and they stay real, testable .py files in the tree (and the
+# runner's bytecode, built from its .py).
 # usage: embed.sh OUT.c shipped.py... [-- other.py...] [-- script.sh...]
 # The files before "--" are shipped into each kernel's directory at spawn;
 # those after it are only carried (the ssh agent, sent once a connection).
@@ -27,7 +28,7 @@ tmp=$out.tmp
             continue ;;
         esac
         [ "$f" = -- ] && continue
-        name=$(basename "$f" .py)
+        name=$(basename "$f" | tr . _)
         echo "static const u_char ngx_http_hermes_remote_${name}_data[] = {"
         od -An -v -tx1 "$f" | sed 's/ *\([0-9a-f][0-9a-f]\)/0x\1, /g; s/, $/,/'
         echo "};"
@@ -38,7 +39,7 @@ tmp=$out.tmp
     for f in "$@"; do
         if [ "$f" = -- ]; then ship=0; continue; fi
         case $f in *.sh) continue ;; esac
-        name=$(basename "$f" .py)
+        name=$(basename "$f" | tr . _)
         echo "    { ngx_string(\"$(basename "$f")\"),"
         echo "      ngx_http_hermes_remote_${name}_data,"
         echo "      sizeof(ngx_http_hermes_remote_${name}_data), $ship },"

@@ -258,12 +258,12 @@ runner() {
 
     case $sandbox in
         off)
-            run "$python" -I kernel_runner.py ;;
+            run "$python" -I kernel_start.py ;;
         auto)
             # the default sandboxes where bwrap is, and says so where not
             if ! command -v bwrap >/dev/null; then
                 echo 'hermes: bwrap is not installed, the kernel runs without a sandbox' >&2
-                run "$python" -I kernel_runner.py
+                run "$python" -I kernel_start.py
             fi ;;
     esac
 
@@ -274,7 +274,7 @@ runner() {
     # death signal before that shell was gone)
     # shellcheck disable=SC2016 # $@ is the inner shell's
     run sh -c '"$@"; exit $?' hermes-kernel bwrap "$@" \
-        "$python" -I kernel_runner.py
+        "$python" -I kernel_start.py
 }
 
 # the runner's start, this shell's pid kept (exec); as root, as the user

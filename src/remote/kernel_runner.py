@@ -1,10 +1,11 @@
 # SPDX-License-Identifier: BSD-2-Clause
 """ngx_hermes kernel runner: one persistent Python kernel in one directory.
 
-The nginx module makes the kernel dir D, copies this file and hermes_tools.py
-into it and starts `python3 -I kernel_runner.py` with cwd=D (see
-docs/internals.md, "Spawn"): isolated, so neither D nor PYTHON* variables
-reach sys.path.
+The nginx module makes the kernel dir D, copies this file, its bytecode
+(kernel_runner.pyc), hermes_tools.py and kernel_start.py into it and starts
+`python3 -I kernel_start.py` with cwd=D, which runs this file's code as
+__main__ (see docs/internals.md, "Spawn"): isolated, so neither D nor
+PYTHON* variables reach sys.path.
 Everything between the module and this process goes through files in D;
 the FIFO D/wake only says "look at cells/ now".
 

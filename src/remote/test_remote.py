@@ -1342,6 +1342,71 @@ class RunnerTest(unittest.TestCase):
             mod.__wrapped__
 
 
+class KernelStartTest(unittest.TestCase):
+    """kernel_start.py runs the shipped bytecode only where this Python
+    reads it, else the source: a kernel never runs stale or foreign code."""
+
+    def setUp(self):
+        self.dir = tempfile.mkdtemp(prefix="hermes_start_")
+        self.addCleanup(shutil.rmtree, self.dir)
+        shutil.copyfile(os.path.join(HERE, "kernel_start.py"),
+                        os.path.join(self.dir, "kernel_start.py"))
+        self._write("kernel_runner.py", "print('source', __name__)\n"
+                    "if len(__import__('sys').argv) > 1: 1 / 0\n")
+        # the bytecode of other code, so the output says which one ran
+        other = os.path.join(self.dir, "other.py")
+        with open(other, "w") as f:
+            f.write("print('bytecode', __name__)\n"
+                    "if len(__import__('sys').argv) > 1: 1 / 0\n")
+        subprocess.run([PYTHON, "-c", "import py_compile as c, sys; c.compile("
+                        "sys.argv[1], cfile=sys.argv[2], dfile='kernel_runner.py',"
+                        " doraise=True, invalidation_mode="
+                        "c.PycInvalidationMode.UNCHECKED_HASH)",
+                        other, self.path("kernel_runner.pyc")], check=True)
+        os.unlink(other)
+
+    def path(self, name):
+        return os.path.join(self.dir, name)
+
+    def _write(self, name, text):
+        with open(self.path(name), "w") as f:
+            f.write(text)
+
+    def start(self, *args):
+        return subprocess.run([PYTHON, "-I", "kernel_start.py", *args],
+                              cwd=self.dir, capture_output=True, text=True)
+
+    def test_bytecode_of_this_python_runs_as_main(self):
+        r = self.start()
+        self.assertEqual((r.returncode, r.stdout, r.stderr),
+                         (0, "bytecode __main__\n", ""))
+
+    def test_tracebacks_name_the_runner(self):
+        r = self.start("fail")
+        self.assertEqual(r.returncode, 1)
+        self.assertIn('File "kernel_runner.py", line 2', r.stderr)
+        self.assertIn("ZeroDivisionError", r.stderr)
+
+    def test_no_bytecode_runs_the_source(self):
+        os.unlink(self.path("kernel_runner.pyc"))
+        r = self.start()
+        self.assertEqual((r.returncode, r.stdout), (0, "source __main__\n"))
+
+    def test_another_pythons_bytecode_runs_the_source(self):
+        with open(self.path("kernel_runner.pyc"), "r+b") as f:
+            magic = f.read(4)
+            f.seek(0)
+            f.write(bytes([magic[0] ^ 1]) + magic[1:])
+        r = self.start()
+        self.assertEqual((r.returncode, r.stdout), (0, "source __main__\n"))
+
+    def test_short_bytecode_runs_the_source(self):
+        with open(self.path("kernel_runner.pyc"), "wb") as f:
+            f.write(b"\x00")
+        r = self.start()
+        self.assertEqual((r.returncode, r.stdout), (0, "source __main__\n"))
+
+
 def _tiny_wheel(d, name="hermes_tiny", value=42):
     """A pure-Python wheel made here (a zip with a .dist-info): pip installs
     it with no index and no network."""
