@@ -418,7 +418,7 @@ PY
         isnt($info->{pid}, $pid, 'in a pid namespace of its own');
         like(slurp("/proc/$pid/cmdline") // '', qr/^sh\0-c\0"\$\@"; exit \$\?\0hermes-kernel\0bwrap\0/,
             'the printed pid is the shell that waits for bwrap');
-        kill 'KILL', -$pid;
+        kill_group($pid);
         ok(canary_intact(), 'the canary is untouched');
     }
 }

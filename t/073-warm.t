@@ -157,7 +157,7 @@ is(scalar @pool, 2, 'the two warm kernels');
 my $victim = $pool[0];
 my $vpid = runner_pid($victim);
 ok($vpid, "warm kernel $victim runs as $vpid");
-kill 'KILL', -$vpid;    # its runner's process group; the sandbox follows
+kill_group($vpid);    # its runner's process group; the sandbox follows
 ok(wait_until(sub { !-d $t->kroot . "/hermes_rkernel_$victim" }, 10), 'its remains removed');
 ok(wait_until(sub { (status()->{warm_kernels} // 0) == 2 && !grep { $_ eq $victim } ids() }, 15),
     'a new one took its place');
@@ -223,10 +223,10 @@ is(scalar @dead, 2, 'two warm kernels');
 sub kernel_procs {
     my ($k) = @_;
     return grep { (readlink("/proc/$_/cwd") // '') =~ /hermes_rkernel_$k$/ }
-        procs_matching(qr/hermes_rkernel_$k|kernel_runner/);
+        procs_matching(qr/hermes_rkernel_$k|kernel_start\.py/);
 }
 for my $k (@dead) {
-    kill 'KILL', -$_ for kernel_procs($k);
+    kill_group($_) for kernel_procs($k);
 }
 ok(wait_until(sub { !grep { kernel_procs($_) } @dead }, 5), 'both killed');
 

@@ -412,13 +412,13 @@ for my $case (['unknown', '/v1/unknown', $s1->empty_known_hosts],
 # a failed directory step: spawn_failed, nothing shipped, nothing started
 
 {
-    my %before = map { $_ => 1 } procs_matching(qr/kernel_runner\.py/);
+    my %before = map { $_ => 1 } runner_procs();
     my $ncmd = () = $s1->commands;
     my $off = length $t->error_log;
     my $rr = run_cell('/v1/nodir', 'ssh-nodir', 'print(1)');
     fails_before_stream($rr, 502, 'spawn_failed', 'failed directory setup');
-    my @new = grep { !$before{$_} && (ssh_port_of($_) // 0) == $P1 } procs_matching(qr/kernel_runner\.py/);
-    is("@new", '', 'failed directory setup: no kernel_runner.py started');
+    my @new = grep { !$before{$_} && (ssh_port_of($_) // 0) == $P1 } runner_procs();
+    is("@new", '', 'failed directory setup: no runner started');
     ok(!-e '/proc/hermes-nope', 'failed directory setup: nothing created');
     my @sent = ($s1->commands)[$ncmd .. (() = $s1->commands) - 1];
     my @nope = grep { m{/proc/hermes-nope} } @sent;

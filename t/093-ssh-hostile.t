@@ -374,7 +374,7 @@ for my $case ('runner alive', 'runner dead, its pid reused') {
     my $pid = runner_pid($kid);
     ok($pid, "$case: the runner runs");
     if ($case =~ /dead/) {
-        kill 'KILL', -$pid;
+        kill_group($pid);
         ok(wait_until(sub { !-e "/proc/$pid" }, 5), "$case: the runner is gone");
     }
     recreate($dir);

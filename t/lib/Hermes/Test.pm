@@ -44,7 +44,7 @@ use Errno qw(EINTR EAGAIN EWOULDBLOCK ESRCH);
 
 use Exporter 'import';
 our @EXPORT = qw(wait_until pid_alive procs_matching all_cmdlines all_environs
-                 runner_pid runners_under all_threads_gone
+                 runner_pid runners_under runner_procs kill_group all_threads_gone
                  parse_chunked parse_ndjson ABORT_STREAM);
 our @EXPORT_OK = @EXPORT;
 
@@ -1050,12 +1050,17 @@ sub procs_matching {
 }
 
 # pid => raw /proc/PID/cmdline bytes (NULs kept)
+# every kernel runner on the machine: python3 itself, started as
+# hermes_kernel.sh starts it, not the bwrap around it (whose argv ends the same)
+sub runner_procs {
+    return procs_matching(qr{^(?:\S*/)?python3 -I kernel_start\.py$});
+}
+
 # the pid of the runner of kernel KID (its cwd is its kernel dir)
 sub runner_pid {
     my ($kid) = @_;
     return undef unless $kid;
-    # python3 itself, not the bwrap around it (whose argv ends the same)
-    for my $pid (procs_matching(qr{^(?:\S*/)?python3 (?:-I )?kernel_runner\.py})) {
+    for my $pid (runner_procs()) {
         return $pid if (readlink("/proc/$pid/cwd") // '') =~ /hermes_rkernel_$kid$/;
     }
     return undef;
@@ -1066,7 +1071,15 @@ sub runner_pid {
 sub runners_under {
     my ($root) = @_;
     return grep { (readlink("/proc/$_/cwd") // '') =~ m{^\Q$root\E/(?:.*/)?hermes_rkernel_} }
-        procs_matching(qr{^(?:\S*/)?python3 (?:-I )?kernel_runner\.py});
+        runner_procs();
+}
+
+# SIGKILL to the process group of PID.  A pid a test did not get (undef, 0,
+# 1) or the test's own group is refused: kill -0 would end the whole run.
+sub kill_group {
+    my ($pid) = @_;
+    return 0 unless defined $pid && $pid =~ /^\d+$/ && $pid > 1 && $pid != getpgrp();
+    return kill 'KILL', -$pid;
 }
 
 # dead means every thread gone (they hold the files), not just the leader
