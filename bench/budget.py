@@ -110,7 +110,7 @@ def main():
     kernel = pids_where(lambda p: f"hermes_rkernel_{kid}" in os.readlink(f"/proc/{p}/cwd"))
     # the runner itself, not the shell or bwrap that name it in their argv
     runner = [p for p in kernel if "python" in cmdline(p).split(" ", 1)[0]
-              and "kernel_runner.py" in cmdline(p)]
+              and "kernel_start.py" in cmdline(p)]
     host = []
     if a.ssh_user:
         uid = pwd.getpwnam(a.ssh_user).pw_uid
