@@ -7,11 +7,17 @@ Each figure is a ratio taken within one run (hermes against
 jupyter-server, or against the floor, nginx's return 200), so that a
 baseline recorded on one machine still means something on another one.
 A figure is worse when its ratio is over the recorded one by more than
-its noise band: the spread of this run's own samples ((p90 - p50) / p50
-of the hermes side), at least MIN_BAND.
+its noise band: the larger of this run's own spread ((p90 - p50) / p50
+of the hermes side, at least MIN_BAND) and the recorded band.
+
+Recording a run of the module the baseline was recorded from adds it to
+the record: the recorded ratio is the median of the runs', its band the
+widest of theirs and of the runs' spread ((max - min) / median), the
+noise between runs on this machine that one run's samples do not show.
+A run of another module starts a new record.
 
     bench/guard.py RESULTS BASELINE            compare; exit 1 if worse
-    bench/guard.py --record RESULTS BASELINE   write RESULTS' figures
+    bench/guard.py --record RESULTS BASELINE   record RESULTS' figures
 """
 
 import json
@@ -59,6 +65,43 @@ def figures(res):
     return out
 
 
+def median(v):
+    v = sorted(v)
+    n = len(v)
+    return v[n // 2] if n % 2 else (v[n // 2 - 1] + v[n // 2]) / 2
+
+
+def module_of(res):
+    return (res.get("hermes") or {}).get("commit")
+
+
+def add_run(res, path):
+    """The record of path with this run's figures: added to its runs when
+    the same module was measured, else in their place."""
+    now, module = figures(res), module_of(res)
+    try:
+        with open(path) as f:
+            old = json.load(f)
+    except (FileNotFoundError, ValueError):
+        old = {}
+    same = module is not None and old.get("module") == module
+    rec = {"module": module, "dates": (old.get("dates", []) if same else []) + [res.get("date")],
+           "figures": {}}
+    for fig, n in now.items():
+        o = old.get("figures", {}).get(fig, {}) if same else {}
+        runs = o.get("runs", []) + [n["ratio"]]
+        bands = o.get("bands", []) + [n["band"]]
+        mid = median(runs)
+        spread = (max(runs) - min(runs)) / mid if mid > 0 else 0
+        rec["figures"][fig] = {"ratio": round(mid, 4),
+                               "band": round(max([spread] + bands), 3),
+                               "runs": runs, "bands": bands}
+    with open(path, "w") as f:
+        json.dump(rec, f, indent=1, sort_keys=True)
+        f.write("\n")
+    return len(rec["dates"])
+
+
 def main(argv):
     record = argv[:1] == ["--record"]
     if record:
@@ -70,11 +113,9 @@ def main(argv):
         res = json.load(f)
     now = figures(res)
     if record:
-        with open(argv[1], "w") as f:
-            json.dump({"date": res.get("date"), "tree": res.get("machine", {}).get("tree"),
-                       "figures": now}, f, indent=1, sort_keys=True)
-            f.write("\n")
-        print(f"bench: {len(now)} figures recorded in {argv[1]}")
+        runs = add_run(res, argv[1])
+        print(f"bench: {len(now)} figures recorded in {argv[1]}, "
+              f"{runs} run(s) of module {module_of(res)}")
         return 0
     try:
         with open(argv[1]) as f:
@@ -84,14 +125,15 @@ def main(argv):
         return 0
     worse = 0
     print("Against the recorded figures (ratios within a run; worse: over the "
-          "recorded one by more than this run's noise band):")
+          "recorded one by more than the noise band, this run's or the record's):")
     for fig in FIGURES:
         if fig not in now or fig not in base:
             continue
         n, b = now[fig], base[fig]["ratio"]
-        bad = n["ratio"] > b * (1 + n["band"])
+        band = max(n["band"], base[fig].get("band", 0))
+        bad = n["ratio"] > b * (1 + band)
         worse += bad
-        print(f"  {fig}: {n['ratio']:.4f} (recorded {b:.4f}, band {100 * n['band']:.0f}%)"
+        print(f"  {fig}: {n['ratio']:.4f} (recorded {b:.4f}, band {100 * band:.0f}%)"
               f"  {'WORSE' if bad else 'ok'}")
     if worse:
         print(f"bench: {worse} figure(s) worse than recorded", file=sys.stderr)
