@@ -371,7 +371,7 @@ CONF
     is(scalar @dead, 2, 'two warm kernels again');
     for my $k (@dead) {
         my $pid = runner_pid($k);
-        kill 'KILL', -$pid if $pid;
+        kill_group($pid);
     }
     ok(wait_until(sub { !grep { runner_pid($_) } @dead }, 5), 'killed');
     $r = $x->execute('/v1/execute', { session => 't', code => "print('fine')" }, timeout => 40);

@@ -175,12 +175,12 @@ sub browse {
         sleep 0.1;
     }
     unless (defined $rc) {
-        kill 'KILL', -$pid;
+        kill_group($pid);
         waitpid($pid, 0);
         diag "chromium ran over 60 s";
     }
     # what it left behind in its group
-    kill 'KILL', -$pid;
+    kill_group($pid);
     open my $fh, '<', $out or return '';
     local $/;
     my $dom = <$fh>;

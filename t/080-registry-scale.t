@@ -49,7 +49,7 @@ sub run_cmd {
     my ($out, $status, $timed_out) = ('', undef, 0);
     my $deadline = time + $timeout;
 
-    local $SIG{ALRM} = sub { $timed_out = 1; kill 'KILL', -$pid; };
+    local $SIG{ALRM} = sub { $timed_out = 1; kill_group($pid); };
     alarm $timeout;
     while (my $line = <$r>) { $out .= $line; }
     alarm 0;

@@ -916,7 +916,7 @@ END {
     for my $s (@STARTED) {
         my ($pid, $start) = @$s;
         next unless $start && proc_start($pid) eq $start;
-        kill 'KILL', -$pid;
+        kill_group($pid);
         kill 'KILL', $pid;
     }
     for my $n (@SLEEPS) {
