@@ -798,7 +798,7 @@ ngx_http_hermes_ssh_exec(ngx_http_hermes_conn_t *conn,
 {
     u_char                        *p;
     size_t                         len, size;
-    ngx_uint_t                     i;
+    ngx_uint_t                     i, native;
     ngx_http_hermes_ssh_stream_t  *s;
 #if (NGX_DEBUG)
     u_char                         text[NGX_MAX_ERROR_STR];
@@ -814,9 +814,18 @@ ngx_http_hermes_ssh_exec(ngx_http_hermes_conn_t *conn,
         return ngx_http_hermes_ssh_request(conn, NULL, cmd);
     }
 
-    /* stderr goes where stdout goes: a step's message */
+    /*
+     * The kernel script's "dir" and "ship" the agent does itself: a new
+     * session's directory and files then wait on no process.  Else
+     * stderr goes where stdout goes: a step's message.
+     */
 
-    len = sizeof(merge) - 1 + ngx_strlen(cmd->cmd);
+    native = (cmd->cmd == ngx_http_hermes_script_kernel && cmd->args
+              && cmd->args[0]
+              && (ngx_strcmp(cmd->args[0], "dir") == 0
+                  || ngx_strcmp(cmd->args[0], "ship") == 0));
+
+    len = native ? 0 : sizeof(merge) - 1 + ngx_strlen(cmd->cmd);
     size = NGX_HTTP_HERMES_FRAME_EXEC_MAX + 6 * len + cmd->in_len;
 
     for (i = 0; cmd->args && cmd->args[i]; i++) {
@@ -831,11 +840,16 @@ ngx_http_hermes_ssh_exec(ngx_http_hermes_conn_t *conn,
     }
 
     p = (u_char *) (s + 1);
-    ngx_memcpy(ngx_cpymem(p, merge, sizeof(merge) - 1), cmd->cmd,
-               len - (sizeof(merge) - 1));
+
+    if (!native) {
+        ngx_memcpy(ngx_cpymem(p, merge, sizeof(merge) - 1), cmd->cmd,
+                   len - (sizeof(merge) - 1));
+    }
 
     s->frame = p + len;
-    s->frame_len = ngx_cpymem(ngx_http_hermes_frames_exec(s->frame, 0, p, len,
+    s->frame_len = ngx_cpymem(ngx_http_hermes_frames_exec(s->frame, 0,
+                                                          native ? NULL : p,
+                                                          len,
                                                           cmd->args,
                                                           cmd->timeout,
                                                           cmd->out_size,

@@ -347,9 +347,10 @@ ngx_http_hermes_frames_cell(u_char *buf, uint32_t stream,
 
 /*
  * An EXEC frame's header and JSON, the stdin bytes to follow: "cmd" runs
- * as `sh -c CMD hermes ARGS...` ("args": NULL or NULL-ended).  "buf"
- * holds NGX_HTTP_HERMES_FRAME_EXEC_MAX + 6 times the length of the command
- * and of each argument plus 3.
+ * as `sh -c CMD hermes ARGS...` ("args": NULL or NULL-ended).  "cmd" NULL:
+ * a KERNEL frame, the kernel script's step ARGS done by the agent itself.
+ * "buf" holds NGX_HTTP_HERMES_FRAME_EXEC_MAX + 6 times the length of the
+ * command and of each argument plus 3.
  */
 
 u_char *
@@ -362,9 +363,14 @@ ngx_http_hermes_frames_exec(u_char *buf, uint32_t stream, u_char *cmd,
 
     p = buf + NGX_HTTP_HERMES_FRAME_HEADER + 4;
 
-    p = ngx_cpymem(p, "{\"cmd\":\"", sizeof("{\"cmd\":\"") - 1);
-    p = (u_char *) ngx_escape_json(p, cmd, cmd_len);
-    p = ngx_cpymem(p, "\",\"args\":[", sizeof("\",\"args\":[") - 1);
+    if (cmd) {
+        p = ngx_cpymem(p, "{\"cmd\":\"", sizeof("{\"cmd\":\"") - 1);
+        p = (u_char *) ngx_escape_json(p, cmd, cmd_len);
+        p = ngx_cpymem(p, "\",\"args\":[", sizeof("\",\"args\":[") - 1);
+
+    } else {
+        p = ngx_cpymem(p, "{\"args\":[", sizeof("{\"args\":[") - 1);
+    }
 
     for (i = 0; args && args[i]; i++) {
         if (i) {
@@ -379,7 +385,7 @@ ngx_http_hermes_frames_exec(u_char *buf, uint32_t stream, u_char *cmd,
 
     p = ngx_sprintf(p, "],\"timeout\":%M,\"out_max\":%uz}", timeout, out_max);
 
-    return ngx_http_hermes_frames_jb(buf, stream, 'X', p, in_len);
+    return ngx_http_hermes_frames_jb(buf, stream, cmd ? 'X' : 'K', p, in_len);
 }
 
 

@@ -39,7 +39,10 @@ my $t = Hermes::Test->new(workers => 1,
 my $p = $t->prefix;
 my $root = $t->kroot;
 
-my $s = Hermes::Sshd->new(dir => "$p/ssh", port => $t->port(5), record => 1);
+# the agent does the directory and ship steps itself; here they run as
+# the script, so that the fakes below take part in them as well
+my $s = Hermes::Sshd->new(dir => "$p/ssh", port => $t->port(5), record => 1,
+    script_steps => 1);
 
 # the fakes, and their switches in $p/fake/TOOL
 my $bin = "$p/fakebin";

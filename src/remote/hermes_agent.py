@@ -21,6 +21,7 @@ letter, the payload (docs/internals.md, "The kernel-host agent"):
 
     P PING -> p PONG                    X EXEC {"cmd","args","timeout","out_max"}
     W READY {"dir","pid","timeout"}  (answered by x, as an EXEC)
+    K KERNEL {"args"} + stdin bytes  (answered by x, as an EXEC)
     C CELL {"dir","cell","pid","start","ino","uid","offset","out_limit",
             "res_limit","window"} (+ the request when offset is -1)
     A ACK u64 offset                    Q CANCEL
@@ -34,6 +35,11 @@ newline and PID's /proc/PID/stat once the file holds something and PID
 is alive; status 1 when PID is gone or DIR cannot be opened; -1 past the
 timeout (ms): what the spawn's shell loop said before, without its 10 ms
 sleeps.
+
+A KERNEL is hermes_kernel.sh's "dir" or "ship" step (ARGS its argv, the
+files' bytes after the JSON) done by the agent itself, as the script
+would do it and with its output and exit status: a new session then
+waits on no process for its directory and files.
 
 A CELL follows cell N of a kernel for the module on the agent's one
 channel, and checks the kernel before anything else.  The kernel
@@ -1231,8 +1237,163 @@ class Ready:
         self.dir = None
 
 
+def is_id(s):
+    return len(s) == 32 and all(c in "0123456789abcdef" for c in s)
+
+
+def file_type(st):
+    # stat(1)'s %F words for the types a kernel dir's check tells apart
+    if stat.S_ISDIR(st.st_mode):
+        return "directory"
+    if stat.S_ISLNK(st.st_mode):
+        return "symbolic link"
+    return "regular file" if stat.S_ISREG(st.st_mode) else "other"
+
+
+class StepFailed(Exception):
+    """A kernel step's end: its exit status and its words."""
+
+    def __init__(self, status, words):
+        Exception.__init__(self, words)
+        self.status, self.words = status, words
+
+
+class KernelStep:
+    """One KERNEL stream: hermes_kernel.sh's "dir" or "ship" done here,
+    with the script's argv, output and exit statuses (docs/internals.md,
+    "Spawning a kernel"), without its 6 processes each.  Answered by one
+    x, as an EXEC of the script would be."""
+
+    def __init__(self, agent, sid, req, data):
+        self.agent, self.sid = agent, sid
+        args = req.get("args")
+        if (not isinstance(args, list) or not args
+                or not all(isinstance(a, str) and "\0" not in a
+                           for a in args)):
+            raise ValueError("args must be a list of strings without NULs")
+        if args[0] not in ("dir", "ship"):
+            raise ValueError("no step %r here" % args[0])
+        self.verb, self.args, self.data = args[0], args[1:], data
+        self.out = []
+
+    def start(self):
+        try:
+            if self.verb == "dir":
+                self.dir(*self.argv(4, 4))
+            else:
+                self.ship(*self.argv(4, 1 << 20))
+            status = 0
+        except StepFailed as e:
+            self.out.append(e.words)
+            status = e.status
+        except OSError as e:
+            self.out.append("%s: %s" % (e.filename or self.verb, e.strerror))
+            status = 1
+        out = "".join(w + "\n" for w in self.out).encode("utf-8", "replace")
+        self.agent.streams.pop(self.sid, None)
+        self.agent.send(self.sid, b"x", jb({"status": status}, out))
+
+    def argv(self, lo, hi):
+        if not lo <= len(self.args) <= hi:
+            raise StepFailed(2, "usage: dir|ship|start|kill|recover ARG...")
+        return self.args
+
+    def dir(self, root, kid, gw, inst):
+        """A directory of our own, never one found there, and its line in
+        this user's journal: the script's kernel_dir."""
+        if not is_id(kid):
+            raise StepFailed(2, "bad kernel id")
+        if not gw + inst or re.search("[^0-9a-f]", gw + inst):
+            raise StepFailed(2, "bad gateway id")
+        uid = os.geteuid()
+        m = os.stat(root + "/").st_mode
+        # writable by group or others, and not sticky
+        if m & 0o022 and not m & stat.S_ISVTX:
+            raise StepFailed(3, "the kernels root %s is writable by others "
+                             "without the sticky bit" % root)
+        j = "%s/hermes_journal_%d" % (root, uid)
+        try:
+            os.mkdir(j, 0o700)
+        except OSError:
+            pass
+        try:
+            ok = private(os.lstat(j), uid)
+        except OSError:
+            ok = False
+        if not ok:
+            raise StepFailed(6, "the journal %s is not a directory of uid %d "
+                             "with mode 0700" % (j, uid))
+        d = "%s/hermes_rkernel_%s" % (root, kid)
+        try:
+            os.mkdir(d, 0o700)
+        except FileExistsError:
+            raise StepFailed(4, "EEXIST")
+        except OSError as e:
+            raise StepFailed(5, "mkdir: cannot create directory '%s': %s"
+                             % (d, e.strerror))
+        self.out.append("made")
+        dfd = os.open(d, DIRS)
+        try:
+            os.mkdir("cells", 0o700, dir_fd=dfd)
+            os.mkdir("rpc", 0o700, dir_fd=dfd)
+            sts = [os.fstat(dfd)] + [os.stat(n, dir_fd=dfd,
+                                             follow_symlinks=False)
+                                     for n in ("cells", "rpc")]
+        finally:
+            os.close(dfd)
+        jfd = os.open(j, DIRS)
+        try:
+            fd = os.open(kid, os.O_WRONLY | os.O_CREAT | os.O_TRUNC
+                         | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=jfd)
+        finally:
+            os.close(jfd)
+        try:
+            os.write(fd, ("%s %s %d\n" % (gw, inst, sts[0].st_ino)).encode())
+        finally:
+            os.close(fd)
+        for st in sts:
+            self.out.append("%s:%d:%o:%d" % (file_type(st), st.st_uid,
+                                             stat.S_IMODE(st.st_mode),
+                                             st.st_ino))
+        self.out.append(str(uid))
+
+    def ship(self, root, kid, *files):
+        """The files' bytes one after another in the frame, each NAME
+        exactly LEN bytes, each made new 0600 in the dir "dir" made: the
+        script's kernel_ship."""
+        if len(files) % 2:
+            raise StepFailed(2, "usage: dir|ship|start|kill|recover ARG...")
+        if not is_id(kid):
+            raise StepFailed(2, "bad kernel id")
+        names, lens = files[0::2], files[1::2]
+        for name in names:
+            if name in ("", ".", "..") or "/" in name:
+                raise StepFailed(2, "bad file name")
+        for n in lens:
+            if not n.isdigit() or not n.isascii():
+                raise StepFailed(2, "bad number")
+        try:
+            dfd = os.open("%s/hermes_rkernel_%s" % (root, kid), DIRS)
+        except OSError:
+            raise StepFailed(1, "no kernel directory")
+        try:
+            data, pos = memoryview(self.data), 0
+            for name, n in zip(names, lens):
+                part = data[pos:pos + int(n)]
+                pos += len(part)
+                fd = os.open(name, CREATE, 0o600, dir_fd=dfd)
+                try:
+                    while part:
+                        part = part[os.write(fd, part):]
+                finally:
+                    os.close(fd)
+        finally:
+            os.close(dfd)
+
+
 # the streams answered by one x: their class, their name in errors
-ANSWERED = {ord("X"): (Exec, "EXEC"), ord("W"): (Ready, "READY")}
+ANSWERED = {ord("X"): (Exec, "EXEC"), ord("W"): (Ready, "READY"),
+            ord("K"): (KernelStep, "KERNEL")}
 
 
 class Agent:
@@ -1370,7 +1531,7 @@ class Agent:
                 log("bad INTERRUPT: %s" % err)
                 return
             self.intrs[key] = True
-        elif typ in (ord("X"), ord("C"), ord("W")):
+        elif typ in (ord("X"), ord("C"), ord("W"), ord("K")):
             if sid == 0 or s is not None:
                 raise Quit("stream %d is in use" % sid)
             if typ == ord("C"):
@@ -1423,7 +1584,7 @@ class Agent:
     # -- streams -------------------------------------------------------------
 
     def answered(self, sid, payload, kind, what):
-        """An EXEC or a READY stream: either ends with one x."""
+        """An EXEC, a READY or a KERNEL stream: each ends with one x."""
         try:
             req, data = parse_jb(payload)
             s = kind(self, sid, req, data)

@@ -8,8 +8,10 @@ against real kernel dirs with real runners (test_remote.Kernel).
 
 import json
 import os
+import re
 import shutil
 import signal
+import stat
 import struct
 import subprocess
 import tempfile
@@ -1121,6 +1123,181 @@ class DiskFullTest(unittest.TestCase):
         a.cell(2, k, 2, code="print(1)")
         self.assertEqual(a.end(2)[0], ("S", b""))
         self.assertTrue(k.alive())
+
+
+SCRIPT = os.path.join(HERE, "hermes_kernel.sh")
+GW, INST = "0123456789abcdef", "fedcba98"
+
+
+class KernelStepTest(unittest.TestCase):
+    """A KERNEL frame does the kernel script's "dir" and "ship" as the
+    script does them: the same statuses and words for the same argv, on
+    twin roots, for a fresh kernel and for what a co-tenant plants."""
+
+    def setUp(self):
+        self.a = Agent()
+        self.addCleanup(self.a.close)
+        with open(SCRIPT) as f:
+            self.script = "exec 2>&1\n" + f.read()
+        self.sid = 0
+        self.tmp = tempfile.mkdtemp(prefix="hermes_ksteps_")
+        os.chmod(self.tmp, 0o700)
+        self.addCleanup(shutil.rmtree, self.tmp)
+
+    def twins(self):
+        """Two fresh roots, the script's and the agent's."""
+        self.sid += 1
+        roots = []
+        for who in ("sh", "agent"):
+            r = os.path.join(self.tmp, "%s%d" % (who, self.sid))
+            os.mkdir(r, 0o755)
+            roots.append(r)
+        return roots
+
+    def step(self, typ, args, data=b""):
+        self.sid += 1
+        req = {"args": args, "timeout": 5000, "out_max": 4096}
+        if typ == "X":
+            req["cmd"] = self.script
+        self.a.send(self.sid, typ, jb(req, data))
+        (t, p), = self.a.end(self.sid)
+        self.assertEqual(t, "x")
+        st, out = unjb(p)
+        return st["status"], out.decode()
+
+    def both(self, roots, verb, *args, data=b"", words=True):
+        """The script's and the agent's answer, the same but for the root
+        and inode numbers; the agent's status and words."""
+        got = []
+        for typ, root in zip("XK", roots):
+            status, out = self.step(typ, [verb, root] + list(args), data)
+            got.append((status, re.sub(r"\d{5,}", "N",
+                                       out.replace(root, "ROOT"))))
+        if words:
+            self.assertEqual(got[0], got[1])
+        else:
+            self.assertEqual(got[0][0], got[1][0], got)
+        return got[1]
+
+    def test_a_fresh_kernel_dir_and_its_files(self):
+        kid = "ab" * 16
+        roots = self.twins()
+        status, out = self.both(roots, "dir", kid, GW, INST)
+        uid = os.geteuid()
+        self.assertEqual(status, 0, out)
+        self.assertEqual(out, "made\n" + "directory:%d:700:N\n" % uid * 3
+                         + "%d\n" % uid)
+        files = [("kernel_start.py", b"pass\n"), ("kernel.env", b"T=1\n"),
+                 ("empty", b"")]
+        args = [x for n, b in files for x in (n, str(len(b)))]
+        data = b"".join(b for _, b in files)
+        self.assertEqual(self.both(roots, "ship", kid, *args, data=data),
+                         (0, ""))
+        for r in roots:
+            d = os.path.join(r, "hermes_rkernel_" + kid)
+            for sub in (d, d + "/cells", d + "/rpc"):
+                st = os.lstat(sub)
+                self.assertEqual(stat.S_IMODE(st.st_mode), 0o700, sub)
+            for n, b in files:
+                st = os.lstat(os.path.join(d, n))
+                self.assertEqual(stat.S_IMODE(st.st_mode), 0o600)
+                with open(os.path.join(d, n), "rb") as f:
+                    self.assertEqual(f.read(), b)
+            j = os.path.join(r, "hermes_journal_%d" % uid)
+            self.assertEqual(stat.S_IMODE(os.lstat(j).st_mode), 0o700)
+            with open(os.path.join(j, kid)) as f:
+                self.assertEqual(f.read(), "%s %s %d\n"
+                                 % (GW, INST, os.lstat(d).st_ino))
+
+    def test_a_planted_kernel_dir_is_never_taken(self):
+        kid = "cd" * 16
+        canary = os.path.join(self.tmp, "canary")
+        os.mkdir(canary)
+        for plant in ("dir", "link", "file"):
+            roots = self.twins()
+            for r in roots:
+                d = os.path.join(r, "hermes_rkernel_" + kid)
+                if plant == "dir":
+                    os.mkdir(d, 0o777)
+                elif plant == "link":
+                    os.symlink(canary, d)
+                else:
+                    open(d, "w").close()
+            self.assertEqual(self.both(roots, "dir", kid, GW, INST),
+                             (4, "EEXIST\n"), plant)
+            # nothing shipped into it, nothing through the link
+            self.assertEqual(self.both(roots, "ship", kid, "kernel.env", "1",
+                                       data=b"x"),
+                             (1, "no kernel directory\n") if plant != "dir"
+                             else (0, ""), plant)
+        self.assertEqual(os.listdir(canary), [])
+
+    def test_a_planted_file_in_the_dir_fails_the_ship(self):
+        kid = "ef" * 16
+        canary = os.path.join(self.tmp, "canary")
+        with open(canary, "w") as f:
+            f.write("canary")
+        roots = self.twins()
+        self.assertEqual(self.both(roots, "dir", kid, GW, INST)[0], 0)
+        for r in roots:
+            os.symlink(canary, os.path.join(r, "hermes_rkernel_" + kid,
+                                            "kernel.env"))
+        status, _ = self.both(roots, "ship", kid, "kernel.env", "3",
+                              data=b"T=1", words=False)
+        self.assertEqual(status, 1)
+        with open(canary) as f:
+            self.assertEqual(f.read(), "canary")
+
+    def test_roots_and_journals_not_ours(self):
+        uid = os.geteuid()
+        # writable by others: refused; sticky too: fine
+        roots = self.twins()
+        for r in roots:
+            os.chmod(r, 0o777)
+        self.assertEqual(self.both(roots, "dir", "01" * 16, GW, INST)[0], 3)
+        for r in roots:
+            os.chmod(r, 0o1777)
+        self.assertEqual(self.both(roots, "dir", "01" * 16, GW, INST)[0], 0)
+        # a journal that is a link, or not 0700
+        elsewhere = os.path.join(self.tmp, "elsewhere")
+        os.mkdir(elsewhere, 0o700)
+        for plant in ("link", "mode"):
+            roots = self.twins()
+            for r in roots:
+                j = os.path.join(r, "hermes_journal_%d" % uid)
+                if plant == "link":
+                    os.symlink(elsewhere, j)
+                else:
+                    os.mkdir(j, 0o755)
+            self.assertEqual(self.both(roots, "dir", "02" * 16, GW, INST),
+                             (6, "the journal ROOT/hermes_journal_%d is not "
+                              "a directory of uid %d with mode 0700\n"
+                              % (uid, uid)), plant)
+            for r in roots:
+                self.assertEqual(os.listdir(r), ["hermes_journal_%d" % uid])
+        self.assertEqual(os.listdir(elsewhere), [])
+        # no root at all
+        roots = [os.path.join(self.tmp, "none")] * 2
+        self.assertEqual(self.both(roots, "dir", "03" * 16, GW, INST,
+                                   words=False)[0], 1)
+
+    def test_bad_arguments_change_nothing(self):
+        roots = self.twins()
+        for args in (["dir", "AB" * 16, GW, INST], ["dir", "ab" * 15, GW, INST],
+                     ["dir", "ab" * 16, "xyz", INST], ["dir", "ab" * 16, "", ""],
+                     ["dir", "ab" * 16, GW], ["ship", "ab" * 16, "a/b", "1"],
+                     ["ship", "ab" * 16, "..", "1"], ["ship", "ab" * 16, "a"],
+                     ["ship", "ab" * 16, "a", "-1"], ["ship", "ab" * 16, "a", "1x"],
+                     ["ship", "ab", "a", "1"]):
+            status, _ = self.both(roots, args[0], *args[1:])
+            self.assertEqual(status, 2, args)
+        for r in roots:
+            self.assertEqual(os.listdir(r), [])
+        # no step but these two
+        self.sid += 1
+        self.a.send(self.sid, "K", jb({"args": ["kill", roots[1]]}))
+        st, _ = unjb(self.a.end(self.sid)[0][1])
+        self.assertEqual(st["status"], -1)
 
 
 # A host without pidfds (Python 3.8, Linux < 5.3) and without inotify (no

@@ -33,7 +33,12 @@ package Hermes::Sshd;
 # The module's kernel-host agent (a command naming hermes_agent.py) runs
 # the commands it is sent (EXEC frames) through the same recording, one
 # line each after the agent's own: a shim between sshd and the agent swaps
-# the agent's /bin/sh for a wrapper that records and runs the hook.
+# the agent's /bin/sh for a wrapper that records and runs the hook, and
+# runs the wrapper first for the script's steps the agent does itself
+# (KERNEL frames: "dir", "ship"), recorded as the script's command.
+# With script_steps => 1 those steps run as the script instead, through
+# the same wrapper: a test's fake programs on the session's PATH then
+# take part in them, as they do in the steps the agent never does itself.
 # With record => 1, an executable $sshd->hook_file (absent by default) runs
 # before each command, with SSH_ORIGINAL_COMMAND set: a co-tenant acting at
 # exactly the moment the module's command is about to run.
@@ -48,6 +53,7 @@ no warnings 'exec';
 use File::Temp ();
 use File::Path qw(make_path);
 use Cwd qw(abs_path);
+use File::Basename qw(dirname);
 use POSIX qw(:sys_wait_h);
 use JSON::PP ();
 use Scalar::Util qw(weaken refaddr);
@@ -135,6 +141,11 @@ while (length(\$text) < \$len) {
     \$text .= \$buf;
 }
 \$text =~ s{\\["/bin/sh", "-c"}{["$dir/exec-hook", "-c"}g;
+# the script's steps the agent does itself (KERNEL frames) go through
+# exec-hook too, first (agent-prelude.py)
+\$text =~ s{(\\n        try:\\n            if self\\.verb == "dir":)}{\\n        if step_hook(self):\\n            return\$1} or exit 1;
+open(my \$pre, '<', '$dir/agent-prelude.py') or exit 1;
+\$text = do { local \$/; <\$pre> } . \$text;
 \$SIG{PIPE} = 'IGNORE';
 open(my \$p, '|-', '/bin/bash', '-c', \$ENV{SSH_ORIGINAL_COMMAND}) or exit 1;
 binmode \$p;
@@ -153,6 +164,29 @@ while (1) {
 close \$p;
 exit(\$? >> 8);
 PL
+        # before a KERNEL step: exec-hook with the step's argv, which
+        # records it and runs the hook; with script_steps => 1, the step
+        # is the script's, run through exec-hook (and so through the
+        # programs on the session's PATH), not the agent's own
+        my $script = $self->{script_steps}
+            ? abs_path(dirname(__FILE__) . '/../../../src/remote/hermes_kernel.sh')
+            : '';
+        _write("$dir/agent-prelude.py", <<"PY", 0600);
+def step_hook(step):
+    import subprocess
+    argv = ["$dir/exec-hook", "-c", "exit 0", "hermes", step.verb] + step.args
+    if not "$script":
+        subprocess.run(argv)
+        return False
+    with open("$script") as f:
+        argv[2] = "exec 2>&1\\n" + f.read()
+    p = subprocess.run(argv, input=step.data, stdout=subprocess.PIPE)
+    rc = p.returncode
+    step.agent.streams.pop(step.sid, None)
+    step.agent.send(step.sid, b"x", jb({"status": rc if rc >= 0 else 128 - rc},
+                                       p.stdout))
+    return True
+PY
         # a script run with arguments (sh -c SCRIPT hermes ARG...) is
         # recorded as the logs show it: "sh -c SCRIPT hermes ARG...", an
         # empty argument as ''
