@@ -163,7 +163,7 @@ kernel_ship() {
 }
 
 # The runner starts in its dir: kernel.env becomes its fd 3 and is
-# unlinked at once, so the token is in no process's environment or argv;
+# unlinked as it starts, so the token is in no process's environment or argv;
 # it leads its own process group (setsid) and, sandboxed, is bwrap's
 # child; -I: no script directory, user site or PYTHON* variables on its
 # path.  USER (empty: the spawn is not root's) is the user a root spawn
@@ -230,9 +230,26 @@ kernel_start() {
         fi
     fi
 
-    # a subshell of its own, detached: the command returns at once
+    if [ -n "$user" ]; then
+        # never root: the directory and the kernel go to the user
+        chown -R -- "$kuid:$kgid" . || exit 1
+    fi
+
+    # kernel.env becomes the runner's fd 3, and is unlinked here while the
+    # runner starts (not on its way): the token is in no process's
+    # environment or argv, and on disk no longer than this step.  A
+    # subshell of its own, detached: the command returns at once.
+    exec 3<./kernel.env || exit 1
     runner "$@" >runner.log 2>&1 </dev/null &
-    echo $!
+    pid=$!
+    exec 3<&-
+    if ! rm -f ./kernel.env; then
+        # it never runs with the token left on disk
+        kill -9 "$pid"
+        echo "kernel.env could not be removed"
+        exit 1
+    fi
+    echo "$pid"
 
     # the kernel user's uid, else ours
     if [ -n "$user" ]; then
@@ -244,13 +261,7 @@ kernel_start() {
 
 # the subshell that becomes the kernel (exec all the way: $! is its pid)
 runner() {
-    exec 3<./kernel.env && rm -f ./kernel.env && export HERMES_ENV_FD=3 \
-        || exit 1
-
-    if [ -n "$user" ]; then
-        # never root: the directory and the kernel go to the user
-        chown -R -- "$kuid:$kgid" . || exit 1
-    fi
+    export HERMES_ENV_FD=3
 
     if [ "$sandbox" != off ] && [ "$memory" != 0 ]; then
         limits
