@@ -28,7 +28,7 @@ Files we write are 0600 and renamed into place; N is %06d (more digits past
 runs on any kernel host, and in any image's python.
 """
 
-import ast
+import _ast
 import builtins
 import codecs
 import collections
@@ -48,7 +48,6 @@ import stat
 import sys
 import threading
 import time
-import traceback
 
 D = os.path.dirname(os.path.abspath(__file__))
 CELLS = os.path.join(D, "cells")
@@ -1480,7 +1479,9 @@ def _raise_deferred():
         _on_sigint(_SIGINT, None)
 
 
-_AWAIT = getattr(ast, "PyCF_ALLOW_TOP_LEVEL_AWAIT", 0)
+# _ast, not ast (and traceback on a first error, not at the start): the
+# 5-10 ms of a new session's start their imports took (-X importtime)
+_AWAIT = getattr(_ast, "PyCF_ALLOW_TOP_LEVEL_AWAIT", 0)
 _CO_COROUTINE = 0x80
 
 
@@ -1535,8 +1536,24 @@ def _exec(body, last):
     return None
 
 
+_traceback = None
+
+
+def _tb():
+    """traceback, imported at its first use (kept: a cell that replaces
+    sys.modules["traceback"] changes nothing here)."""
+    global _traceback
+    if _traceback is None:
+        import traceback
+        _traceback = traceback
+    return _traceback
+
+
 def _error_line(e):
-    lines = traceback.format_exception_only(type(e), e)
+    try:
+        lines = _tb().format_exception_only(type(e), e)
+    except Exception:   # not even the import (no memory left)
+        return "%s: %s" % (type(e).__name__, e)
     notes = getattr(e, "__notes__", None)    # 3.11 prints notes after it
     if isinstance(notes, (list, tuple)) and 0 < len(notes) < len(lines):
         lines = lines[:len(lines) - len(notes)]
@@ -1547,6 +1564,7 @@ def _format_tb(e):
     # Drop the runner's own frames: the traceback shows the cell's code,
     # not _exec above it nor our print() or SIGINT handler below it.
     try:
+        traceback = _tb()
         te = traceback.TracebackException(type(e), e, e.__traceback__)
         todo, seen = [te], set()
         while todo:
@@ -1565,15 +1583,15 @@ def _format_tb(e):
 def _run(code):
     """-> (status, error, ended)"""
     try:
-        tree = ast.parse(code, "<cell>", "exec")
+        tree = compile(code, "<cell>", "exec", _ast.PyCF_ONLY_AST)
         last = None
-        if tree.body and isinstance(tree.body[-1], ast.Expr):
-            last = compile(ast.Expression(tree.body.pop().value), "<cell>",
+        if tree.body and isinstance(tree.body[-1], _ast.Expr):
+            last = compile(_ast.Expression(tree.body.pop().value), "<cell>",
                            "eval", _AWAIT)
         body = compile(tree, "<cell>", "exec", _AWAIT)
     except Exception as e:   # SyntaxError, ValueError (NUL bytes), ...
         _ending()
-        STDERR.write("".join(traceback.format_exception_only(type(e), e)))
+        STDERR.write("".join(_tb().format_exception_only(type(e), e)))
         return "error", _error_line(e), False
 
     e = _exec(body, last)
@@ -2427,5 +2445,5 @@ if __name__ == "__main__":
         main()
     except BaseException:
         # fd 2 is a pipe of ours by now: the traceback goes to runner.log
-        _log("runner failed:\n%s" % traceback.format_exc())
+        _log("runner failed:\n%s" % _tb().format_exc())
         raise
