@@ -36,6 +36,7 @@ typedef struct {
     (64 + 3 * NGX_HTTP_HERMES_SANDBOX_RO_MAX)
 
 ngx_int_t ngx_http_hermes_local_exec(ngx_http_hermes_cmd_t *cmd);
+ngx_int_t ngx_http_hermes_local_steps(ngx_http_hermes_cmd_t *cmd);
 ngx_int_t ngx_http_hermes_local_write_at(ngx_fd_t dir, const char *name,
     u_char *data, size_t len, ngx_uid_t uid, ngx_log_t *log);
 ngx_fd_t ngx_http_hermes_local_open_at(ngx_fd_t dir, const char *name,

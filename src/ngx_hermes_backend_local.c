@@ -314,6 +314,12 @@ static ngx_int_t
 ngx_http_hermes_local_conn_exec(ngx_http_hermes_conn_t *conn,
     ngx_http_hermes_cmd_t *cmd)
 {
+    /* the kernel script's "dir" and "ship" are done here, in-process */
+
+    if (ngx_http_hermes_local_steps(cmd) == NGX_OK) {
+        return NGX_OK;
+    }
+
     return ngx_http_hermes_local_exec(cmd);
 }
 

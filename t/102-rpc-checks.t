@@ -3,8 +3,9 @@
 # Pure logic as units (cmocka), each built from the real src/ file with
 # nginx's own core code: t/unit/rpc_checks.c (the RPC checks of a
 # request's JSON, token, seq and replay, each rejection with its reason)
-# and t/unit/frames.c (the agent protocol's frames, the FRAME_MAX bound on
-# what a kernel host may send included).
+# t/unit/frames.c (the agent protocol's frames, the FRAME_MAX bound on
+# what a kernel host may send included) and t/unit/local_steps.c (the
+# kernel script's dir and ship done in-process, against the script).
 
 use strict;
 use warnings;
@@ -21,7 +22,8 @@ plan skip_all => 'build/nginx/Makefile missing: run "make module" first'
 plan skip_all => 'cmocka.h missing: apt-get install libcmocka-dev'
     unless -f '/usr/include/cmocka.h';
 
-for my $u (['rpc_checks', qr/PASSED.*6 test/], ['frames', qr/\[  PASSED  \] \d+ test/]) {
+for my $u (['rpc_checks', qr/PASSED.*6 test/], ['frames', qr/\[  PASSED  \] \d+ test/],
+           ['local_steps', qr/\[  PASSED  \] 4 test/]) {
     my ($name, $passed) = @$u;
     my $out = `make -s -C '$unit' '$unit/build/$name' 2>&1`;
     is($?, 0, "make builds t/unit/build/$name") or diag $out;

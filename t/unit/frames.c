@@ -320,6 +320,38 @@ test_exec(void **state)
 }
 
 
+/* a KERNEL frame: no command, the script's argv, the stdin bytes after */
+
+static void
+test_kernel(void **state)
+{
+    u_char                   *p;
+    ngx_str_t                 json, bytes, v;
+    ngx_http_hermes_frame_t   f;
+    u_char                    buf[NGX_HTTP_HERMES_FRAME_EXEC_MAX + 6 * 64];
+
+    static char   *args[] = { "ship", "/r", "kernel.env", "3", NULL };
+
+    p = ngx_http_hermes_frames_exec(buf, 7, NULL, 0, args, 10000, 255, 3);
+    p = ngx_cpymem(p, "T=1", 3);
+
+    assert_int_equal(ngx_http_hermes_frames_parse(buf, p - buf, &f), NGX_OK);
+    assert_int_equal(f.type, 'K');
+    assert_int_equal(f.stream, 7);
+    assert_int_equal(ngx_http_hermes_frames_split(f.payload, f.len, &json,
+                                                  &bytes),
+                     NGX_OK);
+    assert_int_equal(bytes.len, 3);
+    assert_memory_equal(bytes.data, "T=1", 3);
+
+    assert_int_equal(ngx_http_hermes_frames_json_str(&json, "cmd", &v),
+                     NGX_DECLINED);
+    assert_non_null(ngx_strlcasestrn(json.data, json.data + json.len,
+                                     (u_char *) "{\"args\":[\"ship\",\"/r\","
+                                     "\"kernel.env\",\"3\"]", 35 - 1));
+}
+
+
 /* a READY frame: the directory JSON-escaped, the pid, the timeout */
 
 static void
@@ -378,6 +410,7 @@ main(void)
         cmocka_unit_test(test_magic),
         cmocka_unit_test(test_cell),
         cmocka_unit_test(test_exec),
+        cmocka_unit_test(test_kernel),
         cmocka_unit_test(test_ready),
     };
 
