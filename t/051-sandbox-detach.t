@@ -2,12 +2,13 @@
 # SPDX-License-Identifier: BSD-2-Clause
 # A sandboxed kernel outlives the shell that started it, however late that
 # shell exits.  bwrap --die-with-parent kills the kernel when bwrap's
-# parent dies; the spawn's shell (echo $! && id -u, after starting the
-# kernel in the background) used to be that parent, so a kernel whose
-# bwrap came up before the shell was gone died with it: about one kernel
-# in four under load (found by make bench).  Here the shell is made slow
-# on purpose (an `id -u` that takes a second, on the ssh login's PATH),
-# which made every such kernel die.
+# parent dies; the spawn's shell (which removes kernel.env and prints the
+# pid after starting the kernel in the background) used to be that
+# parent, so a kernel whose bwrap came up before the shell was gone died
+# with it: about one kernel in four under load (found by make bench).
+# Here the shell is made slow on purpose (an `rm` of kernel.env that
+# takes a second, on the ssh login's PATH), which made every such kernel
+# die.
 
 use strict;
 use warnings;
@@ -29,15 +30,15 @@ my $s = Hermes::Sshd->new(dir => "$p/ssh", port => $t->port(5));
 
 my $bin = "$p/fakebin";
 mkdir $bin, 0755 or die;
-open my $f, '>', "$bin/id" or die;
+open my $f, '>', "$bin/rm" or die;
 print $f <<"SH";
 #!/bin/bash
-# slow only for "id -u": the spawn's last word, after the kernel started
-[ "\$1" = -u ] && [ -e '$p/slow' ] && sleep 1
-exec /usr/bin/id "\$@"
+# slow only for kernel.env: the start step's, after the kernel started
+case "\$*" in *kernel.env*) [ -e '$p/slow' ] && sleep 1 ;; esac
+exec /usr/bin/rm "\$@"
 SH
 close $f;
-chmod 0755, "$bin/id";
+chmod 0755, "$bin/rm";
 
 {
     my $cf = $s->config_file;
