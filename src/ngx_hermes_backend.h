@@ -35,6 +35,17 @@ typedef struct {
 #define NGX_HTTP_HERMES_CMD_ARGS                                              \
     (64 + 3 * NGX_HTTP_HERMES_SANDBOX_RO_MAX)
 
+/*
+ * The kernel script's steps every backend does without the script and
+ * its shell, with the same argv, output and statuses: "dir" and "ship"
+ * (src/ngx_hermes_local_steps.c; over ssh the agent's KERNEL frame).
+ */
+#define ngx_http_hermes_cmd_is_step(c)                                        \
+    ((c)->cmd == ngx_http_hermes_script_kernel                                \
+     && (c)->args && (c)->args[0]                                             \
+     && (ngx_strcmp((c)->args[0], "dir") == 0                                 \
+         || ngx_strcmp((c)->args[0], "ship") == 0))
+
 ngx_int_t ngx_http_hermes_local_exec(ngx_http_hermes_cmd_t *cmd);
 ngx_int_t ngx_http_hermes_local_steps(ngx_http_hermes_cmd_t *cmd);
 ngx_int_t ngx_http_hermes_local_write_at(ngx_fd_t dir, const char *name,

@@ -820,10 +820,7 @@ ngx_http_hermes_ssh_exec(ngx_http_hermes_conn_t *conn,
      * stderr goes where stdout goes: a step's message.
      */
 
-    native = (cmd->cmd == ngx_http_hermes_script_kernel && cmd->args
-              && cmd->args[0]
-              && (ngx_strcmp(cmd->args[0], "dir") == 0
-                  || ngx_strcmp(cmd->args[0], "ship") == 0));
+    native = ngx_http_hermes_cmd_is_step(cmd);
 
     len = native ? 0 : sizeof(merge) - 1 + ngx_strlen(cmd->cmd);
     size = NGX_HTTP_HERMES_FRAME_EXEC_MAX + 6 * len + cmd->in_len;

@@ -49,9 +49,7 @@ ngx_http_hermes_local_steps(ngx_http_hermes_cmd_t *cmd)
     ngx_uint_t                   n;
     ngx_http_hermes_step_out_t   o;
 
-    if (cmd->cmd != ngx_http_hermes_script_kernel
-        || cmd->args == NULL || cmd->args[0] == NULL)
-    {
+    if (!ngx_http_hermes_cmd_is_step(cmd)) {
         return NGX_DECLINED;
     }
 
@@ -65,12 +63,9 @@ ngx_http_hermes_local_steps(ngx_http_hermes_cmd_t *cmd)
     if (ngx_strcmp(cmd->args[0], "dir") == 0) {
         (void) ngx_http_hermes_step_dir(&o, &cmd->args[1], n - 1);
 
-    } else if (ngx_strcmp(cmd->args[0], "ship") == 0) {
+    } else {
         (void) ngx_http_hermes_step_ship(&o, &cmd->args[1], n - 1, cmd->in,
                                          cmd->in_len);
-
-    } else {
-        return NGX_DECLINED;
     }
 
     cmd->status = o.status;
