@@ -1409,6 +1409,7 @@ class Agent:
         self.execs = {}             # Exec -> True, until reaped
         self.watches = {}           # wd -> {stream: True}: its events' takers
         self.held = {}              # wd -> holders: kept kernels, READY streams
+        self.wide = {}              # wd -> dirfd: kept cells/ asking for WATCH
         self.kernels = {}           # Kernel.key -> Kernel kept, LRU first
         self.rpc_clean = set()      # rpc/ wds swept, no name come since
         self.wakeup = None
@@ -1725,29 +1726,42 @@ class Agent:
             return
         del self.held[wd]
         self.watches.pop(wd, None)
+        self.wide.pop(wd, None)
         self.rpc_clean.discard(wd)
         self.ino.unwatch(wd)
 
     def watch(self, s, wd, dirfd=None):
         """s takes wd's events; the first stream on a kept kernel's
-        cells/ (dirfd) asks for what a stream needs (WATCH)."""
+        cells/ (dirfd) asks for what a stream needs (WATCH), unless the
+        watch still does from an earlier stream."""
         if wd < 0:
             return -1
         w = self.watches.setdefault(wd, {})
-        if not w and dirfd is not None:
+        if not w and dirfd is not None and wd not in self.wide:
             self.ino.watch(dirfd, WATCH)
+            self.wide[wd] = dirfd
         w[s] = True
         return wd
 
     def unwatch(self, s, wd, dirfd=None):
+        """s takes no more of wd's events.  A kept kernel's cells/ stays
+        wide until an event comes that no stream here waits for (a cell
+        another agent streams), which narrows it (narrow): a kernel's next
+        cell here then needs no inotify_add_watch (two of them a cell,
+        each a walk of /proc/self/fd/N, were a fifth of this agent's CPU
+        for a trivial cell)."""
         w = self.watches.get(wd)
         if w is None:
             return
         w.pop(s, None)
         if not w:
             del self.watches[wd]
-            if dirfd is not None and wd in self.held:
-                self.ino.watch(dirfd, WATCH_IDLE)
+
+    def narrow(self, wd):
+        """A kept kernel's cells/ asks for nothing but its end again."""
+        dirfd = self.wide.pop(wd, None)
+        if dirfd is not None and wd in self.held:
+            self.ino.watch(dirfd, WATCH_IDLE)
 
     def inotified(self, ev):
         for wd, mask, name in self.ino.events():
@@ -1765,12 +1779,15 @@ class Agent:
             if mask & IN_IGNORED:
                 # the directory is gone: its streams look on a clock
                 self.held.pop(wd, None)
+                self.wide.pop(wd, None)
                 for s in self.watches.pop(wd, ()):
                     s.tick = TICK_NO_INOTIFY
                     self.dirty[s] = True
                 continue
             w = self.watches.get(wd)
             if w is None:
+                if wd in self.wide:
+                    self.narrow(wd)
                 continue
             for s in list(w):
                 if not s.open:

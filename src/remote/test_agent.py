@@ -1073,6 +1073,29 @@ class AgentTest(unittest.TestCase):
 
     # -- never polls ------------------------------------------------------
 
+    def test_cells_another_agent_streams_wake_this_one_once(self):
+        # A kernel kept by agent A (its cells/ watch left wide after A's
+        # cell) while agent B runs its next cells (the other worker's
+        # connection): A is woken once, narrows the watch, and sleeps
+        # through the rest; its own next cell still streams.
+        a, b = self.agent(), self.agent()
+        if not json.loads(a.wait(lambda: a.frames)[0][2])["inotify"]:
+            self.skipTest("no inotify: streams look on a clock")
+        k = self.kernel()
+        a.cell(1, k, 1, code="1")
+        self.assertEqual(json.loads(result(a.end(1)))["output"], "1\n")
+        time.sleep(0.1)
+        sw0 = _proc(a.pid)[1]
+        for n in range(2, 42):
+            b.cell(n, k, n, code="print(%d)" % n)
+            self.assertEqual(json.loads(result(b.end(n)))["output"],
+                             "%d\n" % n)
+        time.sleep(0.1)
+        self.assertLessEqual(_proc(a.pid)[1] - sw0, 4,
+                             "wake-ups for 40 cells of another agent")
+        a.cell(42, k, 42, code="print('back')")
+        self.assertEqual(json.loads(result(a.end(42)))["output"], "back\n")
+
     def test_idle_agent_sleeps(self):
         a = self.agent()
         if not json.loads(a.wait(lambda: a.frames)[0][2])["pidfd"]:
