@@ -1739,7 +1739,7 @@ class Agent:
         w = self.watches.setdefault(wd, {})
         if not w and dirfd is not None and wd not in self.wide:
             self.ino.watch(dirfd, WATCH)
-            self.wide[wd] = dirfd
+            self.wide[wd] = [dirfd, None]
         w[s] = True
         return wd
 
@@ -1756,11 +1756,18 @@ class Agent:
         w.pop(s, None)
         if not w:
             del self.watches[wd]
+        if wd in self.wide:
+            # its files' events may still be queued: not another's cell
+            self.wide[wd][1] = (s.out_name, s.res_name)
 
-    def narrow(self, wd):
-        """A kept kernel's cells/ asks for nothing but its end again."""
-        dirfd = self.wide.pop(wd, None)
-        if dirfd is not None and wd in self.held:
+    def narrow(self, wd, name):
+        """A kept kernel's cells/ asks for nothing but its end again, on
+        an event of a name no stream here waited for."""
+        dirfd, ours = self.wide[wd]
+        if ours and name in ours:
+            return
+        del self.wide[wd]
+        if wd in self.held:
             self.ino.watch(dirfd, WATCH_IDLE)
 
     def inotified(self, ev):
@@ -1787,7 +1794,7 @@ class Agent:
             w = self.watches.get(wd)
             if w is None:
                 if wd in self.wide:
-                    self.narrow(wd)
+                    self.narrow(wd, name)
                 continue
             for s in list(w):
                 if not s.open:
