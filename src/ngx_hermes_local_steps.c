@@ -142,7 +142,11 @@ ngx_http_hermes_step_dir(ngx_http_hermes_step_out_t *o, char *const *a,
     ngx_snprintf((u_char *) jpath, sizeof(jpath) - 1,
                  "%s/hermes_journal_%uD%Z", a[0], (uint32_t) uid);
 
-    (void) mkdir(jpath, 0700);
+    /* 0700 whatever the worker's umask, as the script's mkdir -m 700 */
+
+    if (mkdir(jpath, 0700) == 0) {
+        (void) chmod(jpath, 0700);
+    }
 
     if (lstat(jpath, &st[0]) == -1
         || !S_ISDIR(st[0].st_mode) || st[0].st_uid != uid
@@ -174,8 +178,12 @@ ngx_http_hermes_step_dir(ngx_http_hermes_step_out_t *o, char *const *a,
                                          strerror(errno));
     }
 
+    (void) fchmod(dfd, 0700);
+
     for (i = 0; i < 2; i++) {
-        if (mkdirat(dfd, subs[i], 0700) == -1) {
+        if (mkdirat(dfd, subs[i], 0700) == -1
+            || fchmodat(dfd, subs[i], 0700, 0) == -1)
+        {
             (void) ngx_http_hermes_step_fail(o, 1, "mkdir: cannot create "
                                              "directory '%s/%s': %s", path,
                                              subs[i], strerror(errno));

@@ -215,7 +215,11 @@ test_fresh(void **state)
     roots[0] = sh;
     roots[1] = na;
 
+    /* 0700 directories whatever the worker's umask, as the script's */
+
+    (void) umask(0277);
     both("dir", sh, na, dir, "", 0, 1, &r);
+    (void) umask(022);
     assert_int_equal(r.status, 0);
     ngx_snprintf((u_char *) want, sizeof(want),
                  "made\ndirectory:%uD:700:N\ndirectory:%uD:700:N\n"
@@ -474,6 +478,16 @@ setup(void **state)
 }
 
 
+/* the umask back, whatever a test that changed it ended with */
+
+static int
+umask_back(void **state)
+{
+    (void) umask(022);
+    return 0;
+}
+
+
 static int
 teardown(void **state)
 {
@@ -490,7 +504,7 @@ int
 main(void)
 {
     static const struct CMUnitTest  tests[] = {
-        cmocka_unit_test(test_fresh),
+        cmocka_unit_test_teardown(test_fresh, umask_back),
         cmocka_unit_test(test_planted),
         cmocka_unit_test(test_roots_and_journals),
         cmocka_unit_test(test_bad_arguments),
