@@ -1261,7 +1261,7 @@ class StepFailed(Exception):
 class KernelStep:
     """One KERNEL stream: hermes_kernel.sh's "dir" or "ship" done here,
     with the script's argv, output and exit statuses (docs/internals.md,
-    "Spawning a kernel"), without its 6 processes each.  Answered by one
+    "Spawn"), without its 6 processes each.  Answered by one
     x, as an EXEC of the script would be."""
 
     def __init__(self, agent, sid, req, data):
@@ -1409,7 +1409,8 @@ class Agent:
         self.execs = {}             # Exec -> True, until reaped
         self.watches = {}           # wd -> {stream: True}: its events' takers
         self.held = {}              # wd -> holders: kept kernels, READY streams
-        self.wide = {}              # wd -> dirfd: kept cells/ asking for WATCH
+        self.wide = {}              # wd -> [dirfd, the last stream's names]:
+                                    # kept cells/ asking for WATCH
         self.kernels = {}           # Kernel.key -> Kernel kept, LRU first
         self.rpc_clean = set()      # rpc/ wds swept, no name come since
         self.wakeup = None
