@@ -809,7 +809,7 @@ class Cell:
         if self.listing is not None:
             self.listing.close()
             self.listing = None
-        a.unwatch(self, self.wd, self.k.cells)
+        a.unwatch(self, self.wd)
         a.unwatch(self, self.rpc_wd)
         for p in self.answers.values():
             self.answer_drop(p)
@@ -1744,7 +1744,7 @@ class Agent:
         w[s] = True
         return wd
 
-    def unwatch(self, s, wd, dirfd=None):
+    def unwatch(self, s, wd):
         """s takes no more of wd's events.  A kept kernel's cells/ stays
         wide until an event comes that no stream here waits for (a cell
         another agent streams), which narrows it (narrow): a kernel's next
